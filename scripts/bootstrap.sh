@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up a development machine: the Debian services the tests use and a
+# virtualenv with the project installed in editable mode with its dev extras.
+# Safe to run again. Usage: scripts/bootstrap.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+[ -x /usr/lib/postgresql/15/bin/initdb ] || need+=(postgresql-15)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${need[*]}"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+echo "bootstrap: ready (.venv)"

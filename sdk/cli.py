@@ -1,0 +1,188 @@
+"""The ``rlaas`` command line.
+
+Each command parses its arguments, calls one function and renders the result.
+Heavy imports (the control plane, Celery, JAX) happen inside the command that
+needs them, so ``rlaas --help`` is instant and a client-only install works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rl_core.spec import SpecError, load_spec
+
+cli = typer.Typer(help="rlaas: RL-as-a-service for agentic LLMs.", no_args_is_help=True)
+tenants = typer.Typer(help="Manage tenants (talks to the database directly).", no_args_is_help=True)
+runs = typer.Typer(help="Submit and follow runs over the HTTP API.", no_args_is_help=True)
+cli.add_typer(tenants, name="tenants")
+cli.add_typer(runs, name="runs")
+
+ApiUrl = Annotated[str, typer.Option(envvar="RLAAS_API_URL", help="Control plane base URL.")]
+ApiKey = Annotated[str, typer.Option(envvar="RLAAS_API_KEY", help="Your API key.")]
+
+
+def main() -> None:
+    cli()
+
+
+def _fail(message: str) -> None:
+    typer.secho(message, fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@cli.command()
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int = typer.Option(1, help="API processes (uvicorn workers)."),
+) -> None:
+    """Run the control plane (FastAPI under uvicorn)."""
+    import uvicorn
+
+    uvicorn.run("app.main:app", host=host, port=port, workers=workers, log_level="info")
+
+
+@cli.command()
+def worker(
+    queue: Annotated[str, typer.Option(envvar="RLAAS_QUEUE")] = "cpu",
+    loglevel: str = "INFO",
+) -> None:
+    """Run a Celery worker that executes runs (solo pool: JAX must not be forked)."""
+    from worker.celery_app import app as celery_app
+
+    celery_app.worker_main(
+        ["worker", "--pool", "solo", "--concurrency", "1", "-Q", queue, "--loglevel", loglevel]
+    )
+
+
+@cli.command()
+def migrate() -> None:
+    """Bring the database schema up to date (Alembic upgrade head)."""
+    from app.admin import migrate as run_migrations
+    from app.settings import Settings
+
+    run_migrations(Settings())
+    typer.echo("database is at the newest schema")
+
+
+@tenants.command("create")
+def tenants_create(name: str) -> None:
+    """Create a tenant and print its API key (shown once: keep it)."""
+    from app.admin import create_tenant
+    from app.errors import AppError
+    from app.settings import Settings
+
+    try:
+        tenant_id, key = asyncio.run(create_tenant(Settings(), name))
+    except AppError as exc:
+        _fail(str(exc))
+    typer.echo(f"tenant {name} ({tenant_id})", err=True)
+    typer.echo(key)
+
+
+@runs.command("create")
+def runs_create(spec_path: Path, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
+    """Submit a spec file as a new run; prints the run id."""
+    from sdk.client import ApiError, Client
+
+    spec = _load(spec_path)
+    with Client(api_url, _need_key(api_key)) as client:
+        try:
+            run = client.create_run(spec)
+        except ApiError as exc:
+            _fail(str(exc))
+    typer.echo(run.id)
+
+
+@runs.command("list")
+def runs_list(
+    status: str | None = None, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
+) -> None:
+    """List your runs, newest first."""
+    from sdk.client import Client
+
+    with Client(api_url, _need_key(api_key)) as client:
+        for run in client.list_runs(status=status):
+            typer.echo(f"{run.id}  {run.status:<10} step {run.current_step:<6} {run.name or ''}")
+
+
+@runs.command("watch")
+def runs_watch(run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
+    """Follow a run's progress and reward until it ends."""
+    from sdk.client import Client
+    from sdk.follow import follow_run
+
+    with Client(api_url, _need_key(api_key)) as client:
+        run = follow_run(client, run_id)
+    raise typer.Exit(0 if run.status == "succeeded" else 1)
+
+
+@runs.command("cancel")
+def runs_cancel(run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
+    """Ask a run to stop at its next step boundary."""
+    from sdk.client import Client
+
+    with Client(api_url, _need_key(api_key)) as client:
+        run = client.cancel(run_id)
+    typer.echo(f"{run.id}  {run.status}")
+
+
+@cli.command()
+def train(
+    spec_path: Path,
+    out: Annotated[Path, typer.Option(help="Folder for metrics.jsonl.")] = Path("rlaas-out"),
+) -> None:
+    """Run a whole training job locally, with no server."""
+    from rl_core.runner import JsonlSink
+    from rl_core.runner import train as run_training
+
+    spec = _load(spec_path)
+    out.mkdir(parents=True, exist_ok=True)
+    sink = JsonlSink(out / "metrics.jsonl")
+    result = run_training(spec, sink=sink)
+    typer.echo(json.dumps({"steps": result.steps_completed, **result.final_metrics}, indent=2))
+
+
+@cli.command()
+def quickstart(
+    exit_when_done: Annotated[
+        bool, typer.Option(help="Exit once the demo run ends (0 if it succeeded).")
+    ] = False,
+    port: int = 8000,
+    data_dir: Annotated[Path | None, typer.Option(envvar="RLAAS_DATA_DIR")] = None,
+) -> None:
+    """Start everything on this machine and train a demo agent that visibly learns."""
+    from sdk.quickstart import run_quickstart
+
+    folder = (data_dir or Path("~/.rlaas")).expanduser()
+    try:
+        code = run_quickstart(folder, port=port, exit_when_done=exit_when_done)
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+def _load(path: Path):  # type: ignore[no-untyped-def]
+    try:
+        return load_spec(path)
+    except FileNotFoundError:
+        _fail(f"no spec file at {path}")
+    except SpecError as exc:
+        _fail(str(exc))
+
+
+def _need_key(key: str) -> str:
+    if not key:
+        _fail("no API key: pass --api-key or set RLAAS_API_KEY (rlaas tenants create NAME prints one)")
+    return key or os.environ.get("RLAAS_API_KEY", "")
+
+
+if __name__ == "__main__":
+    main()

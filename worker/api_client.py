@@ -1,0 +1,158 @@
+"""The worker's side of the control plane's ``/internal/`` API.
+
+Errors::
+
+    ControlPlaneError
+    ├── ClaimRefused      the run is not claimable (409): someone else has it, or it ended
+    ├── LeaseLost         a heartbeat or report was refused: this worker no longer owns the run
+    └── ApiUnavailable    the API did not answer within the retry budget
+
+Transient failures (connection errors, 5xx, 429) are retried with capped
+exponential backoff for up to ``retry_seconds``; every call has a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+class ControlPlaneError(Exception):
+    pass
+
+
+class ClaimRefused(ControlPlaneError):
+    pass
+
+
+class LeaseLost(ControlPlaneError):
+    pass
+
+
+class ApiUnavailable(ControlPlaneError):
+    pass
+
+
+@dataclass(frozen=True)
+class Claim:
+    run_id: str
+    spec: dict[str, Any]
+    attempt: int
+    resume_step: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    cancel_requested: bool
+
+
+class ControlPlane:
+    """A small synchronous client; one per thread (httpx clients are not shared)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        worker_id: str,
+        *,
+        retry_seconds: float = 120.0,
+        timeout_s: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self._retry_seconds = retry_seconds
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def claim(self, run_id: str, lease_seconds: float) -> Claim:
+        body = {"worker_id": self.worker_id, "lease_seconds": lease_seconds}
+        data = self._post(f"/internal/runs/{run_id}/claim", body, on_conflict=ClaimRefused)
+        return Claim(
+            run_id=data["run_id"],
+            spec=data["spec"],
+            attempt=int(data.get("attempt", 1)),
+            resume_step=int(data.get("resume_step") or 0),
+        )
+
+    def heartbeat(self, run_id: str) -> Heartbeat:
+        data = self._post(
+            f"/internal/runs/{run_id}/heartbeat", {"worker_id": self.worker_id}, on_conflict=LeaseLost
+        )
+        return Heartbeat(cancel_requested=bool(data.get("cancel_requested", False)))
+
+    def report_status(self, run_id: str, status: str, error: str | None = None) -> None:
+        body: dict[str, Any] = {"worker_id": self.worker_id, "status": status}
+        if error is not None:
+            body["error"] = error[:4000]
+        self._post(f"/internal/runs/{run_id}/status", body, on_conflict=LeaseLost)
+
+    def send_metrics(
+        self,
+        run_id: str,
+        seq: int,
+        points: Sequence[Mapping[str, Any]],
+        *,
+        retry_seconds: float | None = None,
+    ) -> bool:
+        """Send one metric batch; returns True if the API had already stored it."""
+        body = {"worker_id": self.worker_id, "seq": seq, "points": list(points)}
+        data = self._post(
+            f"/internal/runs/{run_id}/metrics",
+            body,
+            on_conflict=LeaseLost,
+            retry_seconds=retry_seconds,
+        )
+        return bool(data.get("duplicate", False))
+
+    def _post(
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        *,
+        on_conflict: type[ControlPlaneError],
+        retry_seconds: float | None = None,
+    ) -> dict[str, Any]:
+        budget = self._retry_seconds if retry_seconds is None else retry_seconds
+        deadline = time.monotonic() + budget
+        delay = 0.2
+        while True:
+            try:
+                response = self._http.post(path, json=body)
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code == 409:
+                    raise on_conflict(_message(response))
+                if response.status_code < 400:
+                    result: dict[str, Any] = response.json()
+                    return result
+                if response.status_code not in (429, 502, 503, 504) and response.status_code < 500:
+                    raise ControlPlaneError(f"{path}: HTTP {response.status_code}: {_message(response)}")
+                problem = f"HTTP {response.status_code}"
+            if time.monotonic() + delay > deadline:
+                raise ApiUnavailable(f"{path}: gave up after {budget:.0f}s: {problem}")
+            log.warning("control plane %s failed (%s); retrying in %.1fs", path, problem, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error", {})
+        return str(error.get("message") or response.text)
+    except ValueError:
+        return response.text[:500]

@@ -1,0 +1,49 @@
+"""The Celery application.
+
+Celery objects are cheap to make (no connection is opened until a worker or a
+producer needs one), so the app lives at module level where ``celery -A`` finds
+it. Configuration follows Celery's advice for long jobs: prefetch one task,
+acknowledge on receipt (recovery after a crash is the control plane's lease
+reaper, not broker redelivery: a training run outlives any visibility
+timeout), and a solo pool for workers that own an accelerator, because JAX
+must not be forked once it has started.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from worker.settings import WorkerSettings
+
+TASK_RUN_JOB = "rlaas.run_job"
+
+
+def make_celery(settings: WorkerSettings | None = None) -> Celery:
+    settings = settings or WorkerSettings()
+    broker = settings.resolved_broker_url()
+    if broker.startswith("sqla+"):
+        _tune_sqlalchemy_transport()
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    celery = Celery("rlaas", broker=broker, include=["worker.tasks"])
+    celery.conf.update(
+        task_default_queue=settings.queue,
+        worker_prefetch_multiplier=1,
+        task_acks_late=False,
+        task_ignore_result=True,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=False,
+    )
+    return celery
+
+
+def _tune_sqlalchemy_transport() -> None:
+    # kombu's SQLAlchemy transport polls its table; the default second is a
+    # visible delay for an interactive quickstart. It must be set on the class:
+    # passing it through broker_transport_options crashes the worker.
+    from kombu.transport import sqlalchemy as sqla_transport
+
+    sqla_transport.Transport.polling_interval = 0.25
+
+
+app = make_celery()

@@ -1,0 +1,85 @@
+"""Execute one run: claim it, train it, report what happened.
+
+This is the whole of the worker's logic; the Celery task only calls it. The
+RL core is imported here, lazily, so that importing the Celery app (for
+``celery inspect`` or a producer) does not start JAX.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Literal
+
+from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
+from worker.heartbeat import Heartbeater
+from worker.settings import WorkerSettings
+from worker.sinks import HttpMetricsSink
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["succeeded", "failed", "cancelled", "not_claimed", "lease_lost"]
+
+# Sequence numbers of metric batches restart at a new block on every attempt,
+# so a resumed run's batches never collide with those of the attempt before.
+SEQ_BLOCK = 1_000_000_000
+
+
+def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
+    token = settings.resolved_worker_token()
+
+    def client() -> ControlPlane:
+        return ControlPlane(
+            settings.api_url, token, settings.worker_id, retry_seconds=settings.api_retry_seconds
+        )
+
+    api = client()
+    try:
+        try:
+            claim = api.claim(run_id, settings.lease_seconds)
+        except ClaimRefused as exc:
+            log.info("run %s not claimed: %s", run_id, exc)
+            return "not_claimed"
+        with Heartbeater(client(), run_id, settings.heartbeat_seconds) as beats:
+            return _train_claimed(api, claim, beats)
+    finally:
+        api.close()
+
+
+def _train_claimed(api: ControlPlane, claim: Claim, beats: Heartbeater) -> Outcome:
+    from rl_core import runner
+    from rl_core.spec import parse_spec
+
+    run_id = claim.run_id
+    sink = HttpMetricsSink(api, run_id, first_seq=claim.attempt * SEQ_BLOCK)
+    try:
+        spec = parse_spec(claim.spec)
+        api.report_status(run_id, "running")
+        result = runner.train(
+            spec, sink=sink, should_stop=beats.should_stop, start_step=claim.resume_step
+        )
+        sink.flush()
+    except LeaseLost as exc:
+        log.error("run %s: lease lost (%s); another worker owns it now", run_id, exc)
+        return "lease_lost"
+    except ApiUnavailable:
+        log.exception("run %s: control plane unavailable; the lease reaper will retry it", run_id)
+        return "failed"
+    except Exception as exc:
+        log.exception("run %s failed", run_id)
+        _report_failure(api, run_id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}")
+        return "failed"
+    if beats.lease_lost.is_set():
+        return "lease_lost"
+    if result.stopped_early and beats.cancel_requested.is_set():
+        api.report_status(run_id, "cancelled")
+        return "cancelled"
+    api.report_status(run_id, "succeeded")
+    return "succeeded"
+
+
+def _report_failure(api: ControlPlane, run_id: str, error: str) -> None:
+    try:
+        api.report_status(run_id, "failed", error=error)
+    except (LeaseLost, ApiUnavailable):
+        log.exception("could not report the failure of %s", run_id)
