@@ -51,7 +51,9 @@ class ModelSpec(_Section):
     def _known_kind(cls, value: str) -> str:
         kind, sep, rest = value.partition(":")
         if not sep or not rest:
-            raise ValueError(f"must look like '<kind>:<name>' with kind one of {MODEL_SOURCE_KINDS}")
+            raise ValueError(
+                f"must look like '<kind>:<name>' with kind one of {MODEL_SOURCE_KINDS}"
+            )
         if kind not in MODEL_SOURCE_KINDS:
             raise ValueError(f"unknown model source kind {kind!r}; use one of {MODEL_SOURCE_KINDS}")
         return value

@@ -88,7 +88,9 @@ def tenants_create(name: str) -> None:
 
 
 @runs.command("create")
-def runs_create(spec_path: Path, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
+def runs_create(
+    spec_path: Path, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
+) -> None:
     """Submit a spec file as a new run; prints the run id."""
     from sdk.client import ApiError, Client
 
@@ -114,7 +116,9 @@ def runs_list(
 
 
 @runs.command("watch")
-def runs_watch(run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
+def runs_watch(
+    run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
+) -> None:
     """Follow a run's progress and reward until it ends."""
     from sdk.client import Client
     from sdk.follow import follow_run
@@ -125,7 +129,9 @@ def runs_watch(run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: 
 
 
 @runs.command("cancel")
-def runs_cancel(run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
+def runs_cancel(
+    run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
+) -> None:
     """Ask a run to stop at its next step boundary."""
     from sdk.client import Client
 
@@ -180,7 +186,9 @@ def _load(path: Path):  # type: ignore[no-untyped-def]
 
 def _need_key(key: str) -> str:
     if not key:
-        _fail("no API key: pass --api-key or set RLAAS_API_KEY (rlaas tenants create NAME prints one)")
+        _fail(
+            "no API key: pass --api-key or set RLAAS_API_KEY (rlaas tenants create NAME prints one)"
+        )
     return key or os.environ.get("RLAAS_API_KEY", "")
 
 

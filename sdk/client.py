@@ -93,7 +93,9 @@ class Client:
     ) -> Run:
         body = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return Run.from_json(self._request("POST", "/v1/runs", json={"spec": body}, headers=headers))
+        return Run.from_json(
+            self._request("POST", "/v1/runs", json={"spec": body}, headers=headers)
+        )
 
     def get_run(self, run_id: str) -> Run:
         return Run.from_json(self._request("GET", f"/v1/runs/{run_id}"))

@@ -49,8 +49,23 @@ def run_quickstart(data_dir: Path, *, port: int, exit_when_done: bool) -> int:
     env["RLAAS_API_URL"] = api_url
     console.print(f"[bold]rlaas quickstart[/bold]: data in {data_dir}")
     with _children() as procs:
-        procs.append(_spawn("api", [*_python(), "-m", "uvicorn", "app.main:app", "--host",
-                                    "127.0.0.1", "--port", str(port)], env, data_dir))
+        procs.append(
+            _spawn(
+                "api",
+                [
+                    *_python(),
+                    "-m",
+                    "uvicorn",
+                    "app.main:app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                ],
+                env,
+                data_dir,
+            )
+        )
         _wait_ready(api_url, procs[0])
         procs.append(_spawn("worker", [*_python(), "-m", "sdk.cli", "worker"], env, data_dir))
         console.print(f"control plane at {api_url} (API docs at {api_url}/docs)")
@@ -105,10 +120,14 @@ def _python() -> list[str]:
     return [sys.executable]
 
 
-def _spawn(name: str, argv: list[str], env: dict[str, str], data_dir: Path) -> subprocess.Popen[bytes]:
+def _spawn(
+    name: str, argv: list[str], env: dict[str, str], data_dir: Path
+) -> subprocess.Popen[bytes]:
     log = (data_dir / "logs" / f"{name}.log").open("ab")
     # A new session: Ctrl-C in the terminal reaches us, and we stop the children in order.
-    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 @contextlib.contextmanager

@@ -90,7 +90,9 @@ class ControlPlane:
 
     def heartbeat(self, run_id: str) -> Heartbeat:
         data = self._post(
-            f"/internal/runs/{run_id}/heartbeat", {"worker_id": self.worker_id}, on_conflict=LeaseLost
+            f"/internal/runs/{run_id}/heartbeat",
+            {"worker_id": self.worker_id},
+            on_conflict=LeaseLost,
         )
         return Heartbeat(cancel_requested=bool(data.get("cancel_requested", False)))
 
@@ -141,7 +143,9 @@ class ControlPlane:
                     result: dict[str, Any] = response.json()
                     return result
                 if response.status_code not in (429, 502, 503, 504) and response.status_code < 500:
-                    raise ControlPlaneError(f"{path}: HTTP {response.status_code}: {_message(response)}")
+                    raise ControlPlaneError(
+                        f"{path}: HTTP {response.status_code}: {_message(response)}"
+                    )
                 problem = f"HTTP {response.status_code}"
             if time.monotonic() + delay > deadline:
                 raise ApiUnavailable(f"{path}: gave up after {budget:.0f}s: {problem}")

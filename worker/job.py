@@ -67,7 +67,9 @@ def _train_claimed(api: ControlPlane, claim: Claim, beats: Heartbeater) -> Outco
         return "failed"
     except Exception as exc:
         log.exception("run %s failed", run_id)
-        _report_failure(api, run_id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}")
+        _report_failure(
+            api, run_id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
+        )
         return "failed"
     if beats.lease_lost.is_set():
         return "lease_lost"

@@ -1,0 +1,16 @@
+# A GPU worker: JAX with CUDA 12. Serves the "gpu" queue.
+FROM nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /srv/rlaas
+COPY pyproject.toml README.md ./
+COPY app app
+COPY rl_core rl_core
+COPY sdk sdk
+COPY worker worker
+COPY migrations migrations
+RUN pip install --no-cache-dir '.[worker]' 'jax[cuda12]'
+ENV RLAAS_QUEUE=gpu
+CMD ["rlaas", "worker"]

@@ -1,0 +1,90 @@
+"""The job spec: defaults, bad specs rejected with the field named, no JAX."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_core.spec import JobSpec, SpecError, load_spec, parse_spec
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def minimal() -> dict[str, object]:
+    return {"environment": {"name": "guess_number"}}
+
+
+def problems_of(data: object) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    return info.value.problems
+
+
+def test_minimal_spec_gets_defaults() -> None:
+    spec = parse_spec(minimal())
+    assert spec.version == 1
+    assert spec.model.source == "builtin:tiny"
+    assert spec.model.kind == "builtin" and spec.model.location == "tiny"
+    assert spec.staleness.mode == "async"
+    assert spec.batch_size == spec.algorithm.batch_groups * spec.rollout.group_size
+
+
+def test_round_trips_through_json() -> None:
+    spec = parse_spec(minimal())
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+
+
+@pytest.mark.parametrize(
+    ("patch", "field", "reason"),
+    [
+        ({"algorithm": {"learning_rate": -1}}, "algorithm.learning_rate", "greater than 0"),
+        ({"algorithm": {"lr": 0.1}}, "algorithm.lr", "Extra inputs are not permitted"),
+        ({"surprise": 1}, "surprise", "Extra inputs are not permitted"),
+        ({"rollout": {"group_size": "many"}}, "rollout.group_size", "valid integer"),
+        ({"rollout": {"sampling": {"top_p": 0}}}, "rollout.sampling.top_p", "greater than 0"),
+        ({"staleness": {"policy": "keep"}}, "staleness.policy", "'drop' or 'requeue'"),
+        ({"version": 2}, "version", "Input should be 1"),
+        ({"model": {"source": "tiny"}}, "model.source", "'<kind>:<name>'"),
+        ({"model": {"source": "s3:bucket/x"}}, "model.source", "unknown model source kind"),
+        ({"rollout": {"engine": "vllm"}}, "rollout", "vllm_url is required"),
+        ({"algorithm": {"batch_groups": 6, "mini_batches": 4}}, "algorithm", "must divide"),
+    ],
+)
+def test_bad_spec_names_field_and_reason(patch: dict[str, object], field: str, reason: str) -> None:
+    data = {**minimal(), **patch}
+    problems = problems_of(data)
+    assert any(p.startswith(f"{field}:") and reason in p for p in problems), problems
+
+
+def test_missing_environment_is_named() -> None:
+    assert any(p.startswith("environment:") for p in problems_of({}))
+
+
+def test_not_a_mapping() -> None:
+    assert problems_of(["a", "list"])
+
+
+def test_load_spec_reports_bad_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("environment: {name: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(path)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    assert load_spec(path).version == 1
+
+
+def test_quickstart_demo_is_the_tiny_game_example() -> None:
+    """The packaged demo spec and examples/tiny-game.yaml must not drift apart."""
+    packaged = Path(__file__).resolve().parents[2] / "sdk" / "quickstart.yaml"
+    assert load_spec(packaged) == load_spec(EXAMPLES / "tiny-game.yaml")
+
+
+def test_spec_module_imports_no_jax() -> None:
+    code = "import sys, rl_core.spec; sys.exit('jax' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
