@@ -163,13 +163,15 @@ def quickstart(
     ] = False,
     port: int = 8000,
     data_dir: Annotated[Path | None, typer.Option(envvar="RLAAS_DATA_DIR")] = None,
+    spec: Annotated[Path | None, typer.Option(help="Run this spec instead of the demo.")] = None,
 ) -> None:
     """Start everything on this machine and train a demo agent that visibly learns."""
     from sdk.quickstart import run_quickstart
 
     folder = (data_dir or Path("~/.rlaas")).expanduser()
+    job = _load(spec).model_dump(mode="json") if spec else None
     try:
-        code = run_quickstart(folder, port=port, exit_when_done=exit_when_done)
+        code = run_quickstart(folder, port=port, exit_when_done=exit_when_done, spec=job)
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)

@@ -35,7 +35,9 @@ EMBEDDED_ONLY = ("RLAAS_DATABASE_URL", "RLAAS_BROKER_URL", "RLAAS_API_URL", "RLA
 console = Console(stderr=True)
 
 
-def run_quickstart(data_dir: Path, *, port: int, exit_when_done: bool) -> int:
+def run_quickstart(
+    data_dir: Path, *, port: int, exit_when_done: bool, spec: dict[str, object] | None = None
+) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "logs").mkdir(exist_ok=True)
     env = _embedded_env(data_dir)
@@ -44,7 +46,7 @@ def run_quickstart(data_dir: Path, *, port: int, exit_when_done: bool) -> int:
         os.environ.pop(name, None)
 
     api_key = _tenant_key(data_dir)
-    port = port if _port_free(port) else _free_port()
+    port = port if port and _port_free(port) else _free_port()  # 0: any free port
     api_url = f"http://127.0.0.1:{port}"
     env["RLAAS_API_URL"] = api_url
     console.print(f"[bold]rlaas quickstart[/bold]: data in {data_dir}")
@@ -71,8 +73,9 @@ def run_quickstart(data_dir: Path, *, port: int, exit_when_done: bool) -> int:
         console.print(f"control plane at {api_url} (API docs at {api_url}/docs)")
         console.print(f"logs in {data_dir / 'logs'}")
         with Client(api_url, api_key) as client:
-            run = client.create_run(demo_spec())
-            console.print(f"submitted demo run {run.id}: the tiny model learns to guess a number")
+            run = client.create_run(spec or demo_spec())
+            what = "the tiny model learns to guess a number" if spec is None else "your spec"
+            console.print(f"submitted run {run.id}: {what}")
             run = follow_run(client, run.id)
         ok = run.status == "succeeded"
         console.print(f"demo run {run.status}" if ok else f"[red]demo run {run.status}[/red]")
