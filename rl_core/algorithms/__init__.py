@@ -1,0 +1,1 @@
+"""Policy-gradient objectives as pure functions over arrays."""

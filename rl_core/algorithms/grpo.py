@@ -1,0 +1,153 @@
+"""GRPO (Shao et al., 2024, DeepSeekMath) and its Dr.GRPO / DAPO variants, as pure functions.
+
+Advantages are group-relative: every episode of a group starts from the same
+environment seed, and its advantage is its reward minus the group mean,
+optionally divided by the group std (``scale_rewards``; Dr.GRPO, Liu et al.
+2025, drops the division, which otherwise up-weights near-unanimous groups).
+
+The per-token objective is PPO's clipped surrogate (Schulman et al., 2017)
+with asymmetric clipping (DAPO's clip-higher, Yu et al. 2025)::
+
+    r_t   = pi_theta(a_t) / pi_old(a_t)
+    L_t   = -min(r_t * A, clip(r_t, 1 - eps, 1 + eps_high) * A) * w_t
+    w_t   = min(pi_old(a_t) / mu(a_t), cap)      # truncated importance sampling
+
+where ``pi_old`` is the trainer's own policy at the start of the step and
+``mu`` the sampler's (behaviour) policy: w corrects for stale samples and for
+numerical mismatch between sampler and trainer (Yao et al., 2025, "Your
+efficient RL framework secretly brings you off-policy RL training"). The KL
+penalty to a reference uses the k3 estimator ``exp(q) - q - 1`` with
+``q = log pi_ref - log pi_theta`` (Schulman, 2020).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+Aggregation = Literal["token_mean", "sequence_mean", "token_sum_norm"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GrpoConfig:
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None  # None: symmetric, = clip_eps
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    aggregation: Aggregation = "token_mean"
+    importance_correction: Literal["none", "truncated"] = "truncated"
+    importance_cap: float = 2.0
+    # token_sum_norm divides the token sum by (sequences x norm_tokens), a
+    # constant per run (Dr.GRPO): the generation budget of one episode.
+    norm_tokens: int = 512
+
+
+@jax.jit
+def group_advantages(
+    rewards: jax.Array,  # [G, K]
+    valid: jax.Array,  # [G, K] bool: the episode is in the batch (not dropped)
+    scale: bool | jax.Array = True,
+    eps: float = 1e-6,
+) -> jax.Array:  # [G, K]; 0 where not valid
+    """A = (R - mean_group R) [/ (std_group R + eps)], over the valid episodes of each group."""
+    valid_f = valid.astype(jnp.float32)
+    count = jnp.maximum(valid_f.sum(axis=1, keepdims=True), 1.0)
+    mean = (rewards * valid_f).sum(axis=1, keepdims=True) / count
+    centred = (rewards - mean) * valid_f
+    std = jnp.sqrt((centred**2).sum(axis=1, keepdims=True) / count)
+    return jnp.where(scale, centred / (std + eps), centred) * valid_f
+
+
+def token_logprobs(
+    logits: jax.Array,  # [B, T, V] float32
+    targets: jax.Array,  # [B, T] int
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:  # logprobs [B, T], entropy [B, T]
+    """log pi(target) and the entropy of pi, with pi = softmax(logits / temperature)."""
+    logp = jax.nn.log_softmax(logits / temperature, axis=-1)
+    chosen = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    entropy = -(jnp.exp(logp) * logp).sum(axis=-1)
+    return chosen, entropy
+
+
+def aggregate(
+    per_token: jax.Array, mask: jax.Array, mode: Aggregation, norm_tokens: int
+) -> jax.Array:
+    """Reduce a [B, T] per-token quantity over the masked tokens to a scalar.
+
+    token_mean: sum / tokens (DAPO). sequence_mean: each sequence's token mean,
+    then the mean over sequences with any tokens (GRPO). token_sum_norm:
+    sum / (sequences x norm_tokens) (Dr.GRPO).
+    """
+    mask = mask.astype(per_token.dtype)
+    total = (per_token * mask).sum()
+    per_seq_tokens = mask.sum(axis=1)
+    sequences = jnp.maximum((per_seq_tokens > 0).sum(), 1)
+    if mode == "token_mean":
+        return total / jnp.maximum(mask.sum(), 1.0)
+    if mode == "sequence_mean":
+        seq_mean = (per_token * mask).sum(axis=1) / jnp.maximum(per_seq_tokens, 1.0)
+        return seq_mean.sum() / sequences
+    if mode == "token_sum_norm":
+        return total / (sequences * norm_tokens)
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def policy_loss(
+    logprobs: jax.Array,  # [B, T] current policy, differentiable
+    old_logprobs: jax.Array,  # [B, T] trainer policy at the start of the step
+    behaviour_logprobs: jax.Array,  # [B, T] sampler's logprobs
+    advantages: jax.Array,  # [B]
+    mask: jax.Array,  # [B, T] 1 on model-produced tokens
+    entropy: jax.Array,  # [B, T]
+    config: GrpoConfig,
+    ref_logprobs: jax.Array | None = None,  # [B, T] reference policy, needed if kl_coef > 0
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The clipped, importance-corrected policy-gradient loss and its diagnostics."""
+    mask_f = mask.astype(jnp.float32)
+    old = jax.lax.stop_gradient(old_logprobs)
+    adv = advantages[:, None]
+    ratio = jnp.exp(logprobs - old)
+    eps_low = config.clip_eps
+    eps_high = config.clip_eps if config.clip_eps_high is None else config.clip_eps_high
+    clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    surrogate = jnp.minimum(ratio * adv, clipped * adv)
+    # The sampler's logprobs are 0 off the mask; the where keeps exp() tame there.
+    log_w = jnp.where(mask > 0, old - behaviour_logprobs, 0.0)
+    if config.importance_correction == "truncated":
+        weight = jnp.minimum(jnp.exp(log_w), config.importance_cap)
+    else:
+        weight = jnp.ones_like(log_w)
+    per_token = -surrogate * jax.lax.stop_gradient(weight)
+
+    if ref_logprobs is not None and config.kl_coef > 0:
+        q = jax.lax.stop_gradient(ref_logprobs) - logprobs
+        kl_tok = jnp.exp(q) - q - 1.0
+        per_token = per_token + config.kl_coef * kl_tok
+    else:
+        kl_tok = jnp.zeros_like(logprobs)
+    if config.entropy_coef > 0:
+        per_token = per_token - config.entropy_coef * entropy
+
+    loss = aggregate(per_token, mask_f, config.aggregation, config.norm_tokens)
+    n_tokens = jnp.maximum(mask_f.sum(), 1.0)
+
+    def token_mean(x: jax.Array) -> jax.Array:
+        return (x * mask_f).sum() / n_tokens
+
+    was_clipped = (ratio * adv != surrogate) & (mask > 0)  # the clipped branch was taken
+    # k3 estimate of KL(mu || pi_old); >= 0 exactly, but rounding can dip below it.
+    mismatch = jnp.maximum(jnp.exp(log_w) - log_w - 1.0, 0.0)
+    metrics = {
+        "loss": loss,
+        "clip_frac": token_mean(was_clipped.astype(jnp.float32)),
+        "entropy": token_mean(entropy),
+        "kl": token_mean(kl_tok),
+        "mismatch_kl": token_mean(mismatch),
+        "importance_weight": token_mean(weight),
+        "ratio": token_mean(ratio),
+    }
+    return loss, metrics

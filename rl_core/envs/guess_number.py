@@ -1,0 +1,118 @@
+"""``guess_number``: find a hidden integer in [low, high] from "higher" / "lower" hints.
+
+Multi-turn on purpose: a good policy must read the environment's replies, not
+only format an answer. The reward is shaped so a random-init model can learn
+it from scratch: any well-formed in-range guess earns a little
+(``format_reward`` spread over the turns), and the correct number earns
+``correct_reward``, less ``turn_penalty`` per extra turn used, so fewer
+guesses (a binary search) score higher than guessing through the range.
+
+The answer is the first integer in the assistant's message ("5", "it is 5");
+a message without one is told to answer with a number and still uses a turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from rl_core.envs.base import Action, Reset, Step
+from rl_core.errors import EnvironmentFailure
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GuessNumberConfig:
+    low: int = 1
+    high: int = 8
+    max_turns: int = 4
+    correct_reward: float = 1.0
+    turn_penalty: float = 0.2  # taken off correct_reward per turn after the first
+    format_reward: float = 0.1  # total over the episode for well-formed in-range guesses
+
+    def __post_init__(self) -> None:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+        if self.max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> GuessNumberConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise EnvironmentFailure(
+                f"guess_number: unknown config keys {unknown}; known keys are {sorted(known)}"
+            )
+        return cls(**dict(config))
+
+
+@dataclasses.dataclass
+class _Episode:
+    config: GuessNumberConfig
+    target: int
+    turns: int = 0
+    done: bool = False
+    results: dict[int, Step] = dataclasses.field(default_factory=dict)
+
+
+class GuessNumber:
+    """The built-in game. One instance serves many concurrent episodes."""
+
+    name = "guess_number"
+
+    def __init__(self) -> None:
+        self._episodes: dict[str, _Episode] = {}
+
+    async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
+        cfg = GuessNumberConfig.from_mapping(config)
+        target = random.Random(seed).randint(cfg.low, cfg.high)
+        self._episodes[episode_id] = _Episode(config=cfg, target=target)
+        prompt = f"Guess the number between {cfg.low} and {cfg.high}."
+        return Reset(messages=[{"role": "user", "content": prompt}], info={"target": target})
+
+    async def step(self, episode_id: str, step: int, action: Action) -> Step:
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            raise EnvironmentFailure(f"guess_number: no episode {episode_id!r}; call reset first")
+        if step in episode.results:  # a retried step: same answer, no second turn
+            return episode.results[step]
+        if episode.done:
+            raise EnvironmentFailure(f"guess_number: episode {episode_id!r} is already over")
+        result = self._judge(episode, action.content)
+        episode.results[step] = result
+        return result
+
+    async def close(self, episode_id: str) -> None:
+        self._episodes.pop(episode_id, None)
+
+    @staticmethod
+    def _judge(episode: _Episode, content: str) -> Step:
+        cfg = episode.config
+        episode.turns += 1
+        match = _INTEGER.search(content)
+        guess = int(match.group()) if match else None
+        reward = 0.0
+        if guess is not None and cfg.low <= guess <= cfg.high:
+            reward += cfg.format_reward / cfg.max_turns
+        if guess is None:
+            reply = "Answer with a number."
+        elif guess < episode.target:
+            reply = "higher"
+        elif guess > episode.target:
+            reply = "lower"
+        else:
+            reply = "correct"
+            reward += max(0.0, cfg.correct_reward - cfg.turn_penalty * (episode.turns - 1))
+        episode.done = guess == episode.target or episode.turns >= cfg.max_turns
+        info = {"guess": guess, "turns": episode.turns, "solved": guess == episode.target}
+        return Step(
+            messages=[{"role": "user", "content": reply}],
+            reward=reward,
+            done=episode.done,
+            info=info,
+        )

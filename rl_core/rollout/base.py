@@ -1,0 +1,56 @@
+"""The rollout-engine seam: what the agent asks of whatever produces tokens.
+
+Pure Python (no JAX at import), so fakes and remote engines need none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """temperature 0 is greedy; top_k 0 and top_p 1 switch those filters off."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sampled continuation.
+
+    ``logprobs[i]`` is the log-probability of ``tokens[i]`` under the
+    distribution it was drawn from (after temperature, top-k and top-p); 0 for
+    greedy decoding, whose distribution is a point mass. A stop token, when the
+    sequence ended on one, is the last of ``tokens``.
+    """
+
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+    policy_version: int
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    @property
+    def policy_version(self) -> int: ...
+
+    async def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int | Sequence[int],
+        sampling: SamplingParams,
+        seeds: Sequence[int],
+    ) -> list[Completion]:
+        """Continue each prompt; requests from concurrent callers may share a device call."""
+        ...
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Swap in a new policy; calls already running finish with the old one."""
+        ...

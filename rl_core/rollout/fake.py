@@ -1,0 +1,67 @@
+"""A scripted `RolloutEngine` for tests: replies with given token ids, no model, no JAX."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from rl_core.rollout.base import Completion, SamplingParams
+
+
+class ScriptedEngine:
+    """Answers the n-th call with ``replies[n]`` (cut at ``max_new_tokens``).
+
+    A reply ends with "stop" if its last token is in ``stop_ids``. Each token's
+    logprob is ``-0.1 * (its index in the call log + 1)``, distinct so tests can
+    check where every logprob lands. ``delay_s`` makes each call slow.
+    """
+
+    def __init__(
+        self,
+        replies: Sequence[Sequence[int]],
+        *,
+        stop_ids: Sequence[int],
+        delay_s: float = 0.0,
+    ) -> None:
+        self._replies = [list(r) for r in replies]
+        self._stop = set(stop_ids)
+        self._delay_s = delay_s
+        self.prompts: list[list[int]] = []
+        self.version = 0
+        self.params: Any = None
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
+
+    async def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int | Sequence[int],
+        sampling: SamplingParams,
+        seeds: Sequence[int],
+    ) -> list[Completion]:
+        if self._delay_s:
+            await asyncio.sleep(self._delay_s)
+        limits = (
+            [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else max_new_tokens
+        )
+        out = []
+        for prompt, limit in zip(prompts, limits, strict=True):
+            n = len(self.prompts)
+            self.prompts.append(list(prompt))
+            tokens = self._replies[n % len(self._replies)][:limit]
+            out.append(
+                Completion(
+                    tokens=tokens,
+                    logprobs=[-0.1 * (n + 1)] * len(tokens),
+                    finish_reason="stop" if tokens and tokens[-1] in self._stop else "length",
+                    policy_version=self.version,
+                )
+            )
+        return out
+
+    def update_weights(self, params: Any, version: int) -> None:
+        self.params, self.version = params, version

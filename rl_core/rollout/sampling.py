@@ -1,0 +1,50 @@
+"""Token sampling as a pure function: temperature, top-k, top-p, and the sampled logprob."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def filter_logits(
+    logits: jax.Array,  # [B, V] float32
+    temperature: jax.Array,  # [B]; <= 0 means greedy
+    top_k: jax.Array,  # [B] int; 0 means off
+    top_p: jax.Array,  # [B] in (0, 1]
+) -> jax.Array:  # [B, V] log-probabilities of the sampling distribution (-inf where cut)
+    """The distribution a token is actually drawn from.
+
+    Logits are divided by the temperature, then everything below the k-th
+    largest is cut (ties at the threshold are kept), then the smallest set of
+    tokens whose probability reaches ``top_p`` is kept (Holtzman et al., 2019).
+    The parameters are traced arrays, so changing them never recompiles.
+    """
+    vocab = logits.shape[-1]
+    temp = jnp.where(temperature > 0, temperature, 1.0)[:, None]
+    scaled = logits / temp
+    desc = -jnp.sort(-scaled, axis=-1)  # [B, V], largest first
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    kth = jnp.take_along_axis(desc, (k - 1)[:, None], axis=-1)  # [B, 1]
+    scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
+    desc = jnp.where(desc >= kth, desc, -jnp.inf)
+    probs = jax.nn.softmax(desc, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
+    keep = before < top_p[:, None]  # the first token is always kept
+    cutoff = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)  # [B, 1]
+    scaled = jnp.where(scaled >= cutoff, scaled, -jnp.inf)
+    return jax.nn.log_softmax(scaled, axis=-1)
+
+
+def sample(
+    logits: jax.Array,  # [B, V]
+    keys: jax.Array,  # [B] PRNG keys
+    temperature: jax.Array,  # [B]
+    top_k: jax.Array,  # [B]
+    top_p: jax.Array,  # [B]
+) -> tuple[jax.Array, jax.Array]:  # tokens [B] int32, logprobs [B] float32
+    logp = filter_logits(logits, temperature, top_k, top_p)
+    drawn = jax.vmap(jax.random.categorical)(keys, logp)
+    greedy = temperature <= 0
+    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+    chosen = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    return tokens, jnp.where(greedy, 0.0, chosen)

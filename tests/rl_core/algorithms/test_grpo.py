@@ -1,0 +1,131 @@
+"""Property tests of the GRPO numerics."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl_core.algorithms.grpo import (
+    GrpoConfig,
+    aggregate,
+    group_advantages,
+    policy_loss,
+    token_logprobs,
+)
+
+ALL = jnp.ones((2, 4), bool)
+
+
+def test_equal_rewards_give_zero_advantage() -> None:
+    rewards = jnp.array([[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 1.0, 0.0]])
+    adv = group_advantages(rewards, ALL, True)
+    np.testing.assert_allclose(adv[0], 0.0, atol=1e-6)
+    assert float(jnp.abs(adv[1]).min()) > 0.5
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_advantages_are_centred_per_group(scale: bool) -> None:
+    rewards = jax.random.uniform(jax.random.key(0), (5, 6)) * 3
+    adv = group_advantages(rewards, jnp.ones((5, 6), bool), scale)
+    np.testing.assert_allclose(adv.mean(axis=1), 0.0, atol=1e-5)
+    if scale:
+        np.testing.assert_allclose(adv.std(axis=1), 1.0, atol=1e-4)
+    else:
+        np.testing.assert_allclose(adv, rewards - rewards.mean(axis=1, keepdims=True), atol=1e-6)
+
+
+def test_dropped_episodes_are_ignored() -> None:
+    rewards = jnp.array([[1.0, 0.0, 100.0]])
+    valid = jnp.array([[True, True, False]])
+    adv = group_advantages(rewards, valid, False)
+    np.testing.assert_allclose(adv, [[0.5, -0.5, 0.0]], atol=1e-6)
+
+
+def loss_of(ratio: float, adv: float, **cfg: object) -> tuple[float, dict[str, float], float]:
+    """Loss, metrics and d loss / d logprob for one token with the given ratio and advantage."""
+    config = GrpoConfig(**cfg)  # type: ignore[arg-type]
+    old = jnp.full((1, 1), -1.0)
+    mask = jnp.ones((1, 1))
+
+    def f(lp: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        return policy_loss(lp, old, old, jnp.array([adv]), mask, jnp.zeros((1, 1)), config)
+
+    lp = old + jnp.log(ratio)
+    (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(lp)
+    return float(loss), {k: float(v) for k, v in metrics.items()}, float(grad[0, 0])
+
+
+def test_unclipped_loss_is_minus_ratio_times_advantage() -> None:
+    loss, metrics, grad = loss_of(1.1, 2.0)
+    assert loss == pytest.approx(-1.1 * 2.0, rel=1e-5)
+    assert grad == pytest.approx(-1.1 * 2.0, rel=1e-5)  # d(-r A)/d logp = -r A
+    assert metrics["clip_frac"] == 0.0
+
+
+def test_clipping_stops_the_gradient_beyond_the_range() -> None:
+    loss, metrics, grad = loss_of(1.5, 1.0, clip_eps=0.2)
+    assert loss == pytest.approx(-1.2, rel=1e-5) and grad == 0.0
+    assert metrics["clip_frac"] == 1.0
+    # With a negative advantage, a large ratio is not clipped (the pessimistic branch).
+    loss, metrics, grad = loss_of(1.5, -1.0, clip_eps=0.2)
+    assert loss == pytest.approx(1.5, rel=1e-5) and grad != 0.0
+    assert metrics["clip_frac"] == 0.0
+    _, metrics, grad = loss_of(0.5, -1.0, clip_eps=0.2)
+    assert grad == 0.0 and metrics["clip_frac"] == 1.0
+
+
+def test_clip_higher_widens_the_upper_side_only() -> None:
+    assert loss_of(1.25, 1.0, clip_eps=0.2, clip_eps_high=0.28)[2] != 0.0
+    assert loss_of(1.3, 1.0, clip_eps=0.2, clip_eps_high=0.28)[2] == 0.0
+    assert loss_of(0.75, -1.0, clip_eps=0.2, clip_eps_high=0.28)[2] == 0.0
+
+
+def test_truncated_importance_weight_is_capped() -> None:
+    old = jnp.zeros((1, 3))
+    behaviour = jnp.log(jnp.array([[1.0, 0.5, 0.01]]))  # weights 1, 2, 100
+    mask, adv = jnp.ones((1, 3)), jnp.array([1.0])
+    cfg = GrpoConfig(importance_correction="truncated", importance_cap=2.0)
+    loss, m = policy_loss(old, old, behaviour, adv, mask, jnp.zeros((1, 3)), cfg)
+    assert float(loss) == pytest.approx(-(1 + 2 + 2) / 3, rel=1e-5)
+    assert float(m["importance_weight"]) == pytest.approx(5 / 3, rel=1e-5)
+    assert float(m["mismatch_kl"]) > 0
+    none = GrpoConfig(importance_correction="none")
+    loss, _ = policy_loss(old, old, behaviour, adv, mask, jnp.zeros((1, 3)), none)
+    assert float(loss) == pytest.approx(-1.0, rel=1e-5)
+
+
+def test_mismatch_is_zero_when_sampler_and_trainer_agree() -> None:
+    lp = -jax.random.uniform(jax.random.key(1), (3, 5))
+    _, m = policy_loss(lp, lp, lp, jnp.ones(3), jnp.ones((3, 5)), jnp.zeros((3, 5)), GrpoConfig())
+    assert float(m["mismatch_kl"]) == pytest.approx(0.0, abs=1e-7)
+    assert float(m["kl"]) == 0.0
+
+
+def test_kl_penalty_to_reference() -> None:
+    lp = jnp.log(jnp.full((1, 2), 0.5))
+    ref = jnp.log(jnp.full((1, 2), 0.25))
+    cfg = GrpoConfig(kl_coef=0.5)
+    args = (lp, lp, lp, jnp.zeros(1), jnp.ones((1, 2)), jnp.zeros((1, 2)), cfg)
+    loss, m = policy_loss(*args, ref_logprobs=ref)
+    q = np.log(0.5)  # log ref - log pi
+    assert float(m["kl"]) == pytest.approx(np.exp(q) - q - 1, rel=1e-5)
+    assert float(loss) == pytest.approx(0.5 * (np.exp(q) - q - 1), rel=1e-5)
+
+
+def test_aggregation_modes() -> None:
+    per_token = jnp.array([[1.0, 1.0, 1.0, 0.0], [4.0, 0.0, 0.0, 0.0], [9.0, 9.0, 9.0, 9.0]])
+    mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], jnp.float32)
+    assert float(aggregate(per_token, mask, "token_mean", 10)) == pytest.approx(7 / 4)
+    assert float(aggregate(per_token, mask, "sequence_mean", 10)) == pytest.approx((1 + 4) / 2)
+    assert float(aggregate(per_token, mask, "token_sum_norm", 10)) == pytest.approx(7 / (2 * 10))
+
+
+def test_token_logprobs_and_entropy() -> None:
+    logits = jnp.log(jnp.array([[[0.5, 0.25, 0.25]]]))
+    lp, ent = token_logprobs(logits, jnp.array([[1]]))
+    assert float(lp[0, 0]) == pytest.approx(np.log(0.25), rel=1e-5)
+    assert float(ent[0, 0]) == pytest.approx(-(0.5 * np.log(0.5) + 0.5 * np.log(0.25)), rel=1e-5)
+    hot, _ = token_logprobs(logits, jnp.array([[1]]), temperature=2.0)
+    assert float(hot[0, 0]) > float(lp[0, 0])  # higher temperature flattens
