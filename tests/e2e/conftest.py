@@ -28,11 +28,10 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
         "RLAAS_API_URL": f"http://127.0.0.1:{port}",
         "PYTHONUNBUFFERED": "1",
     }
-    subprocess.run([*rlaas(), "migrate"], env=env, check=True, cwd=REPO, capture_output=True)
-    created = subprocess.run(
-        [*rlaas(), "tenants", "create", "e2e"], env=env, check=True, cwd=REPO, capture_output=True
-    )
-    api_key = created.stdout.decode().strip().splitlines()[-1]
+    for argv in (["migrate"], ["tenants", "create", "e2e"]):
+        done = subprocess.run([*rlaas(), *argv], env=env, cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 0, f"rlaas {' '.join(argv)} failed:\n{done.stderr}"
+    api_key = done.stdout.strip().splitlines()[-1]
     s = Stack(api_url=env["RLAAS_API_URL"], api_key=api_key, env=env, logs=logs)
     try:
         yield s

@@ -1,0 +1,105 @@
+"""Request dependencies: the session (the edge owns the transaction) and the callers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.dispatch import Dispatcher
+from app.errors import Unauthorized
+from app.security import same_secret
+from app.services.tenants import authenticate
+from app.settings import Settings
+
+
+@dataclass
+class AppState:
+    """What the lifespan made, handed to every request."""
+
+    settings: Settings
+    sessions: async_sessionmaker[AsyncSession]
+    dispatcher: Dispatcher
+    worker_token: str
+
+
+@dataclass
+class AfterCommit:
+    """Runs to dispatch once the request's transaction has committed."""
+
+    run_ids: list[str] = field(default_factory=list)
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.rlaas
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+async def get_session(request: Request, app_state: StateDep) -> AsyncIterator[AsyncSession]:
+    """One transaction per request: commit if the handler returned, else roll back.
+
+    Dispatches queued after the commit, so a worker never claims a run that is not
+    yet durable, and a failed request sends nothing.
+    """
+    after = AfterCommit()
+    request.state.after_commit = after
+    async with app_state.sessions() as session:
+        try:
+            yield session
+            await session.commit()
+        except BaseException:
+            await session.rollback()
+            raise
+    for run_id in after.run_ids:
+        app_state.dispatcher.dispatch(run_id)
+
+
+# scope="function": commit before the response is sent, so a 201 means durable.
+SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
+
+
+def get_after_commit(request: Request, _session: SessionDep) -> AfterCommit:
+    after: AfterCommit = request.state.after_commit
+    return after
+
+
+AfterCommitDep = Annotated[AfterCommit, Depends(get_after_commit, scope="function")]
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization:
+        raise Unauthorized(
+            "missing Authorization header; send 'Authorization: Bearer <key>'",
+            field="Authorization",
+        )
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("Authorization must be 'Bearer <key>'", field="Authorization")
+    return token.strip()
+
+
+async def get_tenant(
+    session: SessionDep, authorization: Annotated[str | None, Header()] = None
+) -> str:
+    return await authenticate(session, _bearer(authorization))
+
+
+TenantDep = Annotated[str, Depends(get_tenant, scope="function")]
+
+
+def require_worker(
+    app_state: StateDep, authorization: Annotated[str | None, Header()] = None
+) -> None:
+    if not same_secret(_bearer(authorization), app_state.worker_token):
+        raise Unauthorized(
+            "the worker token is not valid; set RLAAS_WORKER_TOKEN", field="Authorization"
+        )
+
+
+WorkerDep = Depends(require_worker)

@@ -1,0 +1,56 @@
+"""Worker routes: /internal/runs/{id}/... behind the worker token."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.api.deps import SessionDep, WorkerDep
+from app.schemas import (
+    ClaimBody,
+    ClaimRead,
+    HeartbeatBody,
+    HeartbeatRead,
+    IngestRead,
+    MetricsBody,
+    StatusBody,
+    StatusRead,
+)
+from app.services import workers as service
+
+router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[WorkerDep])
+
+
+@router.post("/{run_id}/claim", response_model=ClaimRead)
+async def claim(run_id: str, body: ClaimBody, session: SessionDep) -> ClaimRead:
+    run = await service.claim(session, run_id, body.worker_id, body.lease_seconds)
+    assert run.lease_expires_at is not None
+    return ClaimRead(
+        run_id=run.id,
+        spec=run.spec,
+        attempt=run.attempts,
+        lease_expires_at=run.lease_expires_at,
+        resume_step=run.current_step,
+    )
+
+
+@router.post("/{run_id}/heartbeat", response_model=HeartbeatRead)
+async def heartbeat(run_id: str, body: HeartbeatBody, session: SessionDep) -> HeartbeatRead:
+    run = await service.heartbeat(session, run_id, body.worker_id, body.lease_seconds)
+    assert run.lease_expires_at is not None
+    return HeartbeatRead(
+        cancel_requested=run.cancel_requested, lease_expires_at=run.lease_expires_at
+    )
+
+
+@router.post("/{run_id}/status", response_model=StatusRead)
+async def report_status(run_id: str, body: StatusBody, session: SessionDep) -> StatusRead:
+    run = await service.report_status(session, run_id, body.worker_id, body.status, body.error)
+    return StatusRead(status=run.status)
+
+
+@router.post("/{run_id}/metrics", response_model=IngestRead)
+async def ingest_metrics(run_id: str, body: MetricsBody, session: SessionDep) -> IngestRead:
+    accepted, duplicate = await service.ingest_metrics(
+        session, run_id, body.worker_id, body.seq, body.points
+    )
+    return IngestRead(accepted=accepted, duplicate=duplicate)

@@ -1,0 +1,49 @@
+"""Handing runs to workers, by Celery task name, after the transaction commits.
+
+The control plane never imports the worker: ``send_task`` needs only the name.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from celery import Celery
+
+TASK_RUN_JOB = "rlaas.run_job"
+
+
+class Dispatcher(Protocol):
+    def dispatch(self, run_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class CeleryDispatcher:
+    def __init__(self, broker_url: str, queue: str) -> None:
+        if broker_url.startswith("sqla+"):
+            # The server-less broker polls a table; see worker/celery_app.py.
+            from kombu.transport import sqlalchemy as sqla_transport
+
+            sqla_transport.Transport.polling_interval = 0.25
+        self._celery = Celery("rlaas-api", broker=broker_url)
+        self._celery.conf.broker_connection_retry_on_startup = True
+        self._queue = queue
+
+    def dispatch(self, run_id: str) -> None:
+        self._celery.send_task(TASK_RUN_JOB, args=[run_id], queue=self._queue)
+
+    def close(self) -> None:
+        self._celery.close()
+
+
+class RecordingDispatcher:
+    """The fake: remembers what would have been sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def dispatch(self, run_id: str) -> None:
+        self.sent.append(run_id)
+
+    def close(self) -> None:
+        pass

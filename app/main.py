@@ -1,0 +1,111 @@
+"""The FastAPI application: ``uvicorn app.main:app``, or ``create_app(settings)`` in tests.
+
+Importing this module builds routes only; the engine, the Celery producer and
+the lease reaper are made in the lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from app.api import health, internal, runs
+from app.api.deps import AppState
+from app.db.session import make_engine, make_sessionmaker
+from app.dispatch import CeleryDispatcher, Dispatcher
+from app.errors import AppError
+from app.services.leases import reap_expired_leases
+from app.settings import Settings
+
+log = logging.getLogger("rlaas.api")
+
+
+def create_app(
+    settings: Settings | None = None, *, dispatcher: Dispatcher | None = None
+) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        conf = settings or Settings()
+        engine = make_engine(conf.resolved_database_url())
+        sender = dispatcher or CeleryDispatcher(conf.resolved_broker_url(), conf.task_queue)
+        app_state = AppState(
+            settings=conf,
+            sessions=make_sessionmaker(engine),
+            dispatcher=sender,
+            worker_token=conf.resolved_worker_token(),
+        )
+        app.state.rlaas = app_state
+        reaper = asyncio.create_task(_reap_forever(app_state), name="lease-reaper")
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            sender.close()
+            await engine.dispose()
+
+    app = FastAPI(title="rlaas", version="0.1.0", lifespan=lifespan)
+    app.include_router(health.router)
+    app.include_router(runs.router)
+    app.include_router(internal.router)
+    app.add_exception_handler(AppError, _render_app_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _render_validation_error)  # type: ignore[arg-type]
+    return app
+
+
+async def _reap_forever(app_state: AppState) -> None:
+    while True:
+        await asyncio.sleep(app_state.settings.reaper_interval_s)
+        try:
+            await reap_once(app_state)
+        except Exception:
+            log.exception("lease reaper pass failed; trying again next interval")
+
+
+async def reap_once(app_state: AppState) -> list[str]:
+    async with app_state.sessions() as session:
+        requeued = await reap_expired_leases(session, max_attempts=app_state.settings.max_attempts)
+        await session.commit()
+    for run_id in requeued:
+        log.warning("run %s lost its worker; dispatched again", run_id)
+        app_state.dispatcher.dispatch(run_id)
+    return requeued
+
+
+def _error_body(code: str, message: str, field: str | None, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "field": field, **extra}}
+
+
+async def _render_app_error(_request: Request, exc: AppError) -> JSONResponse:
+    return JSONResponse(_error_body(exc.code, exc.message, exc.field), status_code=exc.status_code)
+
+
+async def _render_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    problems = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ())]
+        # Drop FastAPI's "body"/"query"/"header" root, keep it as the location kind.
+        where, path = (
+            (loc[0], loc[1:])
+            if loc and loc[0] in ("body", "query", "header", "path")
+            else ("body", loc)
+        )
+        problems.append(
+            {"field": ".".join(path) or where, "in": where, "reason": err.get("msg", "")}
+        )
+    first = problems[0] if problems else {"field": None, "reason": "invalid request"}
+    message = "; ".join(f"{p['field']}: {p['reason']}" for p in problems) or "invalid request"
+    return JSONResponse(
+        _error_body("invalid", message, first["field"], problems=problems), status_code=422
+    )
+
+
+app = create_app()

@@ -1,0 +1,42 @@
+"""The lease reaper: a dead worker never strands a run.
+
+A run whose lease expired goes back to the queue (and is dispatched again
+after the commit), up to ``max_attempts`` claims; after that it fails with
+the reason. Celery's own redelivery is not relied on: a run outlives any
+broker visibility timeout.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import state
+from app.db.models import Run, utcnow
+
+
+async def reap_expired_leases(
+    session: AsyncSession, now: datetime | None = None, *, max_attempts: int = 3
+) -> list[str]:
+    """Re-queue or fail runs whose lease expired; returns the ids to dispatch again."""
+    now = now or utcnow()
+    expired = await session.scalars(
+        select(Run)
+        .where(Run.status.in_((state.STARTING, state.RUNNING)), Run.lease_expires_at < now)
+        .with_for_update(skip_locked=True)
+    )
+    requeued: list[str] = []
+    for run in expired:
+        reason = f"lease held by {run.lease_owner} expired"
+        if run.attempts >= max_attempts:
+            state.transition(session, run, state.FAILED, reason=reason, now=now)
+            run.error = f"lease expired {run.attempts} times; giving up ({reason})"
+        elif run.cancel_requested:
+            state.transition(session, run, state.CANCELLED, reason=reason, now=now)
+        else:
+            state.transition(session, run, state.QUEUED, reason=reason, now=now)
+            requeued.append(run.id)
+    await session.flush()
+    return requeued

@@ -1,0 +1,147 @@
+"""Runs as their owner sees them: submit, read, list, cancel."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import uuid
+from datetime import datetime
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import state
+from app.db.models import MetricPoint, Run, RunEvent, utcnow
+from app.errors import BadRequest, Conflict, NotFound
+from app.schemas import RunCreate
+
+
+def request_hash(body: RunCreate) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+async def create_run(
+    session: AsyncSession, tenant_id: str, body: RunCreate, idempotency_key: str | None
+) -> tuple[Run, bool]:
+    """Store a new run; returns (run, created). A replayed key returns the first run."""
+    digest = request_hash(body)
+    if idempotency_key is not None:
+        existing = await session.scalar(
+            select(Run).where(Run.tenant_id == tenant_id, Run.idempotency_key == idempotency_key)
+        )
+        if existing is not None:
+            if existing.request_hash != digest:
+                raise Conflict(
+                    "this Idempotency-Key was used with a different body; use a new key",
+                    field="Idempotency-Key",
+                )
+            return existing, False
+    now = utcnow()
+    run = Run(
+        id=f"run_{uuid.uuid4().hex}",
+        tenant_id=tenant_id,
+        name=body.name or body.spec.name,
+        status=state.QUEUED,
+        spec=body.spec.model_dump(mode="json"),
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+        attempts=0,
+        cancel_requested=False,
+        current_step=0,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(run)
+    await session.flush()  # the run row before its first event (foreign key)
+    state.record_creation(session, run)
+    await session.flush()
+    return run, True
+
+
+async def get_run(session: AsyncSession, tenant_id: str, run_id: str) -> Run:
+    run = await session.scalar(select(Run).where(Run.id == run_id, Run.tenant_id == tenant_id))
+    if run is None:
+        raise NotFound(f"no run {run_id!r}", field="run_id")
+    return run
+
+
+def _encode_cursor(run: Run) -> str:
+    raw = json.dumps([run.created_at.isoformat(), run.id])
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return datetime.fromisoformat(created), str(run_id)
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(
+            "cursor is not one this API returned; pass next_cursor unchanged", field="cursor"
+        ) from exc
+
+
+async def list_runs(
+    session: AsyncSession, tenant_id: str, *, status: str | None, cursor: str | None, limit: int
+) -> tuple[list[Run], str | None]:
+    """Newest first; keyset pages on (created_at, id)."""
+    query = select(Run).where(Run.tenant_id == tenant_id)
+    if status is not None:
+        query = query.where(Run.status == status)
+    if cursor is not None:
+        created, run_id = _decode_cursor(cursor)
+        query = query.where(
+            or_(Run.created_at < created, and_(Run.created_at == created, Run.id < run_id))
+        )
+    rows = list(
+        await session.scalars(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1))
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (_encode_cursor(rows[-1]) if more and rows else None)
+
+
+async def cancel_run(session: AsyncSession, tenant_id: str, run_id: str) -> Run:
+    """Queued runs end now; running ones are told at their next heartbeat."""
+    run = await get_run(session, tenant_id, run_id)
+    if run.status == state.QUEUED:
+        state.transition(session, run, state.CANCELLED, reason="cancelled by the owner")
+    elif run.status in (state.STARTING, state.RUNNING):
+        run.cancel_requested = True
+        run.updated_at = utcnow()
+    else:
+        raise Conflict(
+            f"run {run.id} is {run.status}; only unfinished runs can be cancelled", field="status"
+        )
+    await session.flush()
+    return run
+
+
+async def list_events(session: AsyncSession, tenant_id: str, run_id: str) -> list[RunEvent]:
+    await get_run(session, tenant_id, run_id)
+    return list(
+        await session.scalars(
+            select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
+        )
+    )
+
+
+async def query_metrics(
+    session: AsyncSession,
+    tenant_id: str,
+    run_id: str,
+    *,
+    name: str | None,
+    since_step: int | None,
+    until_step: int | None,
+) -> list[MetricPoint]:
+    await get_run(session, tenant_id, run_id)
+    query = select(MetricPoint).where(MetricPoint.run_id == run_id)
+    if name is not None:
+        query = query.where(MetricPoint.name == name)
+    if since_step is not None:
+        query = query.where(MetricPoint.step >= since_step)
+    if until_step is not None:
+        query = query.where(MetricPoint.step <= until_step)
+    return list(await session.scalars(query.order_by(MetricPoint.name, MetricPoint.step)))

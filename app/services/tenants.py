@@ -1,0 +1,42 @@
+"""Tenants and their API keys."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.models import ApiKey, Tenant
+from app.errors import Conflict, Unauthorized
+from app.security import hash_key, new_api_key, parse_prefix, same_secret
+
+
+async def create_tenant(session: AsyncSession, name: str) -> tuple[Tenant, str]:
+    """A new tenant and its first key (the plaintext is returned once, never stored)."""
+    if await session.scalar(select(Tenant.id).where(Tenant.name == name)):
+        raise Conflict(f"a tenant named {name!r} exists already; choose another name", field="name")
+    tenant = Tenant(id=f"ten_{uuid.uuid4().hex}", name=name)
+    session.add(tenant)
+    await session.flush()  # no ORM relationship orders the inserts: the tenant goes first
+    key, prefix, digest = new_api_key()
+    session.add(
+        ApiKey(id=f"key_{uuid.uuid4().hex}", tenant_id=tenant.id, prefix=prefix, key_hash=digest)
+    )
+    await session.flush()
+    return tenant, key
+
+
+async def authenticate(session: AsyncSession, key: str) -> str:
+    """The tenant id that owns ``key``, or Unauthorized."""
+    prefix = parse_prefix(key)
+    row = None
+    if prefix is not None:
+        row = await session.scalar(
+            select(ApiKey).where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None))
+        )
+    # Hash and compare even when no row matched, so timing tells nothing.
+    expected = row.key_hash if row is not None else "0" * 64
+    if not same_secret(hash_key(key), expected) or row is None:
+        raise Unauthorized("the API key is not valid; use a key printed by `rlaas tenants create`")
+    return row.tenant_id

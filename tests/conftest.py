@@ -1,0 +1,48 @@
+"""Session-wide real services: PostgreSQL 15 and Redis.
+
+CI starts them once (``scripts/services.sh``) and passes their URLs in
+``RLAAS_TEST_DATABASE_URL`` / ``RLAAS_TEST_REDIS_URL``; without those, the
+first test that asks starts its own pair for the session. Nothing here is
+autouse: tests of ``rl_core`` need no database.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def _services() -> Iterator[dict[str, str]]:
+    wanted = ("RLAAS_TEST_DATABASE_URL", "RLAAS_TEST_REDIS_URL")
+    if all(os.environ.get(k) for k in wanted):
+        yield {k: os.environ[k] for k in wanted}
+        return
+    folder = tempfile.mkdtemp(prefix="rlaas-test-services-")
+    script = str(REPO / "scripts" / "services.sh")
+    try:
+        subprocess.run([script, "start", folder], check=True, capture_output=True, text=True)
+        urls: dict[str, str] = {}
+        for line in Path(folder, "env").read_text().splitlines():
+            name, _, value = line.removeprefix("export ").partition("=")
+            urls[name] = value
+        yield urls
+    finally:
+        subprocess.run([script, "stop", folder], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(_services: dict[str, str]) -> str:
+    return _services["RLAAS_TEST_DATABASE_URL"]
+
+
+@pytest.fixture(scope="session")
+def redis_url(_services: dict[str, str]) -> str:
+    return _services["RLAAS_TEST_REDIS_URL"]
