@@ -38,5 +38,8 @@ async def authenticate(session: AsyncSession, key: str) -> str:
     # Hash and compare even when no row matched, so timing tells nothing.
     expected = row.key_hash if row is not None else "0" * 64
     if not same_secret(hash_key(key), expected) or row is None:
-        raise Unauthorized("the API key is not valid; use a key printed by `rlaas tenants create`")
+        raise Unauthorized(
+            "the API key is not valid; use a key printed by `rlaas tenants create`",
+            field="Authorization",
+        )
     return row.tenant_id
