@@ -9,6 +9,7 @@ outages (it deduplicates on ``(run, seq)``).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,10 @@ class HttpMetricsSink:
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
         for name, value in metrics.items():
+            if not math.isfinite(value):
+                # JSON has no NaN; a diverged loss is visible as a gap plus this log line.
+                log.warning("step %d: %s is %s; not sent", step, name, value)
+                continue
             self._open.append({"step": step, "name": name, "value": float(value)})
         self._seal()
         self._send(give_up_quietly=True)

@@ -70,3 +70,10 @@ def test_big_steps_are_split_into_bounded_batches() -> None:
     sink = HttpMetricsSink(api, "run_1", batch_points=3)
     sink.on_step(1, {f"m{i}": float(i) for i in range(7)})
     assert [len(fake.batches[s]) for s in sorted(fake.batches)] == [3, 3, 1]
+
+
+def test_non_finite_values_are_left_out_instead_of_breaking_the_batch() -> None:
+    fake = FakeControlPlane()
+    sink = make_sink(fake)
+    sink.on_step(1, {"loss": float("nan"), "grad_norm": float("inf"), "reward/mean": 0.5})
+    assert [p["name"] for p in fake.batches[100]] == ["reward/mean"]
