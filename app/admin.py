@@ -22,9 +22,7 @@ def alembic_config(settings: Settings) -> Config:
 
 
 def migrate(settings: Settings) -> None:
-    """Alembic ``upgrade head`` on the configured database."""
-    if settings.embedded:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    """Alembic ``upgrade head`` on the configured database (any cwd: paths are the package's)."""
     command.upgrade(alembic_config(settings), "head")
 
 

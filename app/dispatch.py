@@ -5,11 +5,16 @@ The control plane never imports the worker: ``send_task`` needs only the name.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Iterable
 from typing import Protocol
 
 from celery import Celery
 
 TASK_RUN_JOB = "rlaas.run_job"
+
+log = logging.getLogger("rlaas.dispatch")
 
 
 class Dispatcher(Protocol):
@@ -47,3 +52,17 @@ class RecordingDispatcher:
 
     def close(self) -> None:
         pass
+
+
+async def dispatch_committed(dispatcher: Dispatcher, run_ids: Iterable[str]) -> None:
+    """Send runs whose rows are already committed, off the event loop.
+
+    Publishing is blocking network I/O (and retries when the broker is down), so it runs
+    in a thread. A failure is logged, not raised: the run is durable and queued, and the
+    caller's request has succeeded.
+    """
+    for run_id in run_ids:
+        try:
+            await asyncio.to_thread(dispatcher.dispatch, run_id)
+        except Exception:
+            log.exception("run %s is queued but could not be sent to the broker", run_id)

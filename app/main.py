@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from app.api import health, internal, runs
 from app.api.deps import AppState
 from app.db.session import make_engine, make_sessionmaker
-from app.dispatch import CeleryDispatcher, Dispatcher
+from app.dispatch import CeleryDispatcher, Dispatcher, dispatch_committed
 from app.errors import AppError
 from app.services.leases import reap_expired_leases
 from app.settings import Settings
@@ -33,13 +33,16 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         conf = settings or Settings()
+        # First, so a missing token fails start-up before anything is opened.
+        worker_token = conf.resolved_worker_token()
+        conf.prepare_data_dir()
         engine = make_engine(conf.resolved_database_url())
         sender = dispatcher or CeleryDispatcher(conf.resolved_broker_url(), conf.task_queue)
         app_state = AppState(
             settings=conf,
             sessions=make_sessionmaker(engine),
             dispatcher=sender,
-            worker_token=conf.resolved_worker_token(),
+            worker_token=worker_token,
         )
         app.state.rlaas = app_state
         reaper = asyncio.create_task(_reap_forever(app_state), name="lease-reaper")
@@ -75,8 +78,8 @@ async def reap_once(app_state: AppState) -> list[str]:
         requeued = await reap_expired_leases(session, max_attempts=app_state.settings.max_attempts)
         await session.commit()
     for run_id in requeued:
-        log.warning("run %s lost its worker; dispatched again", run_id)
-        app_state.dispatcher.dispatch(run_id)
+        log.warning("run %s lost its worker; dispatching it again", run_id)
+    await dispatch_committed(app_state.dispatcher, requeued)
     return requeued
 
 
@@ -89,23 +92,30 @@ async def _render_app_error(_request: Request, exc: AppError) -> JSONResponse:
 
 
 async def _render_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-    problems = []
-    for err in exc.errors():
-        loc = [str(p) for p in err.get("loc", ())]
-        # Drop FastAPI's "body"/"query"/"header" root, keep it as the location kind.
-        where, path = (
-            (loc[0], loc[1:])
-            if loc and loc[0] in ("body", "query", "header", "path")
-            else ("body", loc)
-        )
-        problems.append(
-            {"field": ".".join(path) or where, "in": where, "reason": err.get("msg", "")}
-        )
+    """FastAPI's 422, in the one error shape, each problem naming its field path."""
+    problems = [_problem(err) for err in exc.errors()]
     first = problems[0] if problems else {"field": None, "reason": "invalid request"}
     message = "; ".join(f"{p['field']}: {p['reason']}" for p in problems) or "invalid request"
     return JSONResponse(
         _error_body("invalid", message, first["field"], problems=problems), status_code=422
     )
+
+
+def _problem(err: Any) -> dict[str, Any]:
+    loc = [str(p) for p in err.get("loc", ())]
+    # FastAPI's first element says where ("body", "query", "header", "path"); the rest is the
+    # path inside it, which is what a caller needs: spec.algorithm.learning_rate.
+    where, path = (loc[0], loc[1:]) if loc and loc[0] in _WHERE else ("body", loc)
+    reason = str(err.get("msg", ""))
+    if err.get("type") == "json_invalid":
+        # loc[1] is the character offset, not a field.
+        detail = (err.get("ctx") or {}).get("error", "")
+        at = f" at character {path[0]}" if path else ""
+        return {"field": "body", "in": where, "reason": f"body is not valid JSON{at}: {detail}"}
+    return {"field": ".".join(path) or where, "in": where, "reason": reason}
+
+
+_WHERE = ("body", "query", "header", "path")
 
 
 app = create_app()

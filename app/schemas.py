@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from rl_core.spec import JobSpec
+
+
+def _utc(value: datetime) -> datetime:
+    # SQLite keeps no zone; every stored time is UTC, so say so in the response.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
 
 
 class _Body(BaseModel):
@@ -29,10 +37,10 @@ class RunRead(BaseModel):
     current_step: int
     error: str | None
     cancel_requested: bool
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
 
     model_config = ConfigDict(from_attributes=True)
 
@@ -46,7 +54,7 @@ class EventRead(BaseModel):
     from_status: str | None
     to_status: str
     reason: str | None
-    created_at: datetime
+    created_at: Timestamp
 
     model_config = ConfigDict(from_attributes=True)
 
@@ -78,7 +86,7 @@ class ClaimRead(BaseModel):
     run_id: str
     spec: dict[str, Any]
     attempt: int
-    lease_expires_at: datetime
+    lease_expires_at: Timestamp
     resume_step: int
 
 
@@ -89,7 +97,7 @@ class HeartbeatBody(_Body):
 
 class HeartbeatRead(BaseModel):
     cancel_requested: bool
-    lease_expires_at: datetime
+    lease_expires_at: Timestamp
 
 
 class StatusBody(_Body):

@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     def embedded(self) -> bool:
         return self.database_url is None or self.database_url.startswith("sqlite")
 
+    def prepare_data_dir(self) -> None:
+        """Make the data folder when an embedded default (SQLite file, broker file) lives there."""
+        if self.embedded or self.broker_url is None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url

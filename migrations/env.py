@@ -20,8 +20,12 @@ target_metadata = Base.metadata
 
 
 def database_url() -> str:
-    # `rlaas migrate` sets the URL on the config; plain `alembic` reads the settings.
-    return config.get_main_option("sqlalchemy.url") or Settings().resolved_database_url()
+    """``alembic -x database_url=...``, else the URL `rlaas migrate` set, else the settings."""
+    return (
+        context.get_x_argument(as_dictionary=True).get("database_url")
+        or config.get_main_option("sqlalchemy.url")
+        or Settings().resolved_database_url()
+    )
 
 
 def run_with(connection: Connection) -> None:
@@ -36,10 +40,7 @@ def run_with(connection: Connection) -> None:
 
 
 async def run_online() -> None:
-    url = database_url()
-    if url.startswith("sqlite"):
-        Settings().data_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(url)
+    engine = make_engine(database_url())  # for SQLite, it makes the file's folder
     async with engine.connect() as connection:
         await connection.run_sync(run_with)
     await engine.dispose()

@@ -9,6 +9,7 @@ autouse: tests of ``rl_core`` need no database.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -25,10 +26,13 @@ def _services() -> Iterator[dict[str, str]]:
     if all(os.environ.get(k) for k in wanted):
         yield {k: os.environ[k] for k in wanted}
         return
-    folder = tempfile.mkdtemp(prefix="rlaas-test-services-")
+    # Under /tmp, not pytest's tmp_path: the postgres OS user must be able to reach it.
+    folder = tempfile.mkdtemp(prefix="rlaas-test-services-", dir="/tmp")
     script = str(REPO / "scripts" / "services.sh")
     try:
-        subprocess.run([script, "start", folder], check=True, capture_output=True, text=True)
+        started = subprocess.run([script, "start", folder], capture_output=True, text=True)
+        if started.returncode != 0:
+            pytest.fail(f"scripts/services.sh start failed:\n{started.stderr}", pytrace=False)
         urls: dict[str, str] = {}
         for line in Path(folder, "env").read_text().splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
@@ -36,6 +40,7 @@ def _services() -> Iterator[dict[str, str]]:
         yield urls
     finally:
         subprocess.run([script, "stop", folder], check=False, capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

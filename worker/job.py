@@ -47,7 +47,7 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
 
 
 def _train_claimed(api: ControlPlane, claim: Claim, beats: Heartbeater) -> Outcome:
-    from rl_core import runner
+    from rl_core.runner import train
     from rl_core.spec import parse_spec
 
     run_id = claim.run_id
@@ -55,7 +55,7 @@ def _train_claimed(api: ControlPlane, claim: Claim, beats: Heartbeater) -> Outco
     try:
         spec = parse_spec(claim.spec)
         api.report_status(run_id, "running")
-        result = runner.train(
+        result = train(
             spec, sink=sink, should_stop=beats.should_stop, start_step=claim.resume_step
         )
         sink.flush()

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.dispatch import Dispatcher
+from app.dispatch import Dispatcher, dispatch_committed
 from app.errors import Unauthorized
 from app.security import same_secret
 from app.services.tenants import authenticate
@@ -56,8 +56,7 @@ async def get_session(request: Request, app_state: StateDep) -> AsyncIterator[As
         except BaseException:
             await session.rollback()
             raise
-    for run_id in after.run_ids:
-        app_state.dispatcher.dispatch(run_id)
+    await dispatch_committed(app_state.dispatcher, after.run_ids)
 
 
 # scope="function": commit before the response is sent, so a 201 means durable.

@@ -19,7 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -45,6 +45,11 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
+    # lazy="raise": an async session cannot load on attribute access; say so loudly.
+    api_keys: Mapped[list[ApiKey]] = relationship(
+        back_populates="tenant", lazy="raise", passive_deletes=True
+    )
+
 
 class ApiKey(Base):
     __tablename__ = "api_keys"
@@ -55,6 +60,8 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    tenant: Mapped[Tenant] = relationship(back_populates="api_keys", lazy="raise")
 
 
 class Run(Base):
@@ -82,6 +89,11 @@ class Run(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
+    tenant: Mapped[Tenant] = relationship(lazy="raise")
+    events: Mapped[list[RunEvent]] = relationship(
+        back_populates="run", lazy="raise", order_by="RunEvent.id", passive_deletes=True
+    )
+
 
 class RunEvent(Base):
     __tablename__ = "run_events"
@@ -94,6 +106,8 @@ class RunEvent(Base):
     to_status: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="events", lazy="raise")
 
 
 class MetricPoint(Base):

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession
 
 
 def make_engine(url: str) -> AsyncEngine:
     if url.startswith("sqlite"):
+        database = make_url(url).database
+        if database and database != ":memory:":
+            # SQLite makes the file but not its folder (the data dir on a first start).
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine.sync_engine, "connect")

@@ -29,14 +29,16 @@ async def reap_expired_leases(
     )
     requeued: list[str] = []
     for run in expired:
-        reason = f"lease held by {run.lease_owner} expired"
+        lost = f"lease held by {run.lease_owner} expired"
         if run.attempts >= max_attempts:
+            reason = f"lease expired {run.attempts} times; giving up"
             state.transition(session, run, state.FAILED, reason=reason, now=now)
-            run.error = f"lease expired {run.attempts} times; giving up ({reason})"
+            run.error = f"{reason} (last: {lost})"
         elif run.cancel_requested:
-            state.transition(session, run, state.CANCELLED, reason=reason, now=now)
+            # The owner asked to stop and the worker died: nothing left to resume.
+            state.transition(session, run, state.CANCELLED, reason=lost, now=now)
         else:
-            state.transition(session, run, state.QUEUED, reason=reason, now=now)
+            state.transition(session, run, state.QUEUED, reason=lost, now=now)
             requeued.append(run.id)
     await session.flush()
     return requeued

@@ -6,9 +6,10 @@ import base64
 import hashlib
 import json
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import state
@@ -28,15 +29,8 @@ async def create_run(
     """Store a new run; returns (run, created). A replayed key returns the first run."""
     digest = request_hash(body)
     if idempotency_key is not None:
-        existing = await session.scalar(
-            select(Run).where(Run.tenant_id == tenant_id, Run.idempotency_key == idempotency_key)
-        )
+        existing = await _replayed(session, tenant_id, idempotency_key, digest)
         if existing is not None:
-            if existing.request_hash != digest:
-                raise Conflict(
-                    "this Idempotency-Key was used with a different body; use a new key",
-                    field="Idempotency-Key",
-                )
             return existing, False
     now = utcnow()
     run = Run(
@@ -53,11 +47,35 @@ async def create_run(
         created_at=now,
         updated_at=now,
     )
-    session.add(run)
-    await session.flush()  # the run row before its first event (foreign key)
-    state.record_creation(session, run)
-    await session.flush()
+    try:
+        # A savepoint: two requests racing with one key both pass the lookup above;
+        # the loser's insert fails on the unique key and it answers with the winner's run.
+        async with session.begin_nested():
+            session.add(run)
+            state.record_creation(session, run)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = await _replayed(session, tenant_id, idempotency_key, digest)
+        if existing is None:
+            raise
+        return existing, False
     return run, True
+
+
+async def _replayed(
+    session: AsyncSession, tenant_id: str, idempotency_key: str, digest: str
+) -> Run | None:
+    """The run first made with this key, if any; Conflict if that request had another body."""
+    existing = await session.scalar(
+        select(Run).where(Run.tenant_id == tenant_id, Run.idempotency_key == idempotency_key)
+    )
+    if existing is not None and existing.request_hash != digest:
+        raise Conflict(
+            "this Idempotency-Key was used with a different body; use a new key",
+            field="Idempotency-Key",
+        )
+    return existing
 
 
 async def get_run(session: AsyncSession, tenant_id: str, run_id: str) -> Run:
@@ -68,14 +86,20 @@ async def get_run(session: AsyncSession, tenant_id: str, run_id: str) -> Run:
 
 
 def _encode_cursor(run: Run) -> str:
-    raw = json.dumps([run.created_at.isoformat(), run.id])
+    created = run.created_at
+    if created.tzinfo is None:  # SQLite returns stored UTC times without a zone
+        created = created.replace(tzinfo=UTC)
+    raw = json.dumps([created.isoformat(), run.id])
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         created, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return datetime.fromisoformat(created), str(run_id)
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None or not isinstance(run_id, str):
+            raise ValueError("not a cursor of ours")
+        return when, run_id
     except (ValueError, TypeError) as exc:
         raise BadRequest(
             "cursor is not one this API returned; pass next_cursor unchanged", field="cursor"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import ApiKey, Tenant
@@ -15,16 +16,22 @@ from app.security import hash_key, new_api_key, parse_prefix, same_secret
 async def create_tenant(session: AsyncSession, name: str) -> tuple[Tenant, str]:
     """A new tenant and its first key (the plaintext is returned once, never stored)."""
     if await session.scalar(select(Tenant.id).where(Tenant.name == name)):
-        raise Conflict(f"a tenant named {name!r} exists already; choose another name", field="name")
+        raise _name_taken(name)
     tenant = Tenant(id=f"ten_{uuid.uuid4().hex}", name=name)
     session.add(tenant)
-    await session.flush()  # no ORM relationship orders the inserts: the tenant goes first
     key, prefix, digest = new_api_key()
     session.add(
         ApiKey(id=f"key_{uuid.uuid4().hex}", tenant_id=tenant.id, prefix=prefix, key_hash=digest)
     )
-    await session.flush()
+    try:
+        await session.flush()
+    except IntegrityError as exc:  # the same name created concurrently
+        raise _name_taken(name) from exc
     return tenant, key
+
+
+def _name_taken(name: str) -> Conflict:
+    return Conflict(f"a tenant named {name!r} exists already; choose another name", field="name")
 
 
 async def authenticate(session: AsyncSession, key: str) -> str:

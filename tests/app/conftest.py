@@ -1,87 +1,128 @@
 """The control plane against a real PostgreSQL, migrated with Alembic once per session.
 
 Each test gets a clean database (tables truncated), an app whose dispatcher
-records what it would send to Celery, and a TestClient that runs the lifespan.
+records what it would have sent to Celery, and an ``httpx.AsyncClient`` over
+ASGI with the app's lifespan running (engine, reaper and all). Tests are
+``async`` and run on anyio's asyncio backend (``pytestmark = pytest.mark.anyio``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import httpx
 import psycopg
 import pytest
-from fastapi.testclient import TestClient
+from fastapi import FastAPI
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.admin import migrate
 from app.api.deps import AppState
-from app.dispatch import RecordingDispatcher
+from app.dispatch import Dispatcher, RecordingDispatcher
 from app.main import create_app
 from app.services.tenants import create_tenant
 from app.settings import Settings
 
 T = TypeVar("T")
 WORKER_TOKEN = "test-worker-token"
+WORKER = {"Authorization": f"Bearer {WORKER_TOKEN}"}
 TABLES = "metric_points, ingest_batches, run_events, runs, api_keys, tenants"
+
+
+def plain(url: str) -> str:
+    """The libpq form of a SQLAlchemy URL, for psycopg directly."""
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def fresh_database(postgres_url: str, prefix: str) -> str:
+    """An empty database on the session's server; returns its SQLAlchemy URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(plain(postgres_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{postgres_url.rpartition('/')[0]}/{name}"
 
 
 @pytest.fixture(scope="session")
 def app_database(postgres_url: str) -> str:
-    name = f"app_{uuid.uuid4().hex[:10]}"
-    admin = postgres_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"{postgres_url.rpartition('/')[0]}/{name}"
+    url = fresh_database(postgres_url, "app")
     migrate(Settings(database_url=url, worker_token=WORKER_TOKEN))
     return url
 
 
-@dataclass
-class Api:
-    client: TestClient
-    dispatcher: RecordingDispatcher
-    state: AppState
-
-    def db(self, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
-        """Run ``work`` in its own committed transaction on the app's engine."""
-
-        async def run() -> T:
-            async with self.state.sessions() as session:
-                result = await work(session)
-                await session.commit()
-                return result
-
-        return self.client.portal.call(run)  # type: ignore[union-attr]
-
-    def tenant(self, name: str | None = None) -> dict[str, str]:
-        """A new tenant; returns its Authorization header."""
-        _, key = self.db(lambda s: create_tenant(s, name or f"t-{uuid.uuid4().hex[:8]}"))
-        return {"Authorization": f"Bearer {key}"}
-
-    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        return self.client.portal.call(fn, *args)  # type: ignore[union-attr]
-
-
-WORKER = {"Authorization": f"Bearer {WORKER_TOKEN}"}
-
-
 @pytest.fixture
-def api(app_database: str) -> Iterator[Api]:
-    with psycopg.connect(app_database.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        conn.execute(f"TRUNCATE {TABLES} CASCADE")
-    settings = Settings(
-        database_url=app_database, worker_token=WORKER_TOKEN, reaper_interval_s=3600
-    )
-    dispatcher = RecordingDispatcher()
-    app = create_app(settings, dispatcher=dispatcher)
-    with TestClient(app) as client:
-        yield Api(client=client, dispatcher=dispatcher, state=app.state.rlaas)
+def anyio_backend() -> str:
+    return "asyncio"  # SQLAlchemy's asyncio extension and psycopg's async mode
 
 
 def spec(**overrides: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"environment": {"name": "guess_number"}, "train": {"steps": 3}}
     base.update(overrides)
     return base
+
+
+@dataclass
+class Api:
+    app: FastAPI
+    client: httpx.AsyncClient
+    dispatcher: RecordingDispatcher
+    state: AppState
+
+    async def db(self, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run ``work`` in its own committed transaction on the app's engine."""
+        async with self.state.sessions() as session:
+            result = await work(session)
+            await session.commit()
+            return result
+
+    async def tenant(self, name: str | None = None) -> dict[str, str]:
+        """A new tenant; returns its Authorization header."""
+        _, key = await self.db(lambda s: create_tenant(s, name or f"t-{uuid.uuid4().hex[:8]}"))
+        return {"Authorization": f"Bearer {key}"}
+
+    async def submit(self, auth: dict[str, str], **overrides: Any) -> str:
+        r = await self.client.post("/v1/runs", json={"spec": spec(**overrides)}, headers=auth)
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    async def internal(self, run_id: str, action: str, **body: Any) -> httpx.Response:
+        return await self.client.post(
+            f"/internal/runs/{run_id}/{action}", json=body, headers=WORKER
+        )
+
+
+def app_settings(database_url: str, **overrides: Any) -> Settings:
+    # The reaper is driven by hand in tests (app.main.reap_once), never by the clock.
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "worker_token": WORKER_TOKEN,
+        "reaper_interval_s": 3600,
+    }
+    return Settings(**{**values, **overrides})
+
+
+@contextlib.asynccontextmanager
+async def running_api(
+    database_url: str, dispatcher: Dispatcher | None = None, **settings: Any
+) -> AsyncIterator[Api]:
+    """The app on a clean database, its lifespan running, and a client over ASGI."""
+    recorder = RecordingDispatcher()
+    app = create_app(app_settings(database_url, **settings), dispatcher=dispatcher or recorder)
+    async with app.router.lifespan_context(app):
+        app_state: AppState = app.state.rlaas
+        async with app_state.sessions() as session:
+            await session.execute(text(f"TRUNCATE {TABLES} CASCADE"))
+            await session.commit()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rlaas.test") as client:
+            yield Api(app=app, client=client, dispatcher=recorder, state=app_state)
+
+
+@pytest.fixture
+async def api(app_database: str) -> AsyncIterator[Api]:
+    async with running_api(app_database) as running:
+        yield running

@@ -3,64 +3,86 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
-import psycopg
+import pytest
 
-from app import state
+from tests.app.conftest import fresh_database
 
 REPO = Path(__file__).resolve().parents[2]
+TABLES = {"tenants", "api_keys", "runs", "run_events", "metric_points", "ingest_batches"}
 
 
 def test_app_main_loads_no_jax() -> None:
     code = (
         "import sys, app.main; "
-        "sys.exit(sorted(m for m in ('jax', 'jaxlib', 'flax', 'optax') if m in sys.modules) or 0)"
+        "loaded = sorted(m for m in ('jax', 'jaxlib', 'flax', 'optax', 'worker') "
+        "if m in sys.modules); "
+        "print(loaded); sys.exit(1 if loaded else 0)"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=REPO
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
-def alembic(url: str, *args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RLAAS_DATABASE_URL": url, "RLAAS_DATA_DIR": str(data_dir)}
+def alembic(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "alembic", *args],
-        cwd=REPO,
-        env=env,
+        [sys.executable, "-m", "alembic", "-c", str(REPO / "alembic.ini"), *args],
+        cwd=cwd,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         check=False,
     )
 
 
-def test_migrations_build_the_models_schema_on_postgres_and_sqlite(
-    postgres_url: str, tmp_path: Path
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+def test_migrations_build_the_models_schema_with_no_drift(
+    backend: str, postgres_url: str, tmp_path: Path
 ) -> None:
-    name = f"mig_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(postgres_url.replace("+psycopg", ""), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    urls = [
-        f"{postgres_url.rpartition('/')[0]}/{name}",
-        f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}",
-    ]
-    for url in urls:
-        for args in (("upgrade", "head"), ("check",)):
-            result = alembic(url, *args, data_dir=tmp_path)
-            assert result.returncode == 0, f"{url} alembic {args}: {result.stderr}"
-        assert "No new upgrade operations detected" in result.stdout + result.stderr
+    url = (
+        fresh_database(postgres_url, "mig")
+        if backend == "postgres"
+        else f"sqlite+aiosqlite:///{tmp_path / 'nested' / 'fresh.db'}"
+    )
+    env = {"RLAAS_DATABASE_URL": url, "RLAAS_DATA_DIR": str(tmp_path / "data")}
+    for args in (("upgrade", "head"), ("check",), ("downgrade", "base"), ("upgrade", "head")):
+        result = alembic(REPO, env, *args)
+        assert result.returncode == 0, f"alembic {args} on {backend}: {result.stderr}"
+    check = alembic(REPO, env, "check")
+    assert check.returncode == 0
+    assert "No new upgrade operations detected" in check.stdout + check.stderr
 
 
-def test_state_machine_table() -> None:
-    legal = {(a, b) for a, targets in state.ALLOWED.items() for b in targets}
-    assert ("queued", "starting") in legal and ("running", "succeeded") in legal
-    assert ("running", "queued") in legal  # re-enqueue after a lost lease
-    for terminal in state.TERMINAL:
-        assert not state.ALLOWED[terminal]
-    assert not state.can_transition("queued", "running")  # must be claimed first
-    assert not state.can_transition("queued", "succeeded")
-    assert set(state.ALLOWED) == set(state.ALL)
+def test_alembic_takes_the_url_from_x_arguments(tmp_path: Path) -> None:
+    db = tmp_path / "from-x.db"
+    env = {"RLAAS_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'not-this.db'}"}
+    result = alembic(
+        tmp_path, env, "-x", f"database_url=sqlite+aiosqlite:///{db}", "upgrade", "head"
+    )
+    assert result.returncode == 0, result.stderr
+    assert db.exists() and not (tmp_path / "not-this.db").exists()
+
+
+def test_admin_migrate_works_from_any_folder_on_the_embedded_default(tmp_path: Path) -> None:
+    data_dir = tmp_path / "fresh" / "data"  # does not exist yet
+    code = "from app.admin import migrate; from app.settings import Settings; migrate(Settings())"
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RLAAS_DATABASE_URL", "RLAAS_BROKER_URL")
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**env, "RLAAS_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    with sqlite3.connect(data_dir / "rlaas.db") as conn:
+        names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    assert names >= TABLES | {"alembic_version"}

@@ -1,128 +1,239 @@
-"""The worker API on real Postgres: claim, heartbeat, status, metric ingest, leases."""
+"""The worker API on real Postgres: claim, heartbeat, status reports, metric ingest."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+import pytest
+from sqlalchemy import func, select
 
 from app.db.models import MetricPoint, Run, utcnow
-from app.main import reap_once
-from tests.app.conftest import WORKER, Api, spec
+from tests.app.conftest import Api
+
+pytestmark = pytest.mark.anyio
 
 
-def submit(api: Api, auth: dict[str, str]) -> str:
-    return str(api.client.post("/v1/runs", json={"spec": spec()}, headers=auth).json()["id"])
+async def test_the_worker_token_is_required(api: Api) -> None:
+    tenant_key = await api.tenant()
+    run_id = await api.submit(tenant_key)
+    # A tenant's API key is not a worker token.
+    for headers in ({}, {"Authorization": "Bearer wrong"}, tenant_key):
+        for action in ("claim", "heartbeat", "status", "metrics"):
+            r = await api.client.post(
+                f"/internal/runs/{run_id}/{action}", json={"worker_id": "w"}, headers=headers
+            )
+            assert r.status_code == 401, (headers, action)
+            assert r.json()["error"]["field"] == "Authorization"
 
 
-def post(api: Api, run_id: str, action: str, **body: object):  # type: ignore[no-untyped-def]
-    return api.client.post(f"/internal/runs/{run_id}/{action}", json=body, headers=WORKER)
-
-
-def expire_lease(api: Api, run_id: str) -> None:
-    past = utcnow() - timedelta(seconds=1)
-    api.db(lambda s: s.execute(update(Run).where(Run.id == run_id).values(lease_expires_at=past)))
-
-
-def test_worker_token_is_required(api: Api) -> None:
-    run_id = submit(api, api.tenant())
-    for headers in ({}, {"Authorization": "Bearer wrong"}):
-        r = api.client.post(
-            f"/internal/runs/{run_id}/claim", json={"worker_id": "w"}, headers=headers
-        )
-        assert r.status_code == 401
-    tenant_key = api.tenant()
-    r = api.client.post(
-        f"/internal/runs/{run_id}/claim", json={"worker_id": "w"}, headers=tenant_key
-    )
-    assert r.status_code == 401  # a tenant key is not a worker token
-
-
-def test_a_run_through_its_life(api: Api) -> None:
-    auth = api.tenant()
-    run_id = submit(api, auth)
-    claim = post(api, run_id, "claim", worker_id="w1", lease_seconds=30)
+async def test_a_run_through_its_life(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    before = utcnow()
+    claim = await api.internal(run_id, "claim", worker_id="w1", lease_seconds=30)
     assert claim.status_code == 200, claim.text
-    assert claim.json()["attempt"] == 1 and claim.json()["resume_step"] == 0
-    assert claim.json()["spec"]["environment"]["name"] == "guess_number"
-    assert post(api, run_id, "claim", worker_id="w2").status_code == 409  # taken
-    assert post(api, run_id, "status", worker_id="w1", status="running").json() == {
-        "status": "running"
-    }
+    body = claim.json()
+    assert set(body) == {"run_id", "spec", "attempt", "lease_expires_at", "resume_step"}
+    assert body["run_id"] == run_id and body["attempt"] == 1 and body["resume_step"] == 0
+    assert body["spec"]["environment"]["name"] == "guess_number"
+    expires = datetime.fromisoformat(body["lease_expires_at"])
+    assert before + timedelta(seconds=29) < expires < utcnow() + timedelta(seconds=31)
+    assert (await api.internal(run_id, "claim", worker_id="w2")).status_code == 409  # taken
+
+    r = await api.internal(run_id, "status", worker_id="w1", status="running")
+    assert r.json() == {"status": "running"}
     points = [
         {"step": 1, "name": "reward/mean", "value": 0.25},
         {"step": 1, "name": "loss", "value": 1.5},
     ]
-    assert post(api, run_id, "metrics", worker_id="w1", seq=0, points=points).json() == {
-        "accepted": 2,
-        "duplicate": False,
-    }
-    beat = post(api, run_id, "heartbeat", worker_id="w1")
+    r = await api.internal(run_id, "metrics", worker_id="w1", seq=0, points=points)
+    assert r.json() == {"accepted": 2, "duplicate": False}
+    beat = await api.internal(run_id, "heartbeat", worker_id="w1")
     assert beat.status_code == 200 and beat.json()["cancel_requested"] is False
-    assert post(api, run_id, "heartbeat", worker_id="intruder").status_code == 409
-    assert post(api, run_id, "status", worker_id="w1", status="succeeded").status_code == 200
+    r = await api.internal(run_id, "status", worker_id="w1", status="succeeded")
+    assert r.status_code == 200 and r.json() == {"status": "succeeded"}
 
-    run = api.client.get(f"/v1/runs/{run_id}", headers=auth).json()
-    assert run["status"] == "succeeded" and run["current_step"] == 1
-    assert run["started_at"] and run["finished_at"]
-    events = api.client.get(f"/v1/runs/{run_id}/events", headers=auth).json()["items"]
-    assert [e["to_status"] for e in events] == ["queued", "starting", "running", "succeeded"]
-    metrics = api.client.get(
+    run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+    assert run["status"] == "succeeded" and run["current_step"] == 1 and run["attempts"] == 1
+    assert run["started_at"] and run["finished_at"] and run["error"] is None
+    events = (await api.client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
+    assert [(e["from_status"], e["to_status"]) for e in events] == [
+        (None, "queued"),
+        ("queued", "starting"),
+        ("starting", "running"),
+        ("running", "succeeded"),
+    ]
+    assert events[1]["reason"] == "claimed by w1"
+    metrics = await api.client.get(
         f"/v1/runs/{run_id}/metrics", params={"name": "reward/mean"}, headers=auth
-    ).json()
-    assert metrics["points"] == [{"step": 1, "name": "reward/mean", "value": 0.25}]
-    # A finished run has no lease: the worker can no longer report.
-    assert post(api, run_id, "status", worker_id="w1", status="failed").status_code == 409
+    )
+    assert metrics.json()["points"] == [{"step": 1, "name": "reward/mean", "value": 0.25}]
+    # A finished run holds no lease: nothing more can be reported.
+    for action, extra in (("status", {"status": "failed"}), ("heartbeat", {})):
+        r = await api.internal(run_id, action, worker_id="w1", **extra)
+        assert r.status_code == 409, action
+    assert (await api.internal(run_id, "claim", worker_id="w1")).status_code == 409
 
 
-def test_illegal_transition_is_409_naming_the_state(api: Api) -> None:
-    run_id = submit(api, api.tenant())
-    post(api, run_id, "claim", worker_id="w1")
-    r = post(api, run_id, "status", worker_id="w1", status="succeeded")  # starting → succeeded
+async def test_only_the_lease_holder_may_report(api: Api) -> None:
+    run_id = await api.submit(await api.tenant())
+    await api.internal(run_id, "claim", worker_id="w1")
+    for action, extra in (
+        ("heartbeat", {}),
+        ("status", {"status": "running"}),
+        ("metrics", {"seq": 0, "points": [{"step": 1, "name": "x", "value": 1.0}]}),
+    ):
+        r = await api.internal(run_id, action, worker_id="intruder", **extra)
+        assert r.status_code == 409, action
+        assert r.json()["error"]["field"] == "worker_id"
+    assert await api.db(lambda s: s.scalar(select(func.count()).select_from(MetricPoint))) == 0
+
+
+async def test_an_unknown_run_is_404_for_the_worker(api: Api) -> None:
+    r = await api.internal("run_missing", "claim", worker_id="w1")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("path", "target"),
+    [
+        ([], "succeeded"),  # starting → succeeded skips running
+        (["running"], "running"),  # running → running is no transition
+        (["cancelled"], "running"),  # terminal, and the lease is gone
+    ],
+)
+async def test_an_illegal_transition_is_409_naming_the_current_state(
+    api: Api, path: list[str], target: str
+) -> None:
+    run_id = await api.submit(await api.tenant())
+    await api.internal(run_id, "claim", worker_id="w1")
+    for status in path:
+        assert (await api.internal(run_id, "status", worker_id="w1", status=status)).is_success
+    current = path[-1] if path else "starting"
+    r = await api.internal(run_id, "status", worker_id="w1", status=target)
     assert r.status_code == 409
-    assert "starting" in r.json()["error"]["message"]
+    assert current in r.json()["error"]["message"], r.json()
 
 
-def test_a_retried_metric_batch_is_stored_once(api: Api) -> None:
-    run_id = submit(api, api.tenant())
-    post(api, run_id, "claim", worker_id="w1")
+async def test_a_worker_may_not_set_a_status_outside_its_vocabulary(api: Api) -> None:
+    run_id = await api.submit(await api.tenant())
+    await api.internal(run_id, "claim", worker_id="w1")
+    for status in ("queued", "starting", "done"):
+        r = await api.internal(run_id, "status", worker_id="w1", status=status)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "status"
+
+
+async def test_a_failure_report_keeps_the_error(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    await api.internal(run_id, "claim", worker_id="w1")
+    r = await api.internal(run_id, "status", worker_id="w1", status="failed", error="OOM at step 3")
+    assert r.json() == {"status": "failed"}
+    run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+    assert run["status"] == "failed" and run["error"] == "OOM at step 3"
+    events = (await api.client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
+    assert events[-1]["reason"] == "OOM at step 3"
+
+
+async def test_a_retried_metric_batch_is_stored_once(api: Api) -> None:
+    run_id = await api.submit(await api.tenant())
+    await api.internal(run_id, "claim", worker_id="w1")
     batch = [{"step": s, "name": "reward/mean", "value": s / 10} for s in range(1, 4)]
-    first = post(api, run_id, "metrics", worker_id="w1", seq=7, points=batch)
-    retry = post(api, run_id, "metrics", worker_id="w1", seq=7, points=batch)
+    first = await api.internal(run_id, "metrics", worker_id="w1", seq=7, points=batch)
+    changed = [{**p, "value": 99.0} for p in batch]
+    retry = await api.internal(run_id, "metrics", worker_id="w1", seq=7, points=changed)
     assert first.json() == {"accepted": 3, "duplicate": False}
     assert retry.json() == {"accepted": 0, "duplicate": True}
-    stored = api.db(lambda s: s.scalar(select(func.count()).select_from(MetricPoint)))
-    assert stored == 3
-    bad = post(api, run_id, "metrics", worker_id="w1", seq=-1, points=batch)
-    assert bad.status_code == 422 and bad.json()["error"]["field"] == "seq"
+    values = await api.db(lambda s: s.scalars(select(MetricPoint.value).order_by("step")))
+    assert list(values) == [0.1, 0.2, 0.3]  # the retry stored nothing
 
 
-def test_cancel_reaches_the_worker_on_its_heartbeat(api: Api) -> None:
-    auth = api.tenant()
-    run_id = submit(api, auth)
-    post(api, run_id, "claim", worker_id="w1")
-    post(api, run_id, "status", worker_id="w1", status="running")
-    r = api.client.post(f"/v1/runs/{run_id}/cancel", headers=auth)
+async def test_a_point_sent_again_in_a_new_batch_overwrites(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    await api.internal(run_id, "claim", worker_id="w1")
+    await api.internal(
+        run_id, "metrics", worker_id="w1", seq=0, points=[{"step": 5, "name": "x", "value": 1.0}]
+    )
+    await api.internal(
+        run_id, "metrics", worker_id="w1", seq=1, points=[{"step": 5, "name": "x", "value": 2.0}]
+    )
+    await api.internal(
+        run_id, "metrics", worker_id="w1", seq=2, points=[{"step": 2, "name": "x", "value": 3.0}]
+    )
+    r = await api.client.get(f"/v1/runs/{run_id}/metrics", headers=auth)
+    assert r.json()["points"] == [
+        {"step": 2, "name": "x", "value": 3.0},
+        {"step": 5, "name": "x", "value": 2.0},
+    ]
+    # current_step is the highest step seen, never lowered by a late batch.
+    run = await api.db(lambda s: s.get(Run, run_id))
+    assert run is not None and run.current_step == 5
+    empty = await api.internal(run_id, "metrics", worker_id="w1", seq=3, points=[])
+    assert empty.json() == {"accepted": 0, "duplicate": False}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"worker_id": "w1", "seq": -1, "points": []}', "seq"),
+        (b'{"worker_id": "w1", "seq": 0, "points": [{"step": -1, "name": "x", "value": 1}]}',
+         "points.0.step"),
+        (b'{"worker_id": "w1", "seq": 0, "points": [{"step": 1, "name": "x", "value": NaN}]}',
+         "points.0.value"),
+        (b'{"worker_id": "w1", "seq": 0, "points": [{"step": 1, "name": "x", "value": 1e999}]}',
+         "points.0.value"),
+        (b'{"worker_id": "w1", "seq": 0, "points": [{"step": 1, "name": "", "value": 1}]}',
+         "points.0.name"),
+    ],
+)  # fmt: skip
+async def test_bad_metric_batches_are_422_naming_the_field(
+    api: Api, body: bytes, field: str
+) -> None:
+    run_id = await api.submit(await api.tenant())
+    await api.internal(run_id, "claim", worker_id="w1")
+    r = await api.client.post(
+        f"/internal/runs/{run_id}/metrics",
+        content=body,
+        headers={"Authorization": "Bearer test-worker-token", "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == field
+
+
+async def test_cancel_reaches_the_worker_on_its_heartbeat(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    await api.internal(run_id, "claim", worker_id="w1")
+    await api.internal(run_id, "status", worker_id="w1", status="running")
+    r = await api.client.post(f"/v1/runs/{run_id}/cancel", headers=auth)
+    assert r.status_code == 200
     assert r.json()["status"] == "running" and r.json()["cancel_requested"] is True
-    assert post(api, run_id, "heartbeat", worker_id="w1").json()["cancel_requested"] is True
-    assert post(api, run_id, "status", worker_id="w1", status="cancelled").status_code == 200
+    beat = await api.internal(run_id, "heartbeat", worker_id="w1")
+    assert beat.json()["cancel_requested"] is True
+    r = await api.internal(run_id, "status", worker_id="w1", status="cancelled")
+    assert r.json() == {"status": "cancelled"}
+    statuses = [
+        e["to_status"]
+        for e in (await api.client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
+    ]
+    assert statuses == ["queued", "starting", "running", "cancelled"]
 
 
-def test_expired_lease_is_requeued_then_failed_after_max_attempts(api: Api) -> None:
-    auth = api.tenant()
-    run_id = submit(api, auth)
-    api.dispatcher.sent.clear()
-    for attempt in range(1, 4):
-        claim = post(api, run_id, "claim", worker_id=f"w{attempt}")
-        assert claim.json()["attempt"] == attempt
-        assert api.call(reap_once, api.state) == []  # a live lease is left alone
-        expire_lease(api, run_id)
-        requeued = api.call(reap_once, api.state)
-        status = api.client.get(f"/v1/runs/{run_id}", headers=auth).json()
-        if attempt < 3:
-            assert requeued == [run_id] and status["status"] == "queued"
-        else:
-            assert requeued == [] and status["status"] == "failed"
-            assert "lease expired 3 times" in status["error"]
-    assert api.dispatcher.sent == [run_id, run_id]  # dispatched again after each re-queue
-    assert post(api, run_id, "heartbeat", worker_id="w3").status_code == 409
+async def test_a_run_cancelled_while_starting_is_told_and_may_end_at_once(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    await api.internal(run_id, "claim", worker_id="w1")
+    r = await api.client.post(f"/v1/runs/{run_id}/cancel", headers=auth)
+    assert r.json()["status"] == "starting" and r.json()["cancel_requested"] is True
+    assert (await api.internal(run_id, "heartbeat", worker_id="w1")).json()["cancel_requested"]
+    r = await api.internal(run_id, "status", worker_id="w1", status="cancelled")
+    assert r.json() == {"status": "cancelled"}
+
+
+async def test_a_heartbeat_extends_the_lease(api: Api) -> None:
+    run_id = await api.submit(await api.tenant())
+    claim = await api.internal(run_id, "claim", worker_id="w1", lease_seconds=5)
+    first = datetime.fromisoformat(claim.json()["lease_expires_at"])
+    beat = await api.internal(run_id, "heartbeat", worker_id="w1", lease_seconds=600)
+    assert datetime.fromisoformat(beat.json()["lease_expires_at"]) > first + timedelta(minutes=9)

@@ -1,108 +1,158 @@
-"""Public run API on real Postgres: auth, validation, pages, idempotency, isolation, cancel."""
+"""Public run API on real Postgres: auth, validation, pages, isolation, cancel, metrics."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from sqlalchemy import func, select
 
 from app.db.models import Run, RunEvent
 from tests.app.conftest import Api, spec
 
-
-def count(api: Api, model: type) -> int:
-    return int(api.db(lambda s: s.scalar(select(func.count()).select_from(model))))
+pytestmark = pytest.mark.anyio
 
 
-def test_missing_and_bad_keys_are_401_with_the_header_named(api: Api) -> None:
+async def count(api: Api, model: type[Any]) -> int:
+    return int(await api.db(lambda s: s.scalar(select(func.count()).select_from(model))) or 0)
+
+
+async def test_missing_and_bad_keys_are_401_with_a_clear_message(api: Api) -> None:
     for headers in (
         {},
         {"Authorization": "Basic abc"},
+        {"Authorization": "Bearer "},
         {"Authorization": "Bearer rlaas_x_y"},
         {"Authorization": "Bearer nonsense"},
     ):
-        r = api.client.get("/v1/runs", headers=headers)
+        r = await api.client.get("/v1/runs", headers=headers)
         assert r.status_code == 401, headers
-        assert r.json()["error"]["field"] == "Authorization"
+        error = r.json()["error"]
+        assert error["code"] == "unauthorized" and error["field"] == "Authorization"
+        assert "Bearer" in error["message"] or "not valid" in error["message"]
 
 
-def test_create_get_and_dispatch_after_commit(api: Api) -> None:
-    auth = api.tenant()
-    r = api.client.post("/v1/runs", json={"spec": spec(), "name": "first"}, headers=auth)
+async def test_a_good_key_with_a_wrong_secret_is_refused(api: Api) -> None:
+    auth = await api.tenant()
+    prefix = auth["Authorization"].removeprefix("Bearer ").split("_")[1]
+    forged = {"Authorization": f"Bearer rlaas_{prefix}_not-the-secret"}
+    assert (await api.client.get("/v1/runs", headers=forged)).status_code == 401
+    assert (await api.client.get("/v1/runs", headers=auth)).status_code == 200
+
+
+async def test_create_get_and_dispatch_after_commit(api: Api) -> None:
+    auth = await api.tenant()
+    r = await api.client.post("/v1/runs", json={"spec": spec(), "name": "first"}, headers=auth)
     assert r.status_code == 201, r.text
     run = r.json()
+    assert set(run) == {
+        "id", "name", "status", "spec", "attempts", "current_step", "error",
+        "cancel_requested", "created_at", "updated_at", "started_at", "finished_at",
+    }  # fmt: skip
+    assert run["id"].startswith("run_") and len(run["id"]) == 4 + 32
     assert run["status"] == "queued" and run["name"] == "first" and run["attempts"] == 0
     assert run["spec"]["algorithm"]["name"] == "grpo"  # defaults filled in and stored
     assert api.dispatcher.sent == [run["id"]]
-    got = api.client.get(f"/v1/runs/{run['id']}", headers=auth).json()
-    assert got["id"] == run["id"] and got["status"] == "queued"
-    events = api.client.get(f"/v1/runs/{run['id']}/events", headers=auth).json()["items"]
+    got = (await api.client.get(f"/v1/runs/{run['id']}", headers=auth)).json()
+    assert got == run
+    events = (await api.client.get(f"/v1/runs/{run['id']}/events", headers=auth)).json()["items"]
     assert [(e["from_status"], e["to_status"]) for e in events] == [(None, "queued")]
 
 
-def test_invalid_spec_names_the_field_and_writes_nothing(api: Api) -> None:
-    auth = api.tenant()
-    cases = [
+async def test_the_spec_name_is_the_default_run_name(api: Api) -> None:
+    auth = await api.tenant()
+    r = await api.client.post("/v1/runs", json={"spec": spec(name="from-spec")}, headers=auth)
+    assert r.json()["name"] == "from-spec"
+
+
+async def test_an_unknown_run_is_404(api: Api) -> None:
+    auth = await api.tenant()
+    r = await api.client.get("/v1/runs/run_nope", headers=auth)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "reason"),
+    [
         (spec(algorithm={"learning_rate": -1}), "spec.algorithm.learning_rate", "greater than 0"),
         (spec(algorithm={"lr": 0.1}), "spec.algorithm.lr", "Extra inputs"),
         (spec(rollout={"group_size": "many"}), "spec.rollout.group_size", "valid integer"),
         ({"environment": {}}, "spec.environment.name", "Field required"),
-    ]
-    for body, field, reason in cases:
-        r = api.client.post("/v1/runs", json={"spec": body}, headers=auth)
-        assert r.status_code == 422, r.text
-        error = r.json()["error"]
-        assert error["field"] == field, error
-        assert reason in error["message"], error
-    r = api.client.post("/v1/runs", json={"spec": spec(), "colour": "red"}, headers=auth)
+        (spec(rollout={"engine": "vllm"}), "spec.rollout", "vllm_url is required"),
+    ],
+)
+async def test_an_invalid_spec_names_the_field_and_writes_nothing(
+    api: Api, body: dict[str, Any], field: str, reason: str
+) -> None:
+    auth = await api.tenant()
+    r = await api.client.post("/v1/runs", json={"spec": body}, headers=auth)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid" and error["field"] == field, error
+    assert field in error["message"] and reason in error["message"], error
+    assert await count(api, Run) == 0 and api.dispatcher.sent == []
+
+
+async def test_unknown_top_level_fields_and_a_missing_spec_are_422(api: Api) -> None:
+    auth = await api.tenant()
+    r = await api.client.post("/v1/runs", json={"spec": spec(), "colour": "red"}, headers=auth)
     assert r.status_code == 422 and r.json()["error"]["field"] == "colour"
-    assert count(api, Run) == 0 and api.dispatcher.sent == []
+    r = await api.client.post("/v1/runs", json={"name": "x"}, headers=auth)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "spec"
 
 
-def test_malformed_json_is_422(api: Api) -> None:
-    auth = {**api.tenant(), "Content-Type": "application/json"}
-    r = api.client.post("/v1/runs", content=b'{"spec": ', headers=auth)
+async def test_malformed_json_is_422_naming_the_body(api: Api) -> None:
+    auth = {**(await api.tenant()), "Content-Type": "application/json"}
+    r = await api.client.post("/v1/runs", content=b'{"spec": ', headers=auth)
     assert r.status_code == 422
-    assert "JSON" in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert error["field"] == "body" and "not valid JSON" in error["message"], error
+    assert await count(api, Run) == 0
 
 
-def test_idempotency_key_returns_the_same_run_and_refuses_another_body(api: Api) -> None:
-    auth = {**api.tenant(), "Idempotency-Key": "abc-1"}
-    first = api.client.post("/v1/runs", json={"spec": spec()}, headers=auth)
-    again = api.client.post("/v1/runs", json={"spec": spec()}, headers=auth)
-    assert first.status_code == 201 and again.status_code == 200
-    assert first.json()["id"] == again.json()["id"]
-    other = api.client.post("/v1/runs", json={"spec": spec(train={"steps": 9})}, headers=auth)
-    assert other.status_code == 409 and other.json()["error"]["field"] == "Idempotency-Key"
-    assert count(api, Run) == 1 and len(api.dispatcher.sent) == 1
-
-
-def test_list_pages_with_cursor_and_filters_by_status(api: Api) -> None:
-    auth = api.tenant()
-    ids = [
-        api.client.post("/v1/runs", json={"spec": spec()}, headers=auth).json()["id"]
-        for _ in range(5)
-    ]
-    api.client.post(f"/v1/runs/{ids[0]}/cancel", headers=auth)
-    seen, cursor = [], None
+async def test_list_pages_with_cursor_and_filters_by_status(api: Api) -> None:
+    auth = await api.tenant()
+    ids = [await api.submit(auth) for _ in range(5)]
+    await api.client.post(f"/v1/runs/{ids[0]}/cancel", headers=auth)
+    seen: list[str] = []
+    cursor = None
     while True:
-        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
-        page = api.client.get("/v1/runs", params=params, headers=auth).json()
+        params: dict[str, Any] = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = (await api.client.get("/v1/runs", params=params, headers=auth)).json()
+        assert len(page["items"]) <= 2
         seen += [item["id"] for item in page["items"]]
         cursor = page["next_cursor"]
         if cursor is None:
             break
     assert seen == list(reversed(ids))  # newest first, each exactly once
-    cancelled = api.client.get("/v1/runs", params={"status": "cancelled"}, headers=auth).json()
-    assert [item["id"] for item in cancelled["items"]] == [ids[0]]
-    bad = api.client.get("/v1/runs", params={"cursor": "not-a-cursor"}, headers=auth)
-    assert bad.status_code == 400 and bad.json()["error"]["field"] == "cursor"
-    bad = api.client.get("/v1/runs", params={"status": "sleeping"}, headers=auth)
-    assert bad.status_code == 400 and bad.json()["error"]["field"] == "status"
+    r = await api.client.get("/v1/runs", params={"status": "cancelled"}, headers=auth)
+    assert [item["id"] for item in r.json()["items"]] == [ids[0]]
+    r = await api.client.get("/v1/runs", params={"status": "queued", "limit": 3}, headers=auth)
+    assert [item["id"] for item in r.json()["items"]] == ids[:0:-1][:3]
 
 
-def test_tenants_see_only_their_own_runs(api: Api) -> None:
-    a, b = api.tenant(), api.tenant()
-    run_a = api.client.post("/v1/runs", json={"spec": spec()}, headers=a).json()["id"]
-    run_b = api.client.post("/v1/runs", json={"spec": spec()}, headers=b).json()["id"]
+@pytest.mark.parametrize(
+    ("params", "status", "field"),
+    [
+        ({"cursor": "not-a-cursor"}, 400, "cursor"),
+        ({"cursor": "WzFd"}, 400, "cursor"),  # base64 of "[1]": decodes, but is not ours
+        ({"status": "sleeping"}, 400, "status"),
+        ({"limit": 0}, 422, "limit"),
+        ({"limit": "ten"}, 422, "limit"),
+    ],
+)
+async def test_bad_list_parameters_name_the_parameter(
+    api: Api, params: dict[str, Any], status: int, field: str
+) -> None:
+    auth = await api.tenant()
+    r = await api.client.get("/v1/runs", params=params, headers=auth)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["field"] == field
+
+
+async def test_tenants_see_only_their_own_runs(api: Api) -> None:
+    a, b = await api.tenant(), await api.tenant()
+    run_a, run_b = await api.submit(a), await api.submit(b)
     for owner, other, run_id in ((a, b, run_a), (b, a, run_b)):
         for method, path in (
             ("GET", ""),
@@ -110,25 +160,49 @@ def test_tenants_see_only_their_own_runs(api: Api) -> None:
             ("GET", "/events"),
             ("GET", "/metrics"),
         ):
-            r = api.client.request(method, f"/v1/runs/{run_id}{path}", headers=other)
+            r = await api.client.request(method, f"/v1/runs/{run_id}{path}", headers=other)
             assert r.status_code == 404, (method, path, r.text)
-            assert run_id not in r.text.replace(f"no run '{run_id}'", "")
-        assert api.client.get(f"/v1/runs/{run_id}", headers=owner).status_code == 200
-    listed = api.client.get("/v1/runs", headers=a).json()["items"]
+        owned = await api.client.get(f"/v1/runs/{run_id}", headers=owner)
+        assert owned.status_code == 200 and owned.json()["status"] == "queued"  # not cancelled
+    listed = (await api.client.get("/v1/runs", headers=a)).json()["items"]
     assert [item["id"] for item in listed] == [run_a]
 
 
-def test_cancel_queued_ends_it_and_a_second_cancel_is_409(api: Api) -> None:
-    auth = api.tenant()
-    run_id = api.client.post("/v1/runs", json={"spec": spec()}, headers=auth).json()["id"]
-    r = api.client.post(f"/v1/runs/{run_id}/cancel", headers=auth)
-    assert r.status_code == 200 and r.json()["status"] == "cancelled"
-    again = api.client.post(f"/v1/runs/{run_id}/cancel", headers=auth)
+async def test_cancel_a_queued_run_ends_it_and_a_second_cancel_is_409(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    r = await api.client.post(f"/v1/runs/{run_id}/cancel", headers=auth)
+    assert r.status_code == 200
+    assert r.json()["status"] == "cancelled" and r.json()["finished_at"] is not None
+    again = await api.client.post(f"/v1/runs/{run_id}/cancel", headers=auth)
     assert again.status_code == 409 and "cancelled" in again.json()["error"]["message"]
-    events = api.db(lambda s: s.scalars(select(RunEvent.to_status).order_by(RunEvent.id)))
+    events = await api.db(lambda s: s.scalars(select(RunEvent.to_status).order_by(RunEvent.id)))
     assert list(events) == ["queued", "cancelled"]
+    # A cancelled run cannot be claimed.
+    assert (await api.internal(run_id, "claim", worker_id="w1")).status_code == 409
 
 
-def test_health_and_readiness(api: Api) -> None:
-    assert api.client.get("/healthz").json() == {"status": "ok"}
-    assert api.client.get("/readyz").json() == {"status": "ready"}
+async def test_metrics_filter_by_name_and_step_range_ordered_by_name_then_step(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    await api.internal(run_id, "claim", worker_id="w1")
+    points = [{"step": s, "name": n, "value": s * 1.5} for s in (3, 1, 2, 4) for n in ("b", "a")]
+    r = await api.internal(run_id, "metrics", worker_id="w1", seq=0, points=points)
+    assert r.json() == {"accepted": 8, "duplicate": False}
+
+    async def query(**params: Any) -> list[tuple[str, int]]:
+        r = await api.client.get(f"/v1/runs/{run_id}/metrics", params=params, headers=auth)
+        assert r.status_code == 200 and r.json()["run_id"] == run_id
+        return [(p["name"], p["step"]) for p in r.json()["points"]]
+
+    assert await query() == [(n, s) for n in ("a", "b") for s in (1, 2, 3, 4)]
+    assert await query(name="b", since_step=2) == [("b", 2), ("b", 3), ("b", 4)]
+    assert await query(since_step=2, until_step=3) == [("a", 2), ("a", 3), ("b", 2), ("b", 3)]
+    assert await query(name="missing") == []
+    r = await api.client.get(f"/v1/runs/{run_id}/metrics?since_step=-1", headers=auth)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "since_step"
+
+
+async def test_health_and_readiness(api: Api) -> None:
+    assert (await api.client.get("/healthz")).json() == {"status": "ok"}
+    assert (await api.client.get("/readyz")).json() == {"status": "ready"}

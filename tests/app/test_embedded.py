@@ -1,0 +1,90 @@
+"""The embedded default: the whole path on SQLite files under one data folder, no servers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.admin import create_tenant, migrate
+from app.dispatch import RecordingDispatcher
+from app.main import create_app
+from app.settings import Settings
+from tests.app.conftest import spec
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def embedded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for name in ("RLAAS_DATABASE_URL", "RLAAS_BROKER_URL", "RLAAS_WORKER_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    settings = Settings(data_dir=tmp_path / "rlaas", reaper_interval_s=3600)
+    migrate(settings)  # synchronous: Alembic runs its own event loop
+    return settings
+
+
+@pytest.fixture
+async def client(embedded: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(embedded, dispatcher=RecordingDispatcher())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://local") as http:
+            yield http
+
+
+async def test_submit_claim_report_and_read_back_on_sqlite(
+    embedded: Settings, client: httpx.AsyncClient
+) -> None:
+    _, key = await create_tenant(embedded, "local")
+    auth = {"Authorization": f"Bearer {key}", "Idempotency-Key": "once"}
+    token = (embedded.data_dir / "worker_token").read_text().strip()  # what a local worker reads
+    worker = {"Authorization": f"Bearer {token}"}
+
+    created = await client.post("/v1/runs", json={"spec": spec()}, headers=auth)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["id"]
+    again = await client.post("/v1/runs", json={"spec": spec()}, headers=auth)
+    assert again.status_code == 200 and again.json()["id"] == run_id
+
+    async def internal(action: str, **body: object) -> httpx.Response:
+        r = await client.post(f"/internal/runs/{run_id}/{action}", json=body, headers=worker)
+        assert r.status_code == 200, r.text
+        return r
+
+    await internal("claim", worker_id="w1")
+    await internal("status", worker_id="w1", status="running")
+    points = [{"step": s, "name": "reward/mean", "value": s / 4} for s in (1, 2)]
+    await internal("metrics", worker_id="w1", seq=0, points=points)
+    duplicate = await internal("metrics", worker_id="w1", seq=0, points=points)
+    assert duplicate.json() == {"accepted": 0, "duplicate": True}
+    # The upsert on SQLite: a point sent again in a later batch overwrites.
+    await internal("metrics", worker_id="w1", seq=1, points=[{**points[1], "value": 0.9}])
+    await internal("status", worker_id="w1", status="succeeded")
+
+    run = (await client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+    assert run["status"] == "succeeded" and run["current_step"] == 2
+    metrics = (await client.get(f"/v1/runs/{run_id}/metrics", headers=auth)).json()
+    assert [(p["step"], p["value"]) for p in metrics["points"]] == [(1, 0.25), (2, 0.9)]
+    events = (await client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
+    assert [e["to_status"] for e in events] == ["queued", "starting", "running", "succeeded"]
+    # SQLite keeps no zone; the API still says UTC.
+    assert datetime.fromisoformat(run["created_at"]).utcoffset() == timedelta(0)
+
+    plain_auth = {"Authorization": auth["Authorization"]}
+    newer = [
+        (await client.post("/v1/runs", json={"spec": spec()}, headers=plain_auth)).json()["id"]
+        for _ in range(2)
+    ]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = (await client.get("/v1/runs", params=params, headers=plain_auth)).json()
+        seen += [r["id"] for r in page["items"]]
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert seen == [*reversed(newer), run_id]

@@ -1,0 +1,115 @@
+"""The lease reaper: expired leases go back to the queue, a bounded number of times."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.models import Run, utcnow
+from app.main import reap_once
+from app.services.leases import reap_expired_leases
+from tests.app.conftest import Api, running_api
+
+pytestmark = pytest.mark.anyio
+
+
+async def reap_at(api: Api, seconds_from_now: float) -> list[str]:
+    """One reaper pass as if the clock read now + ``seconds_from_now``."""
+    now = utcnow() + timedelta(seconds=seconds_from_now)
+    return await api.db(lambda s: reap_expired_leases(s, now))
+
+
+async def test_a_live_lease_is_left_alone_and_an_expired_one_is_requeued(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    await api.internal(run_id, "claim", worker_id="w1", lease_seconds=60)
+    await api.internal(run_id, "status", worker_id="w1", status="running")
+    assert await reap_at(api, 30) == []
+    assert await reap_at(api, 61) == [run_id]
+    run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+    assert run["status"] == "queued" and run["attempts"] == 1
+    events = (await api.client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
+    assert (events[-1]["from_status"], events[-1]["to_status"]) == ("running", "queued")
+    assert events[-1]["reason"] == "lease held by w1 expired"
+    # The old worker lost its lease; the next one claims and resumes.
+    assert (await api.internal(run_id, "heartbeat", worker_id="w1")).status_code == 409
+    claim = await api.internal(run_id, "claim", worker_id="w2")
+    assert claim.status_code == 200 and claim.json()["attempt"] == 2
+
+
+async def test_a_resumed_claim_carries_the_step_reached(api: Api) -> None:
+    run_id = await api.submit(await api.tenant())
+    await api.internal(run_id, "claim", worker_id="w1")
+    points = [{"step": 7, "name": "loss", "value": 0.5}]
+    await api.internal(run_id, "metrics", worker_id="w1", seq=0, points=points)
+    await reap_at(api, 3600)
+    claim = await api.internal(run_id, "claim", worker_id="w2")
+    assert claim.json()["resume_step"] == 7
+
+
+async def test_attempts_are_bounded_then_the_run_fails(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    api.dispatcher.sent.clear()
+    for attempt in range(1, 4):
+        claim = await api.internal(run_id, "claim", worker_id=f"w{attempt}", lease_seconds=1)
+        assert claim.json()["attempt"] == attempt
+        assert await api.db(lambda s: reap_expired_leases(s, utcnow())) == []  # still live
+        await api.db(lambda s: _expire(s, run_id))
+        requeued = await reap_once(api.state)  # what the lifespan's loop calls
+        run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+        if attempt < 3:
+            assert requeued == [run_id] and run["status"] == "queued"
+        else:
+            assert requeued == [] and run["status"] == "failed"
+            assert "lease expired 3 times" in run["error"] and run["finished_at"]
+    assert api.dispatcher.sent == [run_id, run_id]  # dispatched again after each re-queue
+    events = (await api.client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
+    assert events[-1]["reason"] == "lease expired 3 times; giving up"
+    assert (await api.internal(run_id, "heartbeat", worker_id="w3")).status_code == 409
+
+
+async def _expire(session: AsyncSession, run_id: str) -> None:
+    past = utcnow() - timedelta(seconds=1)
+    await session.execute(update(Run).where(Run.id == run_id).values(lease_expires_at=past))
+
+
+async def test_a_dead_worker_of_a_cancelled_run_ends_the_run(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    await api.internal(run_id, "claim", worker_id="w1")
+    await api.client.post(f"/v1/runs/{run_id}/cancel", headers=auth)
+    assert await reap_at(api, 3600) == []  # nothing to dispatch: the owner wanted it stopped
+    run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+    assert run["status"] == "cancelled"
+
+
+async def test_queued_and_finished_runs_are_not_reaped(api: Api) -> None:
+    auth = await api.tenant()
+    queued = await api.submit(auth)
+    done = await api.submit(auth)
+    await api.internal(done, "claim", worker_id="w1")
+    await api.internal(done, "status", worker_id="w1", status="running")
+    await api.internal(done, "status", worker_id="w1", status="succeeded")
+    assert await reap_at(api, 10_000) == []
+    for run_id, status in ((queued, "queued"), (done, "succeeded")):
+        assert (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()["status"] == status
+
+
+async def test_the_lifespan_runs_the_reaper_on_its_interval(app_database: str) -> None:
+    async with running_api(app_database, reaper_interval_s=0.1) as api:
+        auth = await api.tenant()
+        run_id = await api.submit(auth)
+        await api.internal(run_id, "claim", worker_id="w1", lease_seconds=0.2)
+        for _ in range(100):
+            if api.dispatcher.sent == [run_id, run_id]:
+                break
+            await asyncio.sleep(0.05)
+        assert api.dispatcher.sent == [run_id, run_id]
+        run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+        assert run["status"] == "queued"
+    # Leaving the block shut the lifespan down: the reaper task was cancelled without error.
