@@ -206,3 +206,11 @@ async def test_metrics_filter_by_name_and_step_range_ordered_by_name_then_step(a
 async def test_health_and_readiness(api: Api) -> None:
     assert (await api.client.get("/healthz")).json() == {"status": "ok"}
     assert (await api.client.get("/readyz")).json() == {"status": "ready"}
+
+
+async def test_openapi_documents_the_job_spec_and_the_routes(api: Api) -> None:
+    doc = (await api.client.get("/openapi.json")).json()
+    schemas = doc["components"]["schemas"]
+    assert {"JobSpec", "AlgorithmSpec", "RunCreate", "RunRead"} <= set(schemas)
+    assert schemas["RunCreate"]["properties"]["spec"] == {"$ref": "#/components/schemas/JobSpec"}
+    assert {"/v1/runs", "/v1/runs/{run_id}", "/internal/runs/{run_id}/claim"} <= set(doc["paths"])
