@@ -55,9 +55,7 @@ def _train_claimed(api: ControlPlane, claim: Claim, beats: Heartbeater) -> Outco
     try:
         spec = parse_spec(claim.spec)
         api.report_status(run_id, "running")
-        result = train(
-            spec, sink=sink, should_stop=beats.should_stop, start_step=claim.resume_step
-        )
+        result = train(spec, sink=sink, should_stop=beats.should_stop, start_step=claim.resume_step)
         sink.flush()
     except LeaseLost as exc:
         log.error("run %s: lease lost (%s); another worker owns it now", run_id, exc)
