@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -191,7 +190,7 @@ def _need_key(key: str) -> str:
         _fail(
             "no API key: pass --api-key or set RLAAS_API_KEY (rlaas tenants create NAME prints one)"
         )
-    return key or os.environ.get("RLAAS_API_KEY", "")
+    return key
 
 
 if __name__ == "__main__":

@@ -40,10 +40,11 @@ def run_quickstart(
 ) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "logs").mkdir(exist_ok=True)
-    env = _embedded_env(data_dir)
-    os.environ.update({"RLAAS_DATA_DIR": str(data_dir)})
+    # This process (migrations, the tenant) and its children all use the embedded default.
     for name in EMBEDDED_ONLY:
         os.environ.pop(name, None)
+    os.environ["RLAAS_DATA_DIR"] = str(data_dir)
+    env = {**os.environ, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
 
     api_key = _tenant_key(data_dir)
     port = port if port and _port_free(port) else _free_port()  # 0: any free port
@@ -55,7 +56,7 @@ def run_quickstart(
             _spawn(
                 "api",
                 [
-                    *_python(),
+                    sys.executable,
                     "-m",
                     "uvicorn",
                     "app.main:app",
@@ -69,7 +70,7 @@ def run_quickstart(
             )
         )
         _wait_ready(api_url, procs[0])
-        procs.append(_spawn("worker", [*_python(), "-m", "sdk.cli", "worker"], env, data_dir))
+        procs.append(_spawn("worker", [sys.executable, "-m", "sdk.cli", "worker"], env, data_dir))
         console.print(f"control plane at {api_url} (API docs at {api_url}/docs)")
         console.print(f"logs in {data_dir / 'logs'}")
         with Client(api_url, api_key) as client:
@@ -102,25 +103,17 @@ def _tenant_key(data_dir: Path) -> str:
 
     key_file = data_dir / "quickstart.key"
     settings = Settings()
+    # Decided before migrating, which creates the database: an existing database
+    # without our key file may hold a "quickstart" tenant already.
+    fresh = not (data_dir / "rlaas.db").exists()
     migrate(settings)
     if key_file.exists():
         return key_file.read_text(encoding="utf-8").strip()
-    name = TENANT if not (data_dir / "rlaas.db").exists() else f"{TENANT}-{int(time.time())}"
+    name = TENANT if fresh else f"{TENANT}-{int(time.time())}"
     _, key = asyncio.run(create_tenant(settings, name))
     key_file.write_text(key + "\n", encoding="utf-8")
     key_file.chmod(0o600)
     return key
-
-
-def _embedded_env(data_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
-    env["RLAAS_DATA_DIR"] = str(data_dir)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def _python() -> list[str]:
-    return [sys.executable]
 
 
 def _spawn(
