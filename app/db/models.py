@@ -44,6 +44,10 @@ class Tenant(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Per-tenant quota overrides; NULL means the deployment default from Settings.
+    quota_runs_in_flight: Mapped[int | None] = mapped_column(Integer)
+    quota_requests_per_minute: Mapped[int | None] = mapped_column(Integer)
+    quota_body_bytes: Mapped[int | None] = mapped_column(Integer)
 
     # lazy="raise": an async session cannot load on attribute access; say so loudly.
     api_keys: Mapped[list[ApiKey]] = relationship(
@@ -84,6 +88,11 @@ class Run(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     error: Mapped[str | None] = mapped_column(Text)
     current_step: Mapped[int] = mapped_column(Integer, default=0)
+    # The worker's newest InflightSnapshot (rl_core.records), sent with its heartbeat.
+    inflight: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    inflight_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A profile asked for with POST /v1/runs/{id}/profile, handed out by the next heartbeat.
+    profile_steps_requested: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -128,3 +137,88 @@ class IngestBatch(Base):
     kind: Mapped[str] = mapped_column(String(32), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Span(Base):
+    """One stage span (rl_core.records.Span) of a run's timeline."""
+
+    __tablename__ = "spans"
+    __table_args__ = (Index("ix_spans_run_start", "run_id", "start_us"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    track: Mapped[str] = mapped_column(String(300))
+    step: Mapped[int] = mapped_column(Integer)
+    start_us: Mapped[int] = mapped_column(BigInteger)
+    dur_us: Mapped[int] = mapped_column(BigInteger)
+    args: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class Trajectory(Base):
+    """A sampled trajectory (rl_core.records.TrajectoryRecord); ``record`` holds the whole JSON."""
+
+    __tablename__ = "trajectories"
+    __table_args__ = (Index("ix_trajectories_run_step", "run_id", "step", "id"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    episode_id: Mapped[str] = mapped_column(String(300))
+    policy_version: Mapped[int] = mapped_column(Integer)
+    reward: Mapped[float] = mapped_column(Float)
+    end_state: Mapped[str] = mapped_column(String(16))
+    record: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Artifact(Base):
+    """A file a run wrote to storage: a checkpoint, a profiler trace, an export."""
+
+    __tablename__ = "artifacts"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # checkpoint|profile|export
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uri: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Environment(Base):
+    """A registered webhook environment. The secret is stored encrypted, never returned."""
+
+    __tablename__ = "environments"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_environments_tenant_name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # env_<hex>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    url: Mapped[str] = mapped_column(Text)
+    secret_encrypted: Mapped[str] = mapped_column(Text)
+    timeout_s: Mapped[float] = mapped_column(Float)
+    max_concurrency: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class EnvCallback(Base):
+    """A deferred step result posted by an environment, waiting for its worker to fetch it.
+
+    ``(episode_id, step)`` is the step's idempotency key: a second post of the
+    same pair is a replay and is refused.
+    """
+
+    __tablename__ = "env_callbacks"
+
+    episode_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    environment_id: Mapped[str] = mapped_column(ForeignKey("environments.id", ondelete="CASCADE"))
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,67 @@
+"""Bodies of the worker routes (/internal/...)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from app.schemas._base import Body, Timestamp
+
+
+class ClaimBody(Body):
+    worker_id: str = Field(min_length=1, max_length=200)
+    lease_seconds: float = Field(default=60.0, gt=0, le=3600)
+
+
+class ClaimRead(BaseModel):
+    run_id: str
+    spec: dict[str, Any]
+    attempt: int
+    lease_expires_at: Timestamp
+    resume_step: int
+
+
+class HeartbeatBody(Body):
+    worker_id: str = Field(min_length=1, max_length=200)
+    lease_seconds: float = Field(default=60.0, gt=0, le=3600)
+
+
+class HeartbeatRead(BaseModel):
+    cancel_requested: bool
+    lease_expires_at: Timestamp
+
+
+class StatusBody(Body):
+    worker_id: str = Field(min_length=1, max_length=200)
+    status: Literal["running", "succeeded", "failed", "cancelled"]
+    error: str | None = Field(default=None, max_length=20_000)
+
+
+class StatusRead(BaseModel):
+    status: str
+
+
+class PointIn(Body):
+    step: int = Field(ge=0)
+    name: str = Field(min_length=1, max_length=200)
+    value: float
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class MetricsBody(Body):
+    worker_id: str = Field(min_length=1, max_length=200)
+    seq: int = Field(ge=0)
+    points: list[PointIn] = Field(max_length=100_000)
+
+
+class IngestRead(BaseModel):
+    accepted: int
+    duplicate: bool

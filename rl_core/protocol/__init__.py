@@ -1,0 +1,1 @@
+"""Wire formats shared by rl_core, the control plane and the SDK (pure Python, no JAX)."""

@@ -1,0 +1,180 @@
+"""What a run reports besides step metrics: spans, trajectories, checkpoints, in-flight work.
+
+These are the records that cross the boundary between the RL core and whatever
+listens to it (a JSONL file, the control plane over HTTP, a test). They are
+plain frozen dataclasses with a ``to_json`` that gives the exact wire shape the
+worker posts to ``/internal/runs/{id}/...``, so the control plane, the worker and
+the files written by ``rlaas train`` all agree on one format. Pure Python: the
+control plane may import this module (it imports no JAX).
+
+Times are integers in microseconds. ``start_us`` is wall-clock (Unix epoch),
+so spans from several processes line up on one timeline; durations come from
+a monotonic clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+# The stage names of DESIGN.md. The same names annotate jax.profiler traces.
+STAGES = (
+    "rollout",  # one whole episode, reset to close
+    "model_call",  # one generate call of one episode (its wait for the engine included)
+    "env_step",  # one environment reset/step/close call
+    "reward",  # scoring a finished episode, where that is separate from the env
+    "queue_wait",  # the trainer waiting for enough trajectories
+    "train_step",  # one optimiser step (all its mini-batches)
+    "weight_sync",  # pushing new weights to the rollout engine
+    "engine_batch",  # one device call of the rollout engine (prefill or decode chunk)
+    "checkpoint",  # saving a checkpoint
+)
+Stage = str
+
+EpisodeEnd = Literal["done", "truncated", "timeout", "env_error", "cancelled"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Span:
+    """One timed stage. ``track`` groups spans into rows of the timeline.
+
+    Tracks: ``trainer``, ``engine``, ``collector``, or ``episode/<episode_id>``
+    (a viewer may fold episode tracks into lanes). ``step`` is the training step
+    the span belongs to: for the trainer the step it computes, for an episode
+    the policy version it started with.
+    """
+
+    name: Stage
+    start_us: int
+    dur_us: int
+    track: str
+    step: int
+    args: Mapping[str, str | int | float | bool] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "start_us": self.start_us,
+            "dur_us": self.dur_us,
+            "track": self.track,
+            "step": self.step,
+        }
+        if self.args:
+            out["args"] = dict(self.args)
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TextSegment:
+    """A run of the rendered episode text; ``trained`` marks model-produced tokens (mask 1)."""
+
+    text: str
+    trained: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "trained": self.trained}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TrajectoryRecord:
+    """A sampled trajectory as a person reads it (not the token arrays the trainer uses).
+
+    ``step`` is the training step that consumed it (0 if it was dropped before
+    any step did); ``policy_version`` the policy that started it;
+    ``segments`` the decoded text split where the loss mask changes.
+    """
+
+    episode_id: str
+    step: int
+    policy_version: int
+    group: int
+    reward: float
+    turns: int
+    end_state: EpisodeEnd
+    end_reason: str | None
+    model_tokens: int
+    total_tokens: int
+    duration_s: float
+    segments: tuple[TextSegment, ...]
+    sampling: Mapping[str, float | int]
+    info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "episode_id": self.episode_id,
+            "step": self.step,
+            "policy_version": self.policy_version,
+            "group": self.group,
+            "reward": self.reward,
+            "turns": self.turns,
+            "end_state": self.end_state,
+            "end_reason": self.end_reason,
+            "model_tokens": self.model_tokens,
+            "total_tokens": self.total_tokens,
+            "duration_s": self.duration_s,
+            "segments": [s.to_json() for s in self.segments],
+            "sampling": dict(self.sampling),
+            "info": dict(self.info),
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointRecord:
+    """A checkpoint that is complete on storage (written, then recorded; never the reverse)."""
+
+    step: int
+    uri: str
+    size_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "uri": self.uri, "size_bytes": self.size_bytes}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class InflightEpisode:
+    episode_id: str
+    stage: str  # "model_call" | "env_step" | "queued" | ...
+    since_s: float  # seconds in that stage so far
+    turn: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "episode_id": self.episode_id,
+            "stage": self.stage,
+            "since_s": self.since_s,
+            "turn": self.turn,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class InflightSnapshot:
+    """What the run is waiting on right now: the answer to "where is it stuck?"."""
+
+    step: int
+    trainer: str  # "training" | "waiting_for_trajectories" | "syncing_weights" | "idle"
+    trainer_since_s: float
+    queue_depth: int
+    episodes: tuple[InflightEpisode, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "trainer": self.trainer,
+            "trainer_since_s": self.trainer_since_s,
+            "queue_depth": self.queue_depth,
+            "episodes": [e.to_json() for e in self.episodes],
+        }
+
+
+__all__ = [
+    "STAGES",
+    "CheckpointRecord",
+    "EpisodeEnd",
+    "InflightEpisode",
+    "InflightSnapshot",
+    "Span",
+    "Stage",
+    "TextSegment",
+    "TrajectoryRecord",
+]
