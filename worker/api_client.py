@@ -46,11 +46,24 @@ class Claim:
     spec: dict[str, Any]
     attempt: int
     resume_step: int
+    # The newest checkpoint an earlier attempt recorded: {step, uri, size_bytes}, or None.
+    checkpoint: dict[str, Any] | None = None
+    # The registered webhook environment the spec names: {id, url, secret, ...}, or None.
+    environment: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Heartbeat:
     cancel_requested: bool
+    profile_steps: int = 0
+
+
+# Where each kind of report batch goes, and the key its items travel under.
+BATCH_ROUTES = {
+    "metrics": ("metrics", "points"),
+    "spans": ("spans", "spans"),
+    "trajectories": ("trajectories", "trajectories"),
+}
 
 
 class ControlPlane:
@@ -86,21 +99,45 @@ class ControlPlane:
             spec=data["spec"],
             attempt=int(data.get("attempt", 1)),
             resume_step=int(data.get("resume_step") or 0),
+            checkpoint=data.get("checkpoint"),
+            environment=data.get("environment"),
         )
 
-    def heartbeat(self, run_id: str) -> Heartbeat:
-        data = self._post(
-            f"/internal/runs/{run_id}/heartbeat",
-            {"worker_id": self.worker_id},
-            on_conflict=LeaseLost,
+    def heartbeat(self, run_id: str, inflight: Mapping[str, Any] | None = None) -> Heartbeat:
+        body: dict[str, Any] = {"worker_id": self.worker_id}
+        if inflight is not None:
+            body["inflight"] = dict(inflight)
+        data = self._post(f"/internal/runs/{run_id}/heartbeat", body, on_conflict=LeaseLost)
+        return Heartbeat(
+            cancel_requested=bool(data.get("cancel_requested", False)),
+            profile_steps=int(data.get("profile_steps") or 0),
         )
-        return Heartbeat(cancel_requested=bool(data.get("cancel_requested", False)))
 
     def report_status(self, run_id: str, status: str, error: str | None = None) -> None:
         body: dict[str, Any] = {"worker_id": self.worker_id, "status": status}
         if error is not None:
             body["error"] = error[:4000]
         self._post(f"/internal/runs/{run_id}/status", body, on_conflict=LeaseLost)
+
+    def send_batch(
+        self,
+        run_id: str,
+        kind: str,
+        seq: int,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        retry_seconds: float | None = None,
+    ) -> bool:
+        """Send one numbered batch of ``kind`` (see BATCH_ROUTES); True if already stored."""
+        route, key = BATCH_ROUTES[kind]
+        body = {"worker_id": self.worker_id, "seq": seq, key: list(items)}
+        data = self._post(
+            f"/internal/runs/{run_id}/{route}",
+            body,
+            on_conflict=LeaseLost,
+            retry_seconds=retry_seconds,
+        )
+        return bool(data.get("duplicate", False))
 
     def send_metrics(
         self,
@@ -110,15 +147,24 @@ class ControlPlane:
         *,
         retry_seconds: float | None = None,
     ) -> bool:
-        """Send one metric batch; returns True if the API had already stored it."""
-        body = {"worker_id": self.worker_id, "seq": seq, "points": list(points)}
-        data = self._post(
-            f"/internal/runs/{run_id}/metrics",
+        return self.send_batch(run_id, "metrics", seq, points, retry_seconds=retry_seconds)
+
+    def record_artifact(
+        self,
+        run_id: str,
+        kind: str,
+        record: Mapping[str, Any],
+        *,
+        retry_seconds: float | None = None,
+    ) -> None:
+        """Record a file the run wrote (a checkpoint, a profile); idempotent on (kind, step)."""
+        body = {"worker_id": self.worker_id, "kind": kind, **record}
+        self._post(
+            f"/internal/runs/{run_id}/artifacts",
             body,
             on_conflict=LeaseLost,
             retry_seconds=retry_seconds,
         )
-        return bool(data.get("duplicate", False))
 
     def _post(
         self,

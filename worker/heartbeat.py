@@ -1,7 +1,9 @@
 """A background thread that renews the run's lease and brings back requests.
 
-The trainer runs on the main thread and checks ``cancel_requested`` between
-steps; the heartbeat keeps the lease alive even while a long step computes.
+Each beat carries the pipeline's newest in-flight snapshot (what the run is
+waiting on) and brings back the cancel flag and profile requests, which it
+passes to the pipeline through its `RunControl`. The lease stays alive even
+while a long step computes.
 """
 
 from __future__ import annotations
@@ -9,16 +11,20 @@ from __future__ import annotations
 import logging
 import threading
 
+from rl_core.control import RunControl
 from worker.api_client import ControlPlane, ControlPlaneError, LeaseLost
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeater:
-    def __init__(self, api: ControlPlane, run_id: str, interval_s: float) -> None:
+    def __init__(
+        self, api: ControlPlane, run_id: str, interval_s: float, control: RunControl | None = None
+    ) -> None:
         self._api = api
         self._run_id = run_id
         self._interval_s = interval_s
+        self.control = control or RunControl()
         self._stop = threading.Event()
         self.cancel_requested = threading.Event()
         self.lease_lost = threading.Event()
@@ -39,10 +45,14 @@ class Heartbeater:
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
-                beat = self._api.heartbeat(self._run_id)
+                snapshot = self.control.inflight()
+                beat = self._api.heartbeat(
+                    self._run_id, snapshot.to_json() if snapshot is not None else None
+                )
             except LeaseLost as exc:
                 log.error("lease on %s lost: %s; stopping at the next step", self._run_id, exc)
                 self.lease_lost.set()
+                self.control.request_stop()
                 return
             except ControlPlaneError as exc:
                 # The API is away; the lease may still be valid. Keep trying.
@@ -51,3 +61,7 @@ class Heartbeater:
             if beat.cancel_requested and not self.cancel_requested.is_set():
                 log.info("cancel requested for %s", self._run_id)
                 self.cancel_requested.set()
+                self.control.request_stop()
+            if beat.profile_steps > 0:
+                log.info("profile of %d steps requested for %s", beat.profile_steps, self._run_id)
+                self.control.request_profile(beat.profile_steps)

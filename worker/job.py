@@ -14,7 +14,7 @@ from typing import Literal
 from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
 from worker.heartbeat import Heartbeater
 from worker.settings import WorkerSettings
-from worker.sinks import HttpMetricsSink
+from worker.sinks import HttpRunSink
 
 log = logging.getLogger(__name__)
 
@@ -40,23 +40,29 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
         except ClaimRefused as exc:
             log.info("run %s not claimed: %s", run_id, exc)
             return "not_claimed"
-        with Heartbeater(client(), run_id, settings.heartbeat_seconds) as beats:
-            return _train_claimed(api, claim, beats)
+        sink = HttpRunSink(client(), run_id, first_seq=claim.attempt * SEQ_BLOCK)
+        try:
+            with Heartbeater(client(), run_id, settings.heartbeat_seconds) as beats:
+                return _train_claimed(api, claim, beats, sink, settings)
+        finally:
+            sink.close()
     finally:
         api.close()
 
 
-def _train_claimed(api: ControlPlane, claim: Claim, beats: Heartbeater) -> Outcome:
+def _train_claimed(
+    api: ControlPlane, claim: Claim, beats: Heartbeater, sink: HttpRunSink, settings: WorkerSettings
+) -> Outcome:
     from rl_core.runner import train
     from rl_core.spec import parse_spec
 
     run_id = claim.run_id
-    sink = HttpMetricsSink(api, run_id, first_seq=claim.attempt * SEQ_BLOCK)
     try:
         spec = parse_spec(claim.spec)
         api.report_status(run_id, "running")
         result = train(spec, sink=sink, should_stop=beats.should_stop, start_step=claim.resume_step)
-        sink.flush()
+        # Everything reported must be stored before the run may be called finished.
+        sink.flush(timeout_s=settings.api_retry_seconds)
     except LeaseLost as exc:
         log.error("run %s: lease lost (%s); another worker owns it now", run_id, exc)
         return "lease_lost"

@@ -1,73 +1,106 @@
-"""Metric sinks that report a run's steps to the control plane.
+"""The run sink that reports a run to the control plane.
 
-Points are buffered and sent in batches, each with a per-run sequence number.
-A batch that fails stays in the buffer under the same number and is sent again
-later, so the API stores every point exactly once even across retries and
-outages (it deduplicates on ``(run, seq)``).
+It implements ``rl_core.sinks.RunSink``: each call turns records into their
+wire JSON and hands them to a `Shipper`, whose thread sends numbered batches
+(see ``worker/shipper.py`` for the exactly-once rules). Nothing here blocks
+the pipeline.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from worker.api_client import ApiUnavailable, ControlPlane
+from rl_core.records import CheckpointRecord, Span, TrajectoryRecord
+from worker.api_client import ControlPlane
+from worker.shipper import Shipper
 
 log = logging.getLogger(__name__)
 
+# During training a short retry budget per send: the batch waits in the
+# shipper and is tried again after a backoff, instead of tying up the thread.
+SEND_RETRY_S = 2.0
 
-class HttpMetricsSink:
-    """An ``rl_core`` step sink that ships metrics to ``/internal/runs/{id}/metrics``."""
 
+class HttpRunSink:
     def __init__(
-        self, api: ControlPlane, run_id: str, *, first_seq: int = 0, batch_points: int = 2000
+        self,
+        api: ControlPlane,
+        run_id: str,
+        *,
+        first_seq: int = 0,
+        batch_points: int = 5000,
+        batch_spans: int = 5000,
+        batch_trajectories: int = 64,
+        max_buffered_spans: int = 500_000,
+        max_buffered_trajectories: int = 2_000,
+        interval_s: float = 0.5,
     ) -> None:
         self._api = api
         self._run_id = run_id
-        self._batch_points = batch_points
-        self._next_seq = first_seq
-        self._pending: list[tuple[int, list[dict[str, Any]]]] = []  # (seq, points), oldest first
-        self._open: list[dict[str, Any]] = []
+        self._shipper = Shipper(
+            self._send,
+            first_seq=first_seq,
+            lanes={
+                "metrics": (batch_points, None),
+                "artifacts": (1, None),
+                "spans": (batch_spans, max_buffered_spans),
+                "trajectories": (batch_trajectories, max_buffered_trajectories),
+            },
+            interval_s=interval_s,
+        )
+
+    # --- RunSink ----------------------------------------------------------------
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        points = []
         for name, value in metrics.items():
+            value = float(value)
             if not math.isfinite(value):
-                # JSON has no NaN; a diverged loss is visible as a gap plus this log line.
+                # JSON has no NaN; a diverged loss shows as a gap plus this line.
                 log.warning("step %d: %s is %s; not sent", step, name, value)
                 continue
-            self._open.append({"step": step, "name": name, "value": float(value)})
-        self._seal()
-        self._send(give_up_quietly=True)
+            points.append({"step": step, "name": name, "value": value})
+        self._shipper.add("metrics", points, urgent=True)
 
-    def flush(self) -> None:
-        """Send everything; raises ApiUnavailable if the API stays away."""
-        self._seal()
-        self._send(give_up_quietly=False)
+    def on_spans(self, spans: Sequence[Span]) -> None:
+        self._shipper.add("spans", [s.to_json() for s in spans])
+
+    def on_trajectories(self, records: Sequence[TrajectoryRecord]) -> None:
+        self._shipper.add("trajectories", [r.to_json() for r in records])
+
+    def on_checkpoint(self, record: CheckpointRecord) -> None:
+        self._shipper.add("artifacts", [{"kind": "checkpoint", **record.to_json()}], urgent=True)
+
+    # --- the worker's side ----------------------------------------------------
+
+    def record_artifact(self, kind: str, record: Mapping[str, Any]) -> None:
+        self._shipper.add("artifacts", [{"kind": kind, **record}], urgent=True)
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until everything is stored; raises ApiUnavailable (or LeaseLost) otherwise."""
+        self._shipper.flush(timeout_s)
+
+    def close(self) -> None:
+        self._shipper.close()
 
     @property
-    def pending_batches(self) -> int:
-        return len(self._pending)
+    def pending(self) -> int:
+        return self._shipper.pending()
 
-    def _seal(self) -> None:
-        while self._open:
-            batch, self._open = self._open[: self._batch_points], self._open[self._batch_points :]
-            self._pending.append((self._next_seq, batch))
-            self._next_seq += 1
+    def dropped(self, kind: str) -> int:
+        return self._shipper.dropped(kind)
 
-    def _send(self, *, give_up_quietly: bool) -> None:
-        while self._pending:
-            seq, points = self._pending[0]
-            try:
-                # During training a short budget: a missing API must not stall
-                # the trainer; the batch waits in the buffer instead.
-                budget = 2.0 if give_up_quietly else None
-                self._api.send_metrics(self._run_id, seq, points, retry_seconds=budget)
-            except ApiUnavailable:
-                if give_up_quietly:
-                    # Training goes on; the batch is retried after the next step.
-                    log.warning("metrics batch %d buffered: control plane unavailable", seq)
-                    return
-                raise
-            self._pending.pop(0)
+    def _send(self, kind: str, seq: int, items: list[dict[str, Any]]) -> None:
+        if kind == "artifacts":
+            record = dict(items[0])
+            self._api.record_artifact(
+                self._run_id, record.pop("kind"), record, retry_seconds=SEND_RETRY_S
+            )
+            return
+        self._api.send_batch(self._run_id, kind, seq, items, retry_seconds=SEND_RETRY_S)
+
+
+__all__ = ["HttpRunSink"]

@@ -1,79 +1,174 @@
-"""The worker's metric sink: batches with sequence numbers, buffered while the API is away.
+"""The worker's run sink: numbered batches, shipped by a thread, buffered while the API is away.
 
-The control plane here is a small in-memory fake served through httpx's
-MockTransport; the end-to-end tests cover the real one.
+The control plane here is a small in-memory fake behind httpx's MockTransport
+(it stores each (kind, seq) once, like the real one); the end-to-end tests
+cover the real API.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
+import pytest
 
-from worker.api_client import ControlPlane
-from worker.sinks import HttpMetricsSink
+from rl_core.records import CheckpointRecord, Span, TextSegment, TrajectoryRecord
+from worker.api_client import ApiUnavailable, ControlPlane, LeaseLost
+from worker.sinks import HttpRunSink
 
 
 class FakeControlPlane:
-    """Stores metric batches once per seq, like the real API; can be switched off."""
-
     def __init__(self) -> None:
         self.up = True
-        self.batches: dict[int, list[dict[str, object]]] = {}
+        self.lease_lost = False
+        self.batches: dict[tuple[str, int], list[dict[str, object]]] = {}
+        self.artifacts: dict[tuple[str, int], dict[str, object]] = {}
         self.calls = 0
+        self.lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.calls += 1
-        if not self.up:
-            raise httpx.ConnectError("connection refused", request=request)
-        body = json.loads(request.content)
-        duplicate = body["seq"] in self.batches
-        self.batches.setdefault(body["seq"], body["points"])
-        return httpx.Response(200, json={"accepted": len(body["points"]), "duplicate": duplicate})
+        with self.lock:
+            self.calls += 1
+            if not self.up:
+                raise httpx.ConnectError("connection refused", request=request)
+            if self.lease_lost:
+                return httpx.Response(409, json={"error": {"message": "lease lost"}})
+            body = json.loads(request.content)
+            kind = request.url.path.rsplit("/", 1)[-1]
+            if kind == "artifacts":
+                self.artifacts[(body["kind"], body["step"])] = body
+                return httpx.Response(200, json={"stored": True})
+            key = {"metrics": "points", "spans": "spans", "trajectories": "trajectories"}[kind]
+            duplicate = (kind, body["seq"]) in self.batches
+            self.batches.setdefault((kind, body["seq"]), body[key])
+            return httpx.Response(200, json={"accepted": len(body[key]), "duplicate": duplicate})
+
+    def items(self, kind: str) -> list[dict[str, object]]:
+        return [p for (k, _), batch in sorted(self.batches.items()) if k == kind for p in batch]
 
 
-def make_sink(fake: FakeControlPlane) -> HttpMetricsSink:
+@pytest.fixture
+def fake() -> FakeControlPlane:
+    return FakeControlPlane()
+
+
+def make_sink(fake: FakeControlPlane, **kwargs: int) -> HttpRunSink:
     api = ControlPlane(
         "http://api.test", "token", "w1", retry_seconds=0.0, transport=httpx.MockTransport(fake)
     )
-    return HttpMetricsSink(api, "run_1", first_seq=100)
+    return HttpRunSink(api, "run_1", first_seq=100, interval_s=0.05, **kwargs)  # type: ignore[arg-type]
 
 
-def test_each_step_is_one_batch_with_increasing_seq() -> None:
-    fake = FakeControlPlane()
+def span(i: int) -> Span:
+    return Span(name="env_step", start_us=i, dur_us=10, track="episode/e1", step=1)
+
+
+def trajectory(step: int) -> TrajectoryRecord:
+    return TrajectoryRecord(
+        episode_id=f"e{step}",
+        step=step,
+        policy_version=step - 1,
+        group=0,
+        reward=1.0,
+        turns=2,
+        end_state="done",
+        end_reason=None,
+        model_tokens=5,
+        total_tokens=9,
+        duration_s=0.1,
+        segments=(TextSegment(text="hi", trained=False), TextSegment(text="42", trained=True)),
+        sampling={"temperature": 1.0},
+    )
+
+
+def test_every_kind_reaches_the_api_in_numbered_batches(fake: FakeControlPlane) -> None:
     sink = make_sink(fake)
     sink.on_step(1, {"reward/mean": 0.5, "loss": 1.0})
-    sink.on_step(2, {"reward/mean": 0.7, "loss": 0.9})
-    assert sorted(fake.batches) == [100, 101]
-    assert {p["name"] for p in fake.batches[100]} == {"reward/mean", "loss"}
-    assert all(p["step"] == 2 for p in fake.batches[101])
+    sink.on_spans([span(1), span(2)])
+    sink.on_trajectories([trajectory(1)])
+    sink.on_checkpoint(CheckpointRecord(step=1, uri="file:///tmp/ck/1", size_bytes=10))
+    sink.flush(timeout_s=5)
+    sink.close()
+    assert {p["name"] for p in fake.items("metrics")} == {"reward/mean", "loss"}
+    assert [s["start_us"] for s in fake.items("spans")] == [1, 2]
+    assert fake.items("trajectories")[0]["segments"][1] == {"text": "42", "trained": True}
+    assert fake.artifacts[("checkpoint", 1)]["uri"] == "file:///tmp/ck/1"
+    assert all(seq >= 100 for _, seq in fake.batches)
 
 
-def test_batches_wait_while_api_is_down_and_none_is_lost_or_doubled() -> None:
-    fake = FakeControlPlane()
+def test_batches_wait_while_api_is_down_and_none_is_lost_or_doubled(
+    fake: FakeControlPlane,
+) -> None:
     sink = make_sink(fake)
     sink.on_step(1, {"reward/mean": 0.1})
+    sink.flush(timeout_s=5)
     fake.up = False
     sink.on_step(2, {"reward/mean": 0.2})
     sink.on_step(3, {"reward/mean": 0.3})
-    assert sink.pending_batches == 2
+    with pytest.raises(ApiUnavailable):
+        sink.flush(timeout_s=0.3)
+    assert sink.pending == 2
     fake.up = True
-    sink.flush()
-    assert sink.pending_batches == 0
-    steps = [p["step"] for seq in sorted(fake.batches) for p in fake.batches[seq]]
-    assert steps == [1, 2, 3]
+    sink.flush(timeout_s=15)
+    sink.close()
+    assert [p["step"] for p in fake.items("metrics")] == [1, 2, 3]
 
 
-def test_big_steps_are_split_into_bounded_batches() -> None:
-    fake = FakeControlPlane()
-    api = ControlPlane("http://api.test", "t", "w1", transport=httpx.MockTransport(fake))
-    sink = HttpMetricsSink(api, "run_1", batch_points=3)
+def test_on_step_returns_at_once_while_the_api_is_away(fake: FakeControlPlane) -> None:
+    import time
+
+    fake.up = False
+    sink = make_sink(fake)
+    started = time.perf_counter()
+    for step in range(50):
+        sink.on_step(step, {"loss": 1.0})
+    assert time.perf_counter() - started < 0.5
+    fake.up = True
+    sink.flush(timeout_s=15)
+    sink.close()
+    assert len(fake.items("metrics")) == 50
+
+
+def test_big_steps_are_split_into_bounded_batches(fake: FakeControlPlane) -> None:
+    sink = make_sink(fake, batch_points=3)
     sink.on_step(1, {f"m{i}": float(i) for i in range(7)})
-    assert [len(fake.batches[s]) for s in sorted(fake.batches)] == [3, 3, 1]
+    sink.flush(timeout_s=5)
+    sink.close()
+    sizes = [len(b) for (k, _), b in sorted(fake.batches.items()) if k == "metrics"]
+    assert sizes == [3, 3, 1]
 
 
-def test_non_finite_values_are_left_out_instead_of_breaking_the_batch() -> None:
-    fake = FakeControlPlane()
+def test_spans_are_bounded_during_an_outage_and_the_drop_is_counted(
+    fake: FakeControlPlane,
+) -> None:
+    fake.up = False
+    sink = make_sink(fake, batch_spans=10, max_buffered_spans=25)
+    for i in range(10):
+        sink.on_spans([span(10 * i + j) for j in range(10)])
+    fake.up = True
+    sink.flush(timeout_s=15)
+    sink.close()
+    starts = [s["start_us"] for s in fake.items("spans")]
+    assert len(starts) <= 25
+    assert starts[-1] == 99  # the newest survive
+    assert sink.dropped("spans") == 100 - len(starts)
+
+
+def test_non_finite_values_are_left_out_instead_of_breaking_the_batch(
+    fake: FakeControlPlane,
+) -> None:
     sink = make_sink(fake)
     sink.on_step(1, {"loss": float("nan"), "grad_norm": float("inf"), "reward/mean": 0.5})
-    assert [p["name"] for p in fake.batches[100]] == ["reward/mean"]
+    sink.flush(timeout_s=5)
+    sink.close()
+    assert [p["name"] for p in fake.items("metrics")] == ["reward/mean"]
+
+
+def test_a_lost_lease_stops_shipping_and_flush_says_so(fake: FakeControlPlane) -> None:
+    fake.lease_lost = True
+    sink = make_sink(fake)
+    sink.on_step(1, {"loss": 1.0})
+    with pytest.raises(LeaseLost):
+        sink.flush(timeout_s=5)
+    sink.close()
