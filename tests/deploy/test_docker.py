@@ -1,0 +1,71 @@
+"""The deployment files: Docker does not run here, so check what can be checked without it.
+
+``docker-compose config`` parses and validates the compose file against the
+Compose schema and resolves anchors, without a daemon. The rest reads the
+resolved file and the Dockerfiles for the properties the design relies on.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = REPO / "docker" / "compose.yaml"
+
+
+def resolved(*profiles: str) -> dict[str, Any]:
+    argv = ["docker-compose", "-f", str(COMPOSE)]
+    for profile in profiles:
+        argv += ["--profile", profile]
+    done = subprocess.run([*argv, "config"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    config: dict[str, Any] = yaml.safe_load(done.stdout)
+    return config
+
+
+def test_compose_file_is_valid_and_has_the_parts() -> None:
+    services = resolved()["services"]
+    assert set(services) == {"postgres", "redis", "api", "worker-cpu"}
+    assert set(resolved("gpu")["services"]) == {
+        "postgres",
+        "redis",
+        "api",
+        "worker-cpu",
+        "worker-gpu",
+    }
+
+
+def test_only_the_api_holds_database_credentials() -> None:
+    services = resolved("gpu")["services"]
+    assert "RLAAS_DATABASE_URL" in services["api"]["environment"]
+    for name in ("worker-cpu", "worker-gpu"):
+        env = services[name]["environment"]
+        assert "RLAAS_DATABASE_URL" not in env, name
+        assert env["RLAAS_API_URL"] == "http://api:8000"
+        assert env["RLAAS_WORKER_TOKEN"] == services["api"]["environment"]["RLAAS_WORKER_TOKEN"]
+
+
+def test_workers_share_artifact_storage_for_resume_after_a_crash() -> None:
+    services = resolved("gpu")["services"]
+    mounts = {name: services[name]["volumes"][0] for name in ("worker-cpu", "worker-gpu")}
+    sources = {
+        str(m["source"] if isinstance(m, dict) else m.split(":")[0]) for m in mounts.values()
+    }
+    assert len(sources) == 1
+
+
+def test_dockerfiles_install_the_right_extras_and_build_from_the_repo() -> None:
+    extras = set(re.findall(r"^\s*(\w+) = \[", (REPO / "pyproject.toml").read_text(), re.M))
+    for name, extra in (("api", "api"), ("worker-cpu", "worker"), ("worker-gpu", "worker")):
+        text = (REPO / "docker" / f"{name}.Dockerfile").read_text()
+        assert f".[{extra}]" in text, name
+        assert extra in extras, f"pyproject.toml has no [{extra}] extra"
+        for folder in re.findall(r"^COPY (\S+) ", text, re.M):
+            assert (REPO / folder).exists(), f"{name}.Dockerfile copies missing {folder}"
+    api = (REPO / "docker" / "api.Dockerfile").read_text()
+    assert "rlaas migrate" in api  # the schema is migrated before the API serves
