@@ -30,14 +30,10 @@ def resolved(*profiles: str) -> dict[str, Any]:
 
 def test_compose_file_is_valid_and_has_the_parts() -> None:
     services = resolved()["services"]
-    assert set(services) == {"postgres", "redis", "api", "worker-cpu"}
-    assert set(resolved("gpu")["services"]) == {
-        "postgres",
-        "redis",
-        "api",
-        "worker-cpu",
-        "worker-gpu",
-    }
+    assert set(services) == {"postgres", "redis", "api", "worker-cpu", "worker-gpu"}
+    # The GPU worker starts only when asked for (--profile gpu).
+    assert services["worker-gpu"]["profiles"] == ["gpu"]
+    assert "profiles" not in services["worker-cpu"]
 
 
 def test_only_the_api_holds_database_credentials() -> None:
