@@ -1,0 +1,82 @@
+"""Public reads of a run's results: /v1/runs/{id}/timeline, trajectories, checkpoints, ..."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import SessionDep, TenantDep
+from app.schemas.results import (
+    INT32,
+    INT64,
+    CheckpointPage,
+    CheckpointRead,
+    InflightRead,
+    ProfileCreate,
+    ProfileRead,
+    TimelineRead,
+    TrajectoryPage,
+    TrajectoryRead,
+)
+from app.services import results as service
+
+router = APIRouter(prefix="/v1/runs", tags=["results"])
+
+
+@router.get("/{run_id}/timeline", response_model=TimelineRead, response_model_exclude_none=True)
+async def get_timeline(
+    run_id: str,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    start_us: Annotated[int | None, Query(ge=0, le=INT64)] = None,
+    end_us: Annotated[int | None, Query(ge=0, le=INT64)] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> dict[str, Any]:
+    return await service.timeline(
+        session, tenant_id, run_id, start_us=start_us, end_us=end_us, limit=limit
+    )
+
+
+@router.get("/{run_id}/trajectories", response_model=TrajectoryPage)
+async def list_trajectories(
+    run_id: str,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    step: Annotated[int | None, Query(ge=0, le=INT32)] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+) -> TrajectoryPage:
+    items, next_cursor = await service.trajectories(
+        session, tenant_id, run_id, step=step, cursor=cursor, limit=limit
+    )
+    return TrajectoryPage(
+        items=[TrajectoryRead.model_validate(i) for i in items], next_cursor=next_cursor
+    )
+
+
+@router.get("/{run_id}/checkpoints", response_model=CheckpointPage)
+async def list_checkpoints(
+    run_id: str, session: SessionDep, tenant_id: TenantDep
+) -> CheckpointPage:
+    rows = await service.checkpoints(session, tenant_id, run_id)
+    return CheckpointPage(
+        items=[
+            CheckpointRead(step=a.step, uri=a.uri, size_bytes=a.size_bytes, created_at=a.created_at)
+            for a in rows
+        ]
+    )
+
+
+@router.get("/{run_id}/inflight", response_model=InflightRead)
+async def get_inflight(run_id: str, session: SessionDep, tenant_id: TenantDep) -> InflightRead:
+    run = await service.inflight(session, tenant_id, run_id)
+    return InflightRead(reported_at=run.inflight_at, snapshot=run.inflight)
+
+
+@router.post("/{run_id}/profile", status_code=202, response_model=ProfileRead)
+async def request_profile(
+    run_id: str, body: ProfileCreate, session: SessionDep, tenant_id: TenantDep
+) -> ProfileRead:
+    steps = await service.request_profile(session, tenant_id, run_id, body.steps)
+    return ProfileRead(requested_steps=steps)

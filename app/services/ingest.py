@@ -1,0 +1,176 @@
+"""Storing what a worker reports: numbered batches of points, spans and trajectories; artifacts.
+
+Each batch is one transaction (the request's): its ``ingest_batches`` row and
+its rows commit together or not at all, so a batch that fails leaves nothing
+behind and its retry is stored, not skipped as a duplicate.
+
+Why the bulk path looks like this: on Postgres every batch is one ``INSERT ...
+SELECT FROM unnest(array, array, ...)`` statement, whatever its size: one
+parse, one plan, a few array parameters, instead of thousands of bound values
+(B8 in ``bench/`` measures it). SQLite (embedded) takes an executemany.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from sqlalchemy import Table, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db.models import Artifact, Base, IngestBatch, MetricPoint, Run, Span, Trajectory, utcnow
+from app.notes import note_step
+from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
+
+
+def _postgres(session: AsyncSession) -> bool:
+    return session.bind.dialect.name == "postgresql"
+
+
+async def claim_seq(session: AsyncSession, run_id: str, kind: str, seq: int) -> bool:
+    """Record batch ``seq`` of ``kind``; False if it was stored before (a retry)."""
+    insert = pg_insert if _postgres(session) else sqlite_insert
+    stmt = (
+        insert(IngestBatch)
+        .values(run_id=run_id, kind=kind, seq=seq, created_at=utcnow())
+        .on_conflict_do_nothing()
+        .returning(IngestBatch.seq)
+    )
+    return (await session.execute(stmt)).first() is not None
+
+
+async def bulk_insert(
+    session: AsyncSession,
+    model: type[Base],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    upsert: tuple[Sequence[str], Sequence[str]] | None = None,
+) -> None:
+    """Insert ``rows`` (dicts with the same keys) in one statement on Postgres.
+
+    ``upsert`` = (conflict columns, columns to overwrite): on conflict the new
+    values win. ``rows`` must not repeat a conflict key (Postgres refuses to
+    touch a row twice in one statement).
+    """
+    if not rows:
+        return
+    table = cast(Table, model.__table__)
+    columns = list(rows[0])
+    if not _postgres(session):
+        insert = sqlite_insert(table)
+        if upsert is not None:
+            keys, overwrite = upsert
+            insert = insert.on_conflict_do_update(
+                index_elements=list(keys), set_={c: insert.excluded[c] for c in overwrite}
+            )
+        await session.execute(insert, list(rows))
+        return
+    dialect = session.bind.dialect
+    arrays = ", ".join(
+        f"CAST(:{c} AS {table.c[c].type.compile(dialect=dialect)}[])" for c in columns
+    )
+    sql = f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})"
+    if upsert is not None:
+        keys, overwrite = upsert
+        sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in overwrite)
+        sql += f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
+    params = {c: [row[c] for row in rows] for c in columns}
+    await session.execute(text(sql), params)
+
+
+async def store_points(
+    session: AsyncSession, run: Run, points: Sequence[tuple[int, str, float]]
+) -> None:
+    """Upsert (step, name, value) points of ``run``; a point sent again overwrites."""
+    if not points:
+        return
+    # Last one wins inside a batch too; and one statement may not touch a row twice.
+    latest = {(step, name): value for step, name, value in points}
+    rows = [
+        {"run_id": run.id, "name": name, "step": step, "value": value}
+        for (step, name), value in latest.items()
+    ]
+    await bulk_insert(session, MetricPoint, rows, upsert=(("run_id", "name", "step"), ("value",)))
+    newest = max(step for step, _ in latest)
+    run.current_step = max(run.current_step, newest)
+    note_step(session, run.id, newest)
+
+
+async def store_spans(session: AsyncSession, run_id: str, spans: Sequence[SpanIn]) -> None:
+    postgres = _postgres(session)
+    rows = [
+        {
+            "run_id": run_id,
+            "name": s.name,
+            "track": s.track,
+            "step": s.step,
+            "start_us": s.start_us,
+            "dur_us": s.dur_us,
+            # The unnest path casts text to json; the executemany path binds JSON itself.
+            "args": (json.dumps(s.args) if postgres else s.args) if s.args else None,
+        }
+        for s in spans
+    ]
+    await bulk_insert(session, Span, rows)
+
+
+async def store_trajectories(
+    session: AsyncSession, run_id: str, trajectories: Sequence[TrajectoryIn]
+) -> None:
+    postgres = _postgres(session)
+    now = utcnow()
+    rows = []
+    for t in trajectories:
+        record = t.model_dump(mode="json")
+        rows.append(
+            {
+                "run_id": run_id,
+                "step": t.step,
+                "episode_id": t.episode_id,
+                "policy_version": t.policy_version,
+                "reward": t.reward,
+                "end_state": t.end_state,
+                "record": json.dumps(record) if postgres else record,
+                "created_at": now,
+            }
+        )
+    await bulk_insert(session, Trajectory, rows)
+
+
+async def store_artifact(session: AsyncSession, run: Run, body: ArtifactBody) -> None:
+    """Record an artifact once per (run, kind, step); a resumed attempt's copy replaces it."""
+    insert = pg_insert if _postgres(session) else sqlite_insert
+    stmt = insert(Artifact).values(
+        run_id=run.id,
+        kind=body.kind,
+        step=body.step,
+        uri=body.uri,
+        size_bytes=body.size_bytes,
+        attempt=run.attempts,
+        created_at=utcnow(),
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["run_id", "kind", "step"],
+        set_={"uri": stmt.excluded.uri, "size_bytes": stmt.excluded.size_bytes,
+              "attempt": stmt.excluded.attempt},
+    )  # fmt: skip
+    await session.execute(stmt)
+
+
+async def newest_checkpoint(session: AsyncSession, run_id: str) -> Artifact | None:
+    found: Artifact | None = await session.scalar(
+        select(Artifact)
+        .where(Artifact.run_id == run_id, Artifact.kind == "checkpoint")
+        .order_by(Artifact.step.desc())
+        .limit(1)
+    )
+    return found
+
+
+def take_profile_request(run: Run) -> int | None:
+    """The profile asked for since the last heartbeat, handed out once."""
+    steps, run.profile_steps_requested = run.profile_steps_requested, None
+    return steps
