@@ -67,16 +67,55 @@ class ModelSpec(_Section):
         return self.source.partition(":")[2]
 
 
+class WebhookCallSpec(_Section):
+    """How the worker calls a webhook environment (ignored by built-ins).
+
+    A call that fails (connection error, timeout, 5xx, 429) is retried with
+    exponential backoff and jitter; steps are safe to retry because
+    ``(episode_id, step)`` is their idempotency key. An episode whose calls
+    still fail is dropped and counted; past ``failure_budget`` (a fraction of
+    the episodes started, never fewer than ``failure_budget_min`` episodes)
+    the run fails. The circuit breaker stops calling an endpoint after
+    ``breaker_failures`` consecutive failures and probes it again after
+    ``breaker_cooldown_s``.
+    """
+
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] | None = None  # None: the registered one
+    retries: Annotated[int, Field(ge=0, le=20)] = 3
+    backoff_s: Annotated[float, Field(ge=0, le=60)] = 0.25
+    backoff_max_s: Annotated[float, Field(ge=0, le=600)] = 8.0
+    step_deadline_s: Annotated[float, Field(gt=0, le=86_400)] = 300.0  # deferred results too
+    failure_budget: Annotated[float, Field(ge=0, le=1)] = 0.1
+    failure_budget_min: Annotated[int, Field(ge=0)] = 5
+    breaker_failures: Annotated[int, Field(ge=1, le=1000)] = 5
+    breaker_cooldown_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+
+
 class EnvironmentSpec(_Section):
     """A built-in environment by name, or a registered webhook environment.
 
     ``name`` is a built-in (``guess_number``, ...) or ``env_<id>`` of an
     environment registered with ``POST /v1/environments``. ``config`` is passed
-    to every ``reset``.
+    to every ``reset``. ``reward`` replaces the environment's reward by
+    functions attached by name (``rl_core/envs/rewards.py``), joined with
+    ``+``, each optionally ``name:weight`` (``numeric_match+length_penalty:0.001``).
     """
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
     config: dict[str, Any] = Field(default_factory=dict)
+    reward: Annotated[str, Field(min_length=1, max_length=500)] | None = None
+    webhook: WebhookCallSpec = Field(default_factory=WebhookCallSpec)
+
+    @field_validator("reward")
+    @classmethod
+    def _known_rewards(cls, value: str | None) -> str | None:
+        if value is not None:
+            # Imported here: the reward registry is pure Python, but the spec
+            # module must stay importable on its own.
+            from rl_core.envs.rewards import parse_reward
+
+            parse_reward(value)  # raises ValueError naming the unknown part
+        return value
 
 
 class AgentSpec(_Section):
@@ -87,6 +126,13 @@ class AgentSpec(_Section):
     max_turns: Annotated[int, Field(ge=1, le=1024)] = 8
     max_new_tokens: Annotated[int, Field(ge=1, le=32768)] = 64
     max_context: Annotated[int, Field(ge=16, le=1_048_576)] = 1024
+    # Episode limits beyond turns and context; each ends the episode as
+    # "truncated" with its name as the reason. None: no such limit.
+    max_episode_tokens: Annotated[int, Field(ge=1)] | None = None  # model tokens, all turns
+    max_episode_s: Annotated[float, Field(gt=0)] | None = None  # checked between turns
+    turn_timeout_s: Annotated[float, Field(gt=0)] | None = None  # one model call
+    # One environment call (reset/step/close); past it the episode ends as "timeout".
+    env_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 300.0
 
 
 class SamplingSpec(_Section):
@@ -165,6 +211,8 @@ class TrainSpec(_Section):
     checkpoint_interval: Annotated[int, Field(ge=0)] = 0  # 0: only at the end
     seed: int = 0
     eval_interval: Annotated[int, Field(ge=0)] = 0  # 0: no evaluation
+    # Trajectories per step sent to the sink as readable records (0: none).
+    trajectories_per_step: Annotated[int, Field(ge=0, le=1000)] = 4
 
 
 class JobSpec(_Section):

@@ -22,6 +22,8 @@ tenants = typer.Typer(help="Manage tenants (talks to the database directly).", n
 runs = typer.Typer(help="Submit and follow runs over the HTTP API.", no_args_is_help=True)
 cli.add_typer(tenants, name="tenants")
 cli.add_typer(runs, name="runs")
+envs = typer.Typer(help="Environments: serve your own as a webhook.", no_args_is_help=True)
+cli.add_typer(envs, name="env")
 
 ApiUrl = Annotated[str, typer.Option(envvar="RLAAS_API_URL", help="Control plane base URL.")]
 ApiKey = Annotated[str, typer.Option(envvar="RLAAS_API_KEY", help="Your API key.")]
@@ -142,16 +144,20 @@ def runs_cancel(
 @cli.command()
 def train(
     spec_path: Path,
-    out: Annotated[Path, typer.Option(help="Folder for metrics.jsonl.")] = Path("rlaas-out"),
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Folder for metrics.jsonl, timeline.json, trajectories.jsonl and checkpoints/."
+        ),
+    ] = Path("rlaas-out"),
+    resume: Annotated[
+        bool, typer.Option(help="Continue from the newest checkpoint under --out.")
+    ] = False,
 ) -> None:
-    """Run a whole training job locally, with no server."""
-    from rl_core.runner import JsonlSink
-    from rl_core.runner import train as run_training
+    """Run a whole training job locally, with no server (Ctrl-C stops at a step boundary)."""
+    from rl_core.runner import train_to_folder
 
-    spec = _load(spec_path)
-    out.mkdir(parents=True, exist_ok=True)
-    sink = JsonlSink(out / "metrics.jsonl")
-    result = run_training(spec, sink=sink)
+    result = train_to_folder(_load(spec_path), out, resume=resume)
     typer.echo(json.dumps({"steps": result.steps_completed, **result.final_metrics}, indent=2))
 
 
@@ -174,6 +180,42 @@ def quickstart(
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+@envs.command("serve")
+def env_serve(
+    target: Annotated[str, typer.Argument(help="MODULE:CLASS of an rl_core Environment.")],
+    host: str = "127.0.0.1",
+    port: int = 9000,
+    secret_env: Annotated[
+        str, typer.Option(help="Environment variable holding the webhook secret.")
+    ] = "RLAAS_ENV_SECRET",
+    callback_url: Annotated[
+        str | None, typer.Option(help="Where deferred results go: <api>/v1/env-callbacks.")
+    ] = None,
+    defer_after: Annotated[
+        float | None, typer.Option(help="Answer 202 for steps slower than this (seconds).")
+    ] = None,
+) -> None:
+    """Serve an Environment class over the webhook protocol, verifying signatures."""
+    import os
+
+    from sdk.envserver import serve as serve_env
+
+    secret = os.environ.get(secret_env, "")
+    if len(secret) < 16:
+        _fail(f"set {secret_env} to the environment's secret (at least 16 characters)")
+    try:
+        serve_env(
+            target,
+            secret=secret,
+            host=host,
+            port=port,
+            callback_url=callback_url,
+            defer_after_s=defer_after,
+        )
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 def _load(path: Path):  # type: ignore[no-untyped-def]

@@ -1,14 +1,30 @@
-"""Environments: the `Environment` protocol and the built-in registry."""
+"""Environments: the `Environment` protocol, the built-ins, and building one from a spec."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from rl_core.envs.base import Action, Environment, Message, Reset, Step, ToolCall
+from rl_core.envs.calculator import Calculator
+from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
+from rl_core.envs.code_exec import CodeExec
 from rl_core.envs.guess_number import GuessNumber
+from rl_core.envs.rewards import parse_reward
+from rl_core.envs.scored import Scored
+from rl_core.envs.simulated import SimulatedLatency
+from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
 from rl_core.errors import UnknownEnvironment
 
-BUILTINS: dict[str, Callable[[], Environment]] = {"guess_number": GuessNumber}
+if TYPE_CHECKING:
+    from rl_core.spec import EnvironmentSpec
+
+BUILTINS: dict[str, Callable[[], Environment]] = {
+    "guess_number": GuessNumber,
+    "calculator": Calculator,
+    "code_exec": CodeExec,
+    "sim_latency": SimulatedLatency,
+}
 
 
 def get_environment(name: str) -> Environment:
@@ -18,18 +34,51 @@ def get_environment(name: str) -> Environment:
         return factory()
     if name.startswith("env_"):
         raise UnknownEnvironment(
-            name, BUILTINS, "is a registered webhook environment, which rl_core cannot call yet"
+            name, BUILTINS, "is a registered webhook environment; build it with build_environment"
         )
     raise UnknownEnvironment(name, BUILTINS)
+
+
+def build_environment(
+    env_spec: EnvironmentSpec,
+    *,
+    webhooks: Mapping[str, WebhookTarget] | None = None,
+    callbacks: CallbackSource | None = None,
+) -> Environment:
+    """The environment a run's spec names: a built-in, or ``env_<id>`` found in
+    ``webhooks`` (the worker gets it from the claim answer); wrapped in
+    `Scored` when the spec attaches reward functions by name."""
+    name = env_spec.name
+    env: Environment
+    if name.startswith("env_"):
+        target = (webhooks or {}).get(name)
+        if target is None:
+            raise UnknownEnvironment(
+                name,
+                BUILTINS,
+                "is a registered webhook environment, but this run was given no URL for it "
+                "(run it through the control plane, or pass webhooks={id: WebhookTarget(...)})",
+            )
+        env = WebhookEnvironment(target, callbacks=callbacks, policy=env_spec.webhook)
+    else:
+        env = get_environment(name)
+    if env_spec.reward:
+        env = Scored(env, parse_reward(env_spec.reward))
+    return env
 
 
 __all__ = [
     "BUILTINS",
     "Action",
+    "CallbackSource",
     "Environment",
+    "MemoryCallbacks",
     "Message",
     "Reset",
     "Step",
     "ToolCall",
+    "WebhookEnvironment",
+    "WebhookTarget",
+    "build_environment",
     "get_environment",
 ]

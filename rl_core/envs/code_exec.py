@@ -1,0 +1,170 @@
+"""``code_exec``: write a Python function, with a sandboxed ``python`` tool to try code.
+
+Each episode is one task of `rl_core.envs.code_tasks` (drawn from the reset
+seed). The model may call ``python`` (its ``code`` runs in `sandbox`; stdout,
+stderr and the exit status come back as the tool message) any number of
+times, then answers with the function in a fenced code block. The answer
+runs in the sandbox followed by the task's checker; the reward is the
+fraction of test cases passed (``partial_credit``), or 1 only if all pass.
+The checker's result line carries a random marker the model's code cannot
+read, so printing a fake result earns nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from rl_core.envs.base import Action, Message, Reset, Step, ToolCall
+from rl_core.envs.code_tasks import BY_NAME, CodeTask, checker_source
+from rl_core.envs.config import parse_config
+from rl_core.envs.sandbox import SandboxLimits, SandboxResult, run_python
+from rl_core.errors import EnvironmentFailure
+
+TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run Python code (standard library only, no network) and see its output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "a Python program"}},
+            "required": ["code"],
+        },
+    },
+}
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CodeExecConfig:
+    tasks: tuple[str, ...] | list[str] | None = None  # names; None: all of them
+    max_turns: int = 4
+    partial_credit: bool = True
+    wall_s: float = 5.0
+    cpu_s: int = 5
+    memory_mb: int = 256
+    output_bytes: int = 4096
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.tasks or ()) - set(BY_NAME))
+        if unknown or self.tasks == []:
+            raise ValueError(f"unknown tasks {unknown}; known: {sorted(BY_NAME)}")
+        if self.max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+
+    @property
+    def limits(self) -> SandboxLimits:
+        return SandboxLimits(
+            wall_s=self.wall_s,
+            cpu_s=self.cpu_s,
+            memory_bytes=self.memory_mb * 2**20,
+            output_bytes=self.output_bytes,
+        )
+
+
+@dataclasses.dataclass
+class _Episode:
+    config: CodeExecConfig
+    task: CodeTask
+    turns: int = 0
+    done: bool = False
+    results: dict[int, Step] = dataclasses.field(default_factory=dict)
+
+
+class CodeExec:
+    name = "code_exec"
+
+    def __init__(self) -> None:
+        self._episodes: dict[str, _Episode] = {}
+
+    async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
+        cfg = parse_config(CodeExecConfig, config, self.name)
+        names = sorted(cfg.tasks) if cfg.tasks else sorted(BY_NAME)
+        task = BY_NAME[random.Random(seed).choice(names)]
+        self._episodes[episode_id] = _Episode(config=cfg, task=task)
+        prompt = (
+            f"{task.prompt} You may run code with the python tool. When you are done, reply "
+            "with the complete function in a ```python code block."
+        )
+        return Reset(
+            messages=[{"role": "user", "content": prompt}], tools=[TOOL], info={"task": task.name}
+        )
+
+    async def step(self, episode_id: str, step: int, action: Action) -> Step:
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            raise EnvironmentFailure(f"code_exec: no episode {episode_id!r}; call reset first")
+        if step in episode.results:  # a retried step: same answer, no second run
+            return episode.results[step]
+        if episode.done:
+            raise EnvironmentFailure(f"code_exec: episode {episode_id!r} is already over")
+        episode.turns += 1
+        out_of_turns = episode.turns >= episode.config.max_turns
+        if action.tool_calls:
+            messages = [await self._tool(call, episode.config) for call in action.tool_calls]
+            result = Step(messages, 0.0, out_of_turns, {"passed": 0})
+        else:
+            result = await self._judge(episode, action.content, out_of_turns)
+        episode.done = result.done
+        episode.results[step] = result
+        return result
+
+    async def close(self, episode_id: str) -> None:
+        self._episodes.pop(episode_id, None)
+
+    @staticmethod
+    async def _tool(call: ToolCall, cfg: CodeExecConfig) -> Message:
+        code = call.arguments.get("code")
+        if call.name != "python":
+            content = f"error: unknown tool {call.name!r}; the only tool is 'python'"
+        elif not isinstance(code, str):
+            content = "error: python needs a string argument 'code'"
+        else:
+            content = describe(await run_python(code, cfg.limits))
+        return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+    @staticmethod
+    async def _judge(episode: _Episode, content: str, out_of_turns: bool) -> Step:
+        blocks = _FENCE.findall(content)
+        if not blocks:
+            reply = "Reply with the complete function in a ```python code block."
+            return Step([{"role": "user", "content": reply}], 0.0, out_of_turns, {"passed": 0})
+        marker = f"__rlaas_{secrets.token_hex(8)}__"
+        run = await run_python(
+            blocks[-1], episode.config.limits, checker=checker_source(episode.task, marker)
+        )
+        passed, total = _score(run.stdout, marker, len(episode.task.cases))
+        reward = passed / total if episode.config.partial_credit else float(passed == total)
+        info = {"passed": passed, "total": total, "solved": passed == total}
+        return Step([], reward, True, info)
+
+
+def _score(stdout: str, marker: str, total: int) -> tuple[int, int]:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(marker):
+            result = json.loads(line[len(marker) :])
+            return int(result["passed"]), int(result["total"])
+    return 0, total  # the program died, timed out or hid the checker's line
+
+
+def describe(run: SandboxResult) -> str:
+    """The tool message for one run: its output and how it ended."""
+    parts = []
+    if run.stdout:
+        parts.append(f"stdout:\n{run.stdout}")
+    if run.stderr:
+        parts.append(f"stderr:\n{run.stderr}")
+    if run.killed_by == "wall_time":
+        parts.append("killed: wall-time limit reached")
+    elif run.killed_by == "cpu_time":
+        parts.append("killed: CPU-time limit reached")
+    elif run.killed_by == "output":
+        parts.append("killed: output limit reached (output truncated)")
+    parts.append(f"exit code: {run.exit_code}")
+    return "\n".join(parts)

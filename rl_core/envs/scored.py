@@ -1,0 +1,70 @@
+"""`Scored`: an environment whose reward is replaced by functions attached by name."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from rl_core.envs.base import Action, Environment, Reset, Step
+from rl_core.envs.rewards import MissingReference, RewardContext, RewardTerm, score
+from rl_core.errors import EnvironmentFailure
+
+
+@dataclasses.dataclass
+class _Episode:
+    reference: Any
+    contents: list[str] = dataclasses.field(default_factory=list)
+    env_reward: float = 0.0
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    results: dict[int, Step] = dataclasses.field(default_factory=dict)
+
+
+class Scored:
+    """Wraps ``inner``; steps give 0 until the end, then the weighted terms' sum."""
+
+    def __init__(self, inner: Environment, terms: tuple[RewardTerm, ...]) -> None:
+        self.inner = inner
+        self.terms = terms
+        self._episodes: dict[str, _Episode] = {}
+
+    async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
+        reset = await self.inner.reset(episode_id, seed, config)
+        self._episodes[episode_id] = _Episode(
+            reference=reset.info.get("answer"), info=dict(reset.info)
+        )
+        return reset
+
+    async def step(self, episode_id: str, step: int, action: Action) -> Step:
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            raise EnvironmentFailure(f"no episode {episode_id!r}; call reset first")
+        if step in episode.results:  # a retry must not count the action twice
+            return episode.results[step]
+        result = await self.inner.step(episode_id, step, action)
+        episode.contents.append(action.content)
+        episode.env_reward += float(result.reward)
+        episode.info.update(result.info)
+        reward = 0.0
+        info = dict(result.info)
+        if result.done:
+            ctx = RewardContext(
+                contents=tuple(episode.contents),
+                reference=episode.reference,
+                env_reward=episode.env_reward,
+                turns=len(episode.contents),
+                info=episode.info,
+            )
+            try:
+                terms = score(self.terms, ctx)
+            except MissingReference as exc:
+                raise EnvironmentFailure(str(exc)) from exc
+            reward = sum(terms.values())
+            info |= {"reward_terms": terms, "env_reward": episode.env_reward}
+        scored = Step(messages=result.messages, reward=reward, done=result.done, info=info)
+        episode.results[step] = scored
+        return scored
+
+    async def close(self, episode_id: str) -> None:
+        self._episodes.pop(episode_id, None)
+        await self.inner.close(episode_id)

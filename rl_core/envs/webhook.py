@@ -1,0 +1,333 @@
+"""`WebhookEnvironment`: the client side of the environment webhook protocol (v1).
+
+Every request is signed (`rl_core.protocol.signing`). A call that fails for
+a reason a retry can fix (connection error, timeout, 5xx, 408/425/429) is
+retried with exponential backoff and jitter, within the step's deadline; a
+step is safe to retry because the server keys it by ``(episode_id, step)``.
+A 4xx answer is the server telling us something is wrong with the request
+(a bad signature, an unknown config key): retrying cannot help, so it fails
+at once with the server's reason. A ``202 {"deferred": true}`` step waits on
+the `CallbackSource` until the deadline. At most ``max_concurrency``
+requests are in flight; a circuit breaker holds calls off a failing server;
+and the failure budget turns "many episodes failed" into a run failure
+(`FailureBudgetExhausted`) instead of a run that trains on nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from rl_core.envs.base import Action, Message, Reset, Step
+from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
+from rl_core.envs.errors import (
+    CircuitOpen,
+    DeferredTimeout,
+    FailureBudgetExhausted,
+    WebhookError,
+    WebhookProtocolError,
+    WebhookRejected,
+    WebhookUnavailable,
+)
+from rl_core.envs.resilience import CircuitBreaker, FailureBudget, backoff_s
+from rl_core.protocol.signing import HEADER, sign
+from rl_core.spec import WebhookCallSpec
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE_STATUS = frozenset({408, 425, 429})
+CALLBACK_POLL_S = 25.0  # one long-poll of the CallbackSource; the loop runs to the deadline
+
+
+@dataclasses.dataclass(frozen=True)
+class WebhookTarget:
+    """A registered environment, as the claim answer hands it to the worker."""
+
+    id: str
+    url: str
+    secret: str = dataclasses.field(repr=False)
+    timeout_s: float = 30.0
+    max_concurrency: int = 64
+
+
+class WebhookEnvironment:
+    """One per run; serves all of its episodes concurrently."""
+
+    def __init__(
+        self,
+        target: WebhookTarget,
+        *,
+        callbacks: CallbackSource | None = None,
+        policy: WebhookCallSpec | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.target = target
+        self.callbacks = callbacks
+        self.policy = policy or WebhookCallSpec()
+        self.call_timeout_s = self.policy.timeout_s or target.timeout_s
+        self.breaker = CircuitBreaker(self.policy.breaker_failures, self.policy.breaker_cooldown_s)
+        self.budget = FailureBudget(self.policy.failure_budget, self.policy.failure_budget_min)
+        self._rng = random.Random(seed)
+        # The client and semaphore belong to one event loop; made on first use.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._slots: asyncio.Semaphore | None = None
+
+    # -- the Environment protocol ---------------------------------------------------------
+
+    async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
+        self._check_budget()
+        self.budget.start()
+        payload = {"episode_id": episode_id, "seed": seed, "config": dict(config)}
+        body = await self._episode_call(episode_id, "reset", payload, self.policy.step_deadline_s)
+        return Reset(
+            messages=_messages(body.get("messages"), {"system", "user"}, self.target.id),
+            tools=_list_of_dicts(body.get("tools", []), "tools", self.target.id),
+            info=_info(body, self.target.id),
+        )
+
+    async def step(self, episode_id: str, step: int, action: Action) -> Step:
+        self._check_budget()
+        payload = {
+            "episode_id": episode_id,
+            "step": step,
+            "action": {
+                "content": action.content,
+                "tool_calls": [dataclasses.asdict(call) for call in action.tool_calls],
+            },
+        }
+        body = await self._episode_call(
+            episode_id, "step", payload, self.policy.step_deadline_s, step=step
+        )
+        return _step(body, self.target.id)
+
+    async def close(self, episode_id: str) -> None:
+        try:
+            deadline = time.monotonic() + self.call_timeout_s * 2
+            await self._call("close", {"episode_id": episode_id}, deadline, retries=1)
+        finally:
+            self.budget.close(episode_id)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (the runner calls this once the run ends)."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- calls ----------------------------------------------------------------------------
+
+    def _check_budget(self) -> None:
+        b = self.budget
+        if b.exhausted:
+            raise FailureBudgetExhausted(
+                self.target.id, b.failed, b.started, b.allowed, b.last_error
+            )
+
+    async def _episode_call(
+        self,
+        episode_id: str,
+        route: str,
+        payload: dict[str, Any],
+        deadline_s: float,
+        *,
+        step: int | None = None,
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + deadline_s
+        try:
+            status, body = await self._call(route, payload, deadline)
+            if status == 202 and body.get("deferred") is True and step is not None:
+                body = await self._await_deferred(episode_id, step, deadline)
+            elif status == 202:
+                raise WebhookProtocolError(
+                    self.target.id, f"/{route} answered 202; only /step may defer its result"
+                )
+            return body
+        except WebhookError as exc:
+            self.budget.fail(episode_id, str(exc))
+            log.warning("episode %s: %s", episode_id, exc)
+            self._check_budget()
+            raise
+
+    async def _await_deferred(self, episode_id: str, step: int, deadline: float) -> dict[str, Any]:
+        if self.callbacks is None:
+            raise WebhookProtocolError(
+                self.target.id,
+                "step answered 202 (deferred) but this run has no callback source to receive "
+                "the result; answer synchronously or run through the control plane",
+            )
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                result = await self.callbacks.wait(
+                    episode_id, step, min(remaining, CALLBACK_POLL_S)
+                )
+            except Exception as exc:  # the relay itself failed: infrastructure
+                raise WebhookUnavailable(
+                    self.target.id, f"waiting for the deferred result failed: {exc!r}"
+                ) from exc
+            if result is not None:
+                return dict(result)
+        raise DeferredTimeout(
+            self.target.id,
+            f"deferred result of {episode_id} step {step} did not arrive within "
+            f"{self.policy.step_deadline_s}s (environment.webhook.step_deadline_s)",
+        )
+
+    async def _call(
+        self, route: str, payload: dict[str, Any], deadline: float, *, retries: int | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """POST with retries; the status and decoded JSON body of the first good answer."""
+        client, slots = self._bind()
+        url = f"{self.target.url.rstrip('/')}/{route}"
+        raw = json.dumps(payload, separators=(",", ":")).encode()
+        attempts = 1 + (self.policy.retries if retries is None else retries)
+        failure = "no attempt made"
+        for attempt in range(attempts):
+            if not self.breaker.allow():
+                raise CircuitOpen(
+                    self.target.id,
+                    f"circuit open after {self.breaker.consecutive_failures} consecutive "
+                    f"failures; next probe in {self.breaker.retry_in_s():.1f}s (last: {failure})",
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            retry_after: float | None = None
+            try:
+                async with slots:
+                    response = await client.post(
+                        url,
+                        content=raw,
+                        headers={HEADER: sign(self.target.secret, raw)},
+                        timeout=min(self.call_timeout_s, remaining),
+                    )
+            except httpx.TimeoutException:
+                failure = f"POST {url} timed out after {min(self.call_timeout_s, remaining):.3g}s"
+            except httpx.TransportError as exc:
+                failure = f"POST {url} failed: {type(exc).__name__}: {exc}"
+            else:
+                status = response.status_code
+                if status < 300:
+                    self.breaker.record_success()
+                    return status, _json(response, url, self.target.id)
+                if status < 500 and status not in _RETRYABLE_STATUS:
+                    self.breaker.record_success()  # it answered: the server is up
+                    raise WebhookRejected(self.target.id, _rejection(response, url), status)
+                failure = f"POST {url} answered {status}: {_reason(response)}"
+                retry_after = _retry_after(response)
+            self.breaker.record_failure()
+            if attempt + 1 < attempts:
+                delay = backoff_s(
+                    attempt, self.policy.backoff_s, self.policy.backoff_max_s, self._rng
+                )
+                delay = max(delay, min(retry_after or 0.0, self.policy.backoff_max_s))
+                if time.monotonic() + delay >= deadline:
+                    break
+                await asyncio.sleep(delay)
+        raise WebhookUnavailable(
+            self.target.id, f"{failure} (gave up after {attempt + 1} attempts)"
+        )
+
+    def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._client is None or self._slots is None:
+            self._loop = loop
+            cap = self.target.max_concurrency
+            # trust_env=False: a proxy set for the worker's own traffic must not see env calls.
+            self._client = httpx.AsyncClient(
+                trust_env=False,
+                follow_redirects=False,
+                limits=httpx.Limits(max_connections=cap, max_keepalive_connections=cap),
+            )
+            self._slots = asyncio.Semaphore(cap)
+        return self._client, self._slots
+
+
+# -- the protocol's shapes --------------------------------------------------------------------
+
+
+def _json(response: httpx.Response, url: str, target_id: str) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        raise WebhookProtocolError(target_id, f"POST {url}: the answer is not JSON") from None
+    if not isinstance(body, dict):
+        raise WebhookProtocolError(target_id, f"POST {url}: the answer must be a JSON object")
+    return body
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+    except ValueError:
+        pass
+    return response.text[:300] or response.reason_phrase
+
+
+def _rejection(response: httpx.Response, url: str) -> str:
+    hint = ""
+    if response.status_code == 401:
+        hint = "; check that the secret registered with rlaas is the one the server verifies with"
+    return f"POST {url} was rejected with {response.status_code}: {_reason(response)}{hint}"
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+def _messages(value: Any, roles: set[str], target_id: str) -> list[Message]:
+    items = _list_of_dicts(value, "messages", target_id)
+    for item in items:
+        if item.get("role") not in roles or not isinstance(item.get("content"), str):
+            raise WebhookProtocolError(
+                target_id,
+                f"each message needs a role in {sorted(roles)} and a string content; got {item}",
+            )
+    return items
+
+
+def _list_of_dicts(value: Any, field: str, target_id: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise WebhookProtocolError(target_id, f"'{field}' must be a list of objects")
+    return value
+
+
+def _info(body: Mapping[str, Any], target_id: str) -> dict[str, Any]:
+    info = body.get("info") or {}
+    if not isinstance(info, dict):
+        raise WebhookProtocolError(target_id, "'info' must be an object")
+    return info
+
+
+def _step(body: Mapping[str, Any], target_id: str) -> Step:
+    reward, done = body.get("reward"), body.get("done")
+    if (
+        isinstance(reward, bool)
+        or not isinstance(reward, int | float)
+        or not isinstance(done, bool)
+    ):
+        raise WebhookProtocolError(
+            target_id, "a step answer needs a numeric 'reward' and a boolean 'done'"
+        )
+    return Step(
+        messages=_messages(body.get("messages", []), {"tool", "user"}, target_id),
+        reward=float(reward),
+        done=done,
+        info=_info(body, target_id),
+    )
+
+
+__all__ = ["CallbackSource", "MemoryCallbacks", "WebhookEnvironment", "WebhookTarget"]

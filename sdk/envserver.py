@@ -1,0 +1,320 @@
+"""Serve any `rl_core` Environment as a webhook environment (protocol v1, DESIGN.md).
+
+    rlaas env serve mypackage.envs:MyEnv --port 9000 --secret-env RLAAS_ENV_SECRET
+
+or from Python: ``uvicorn.run(EnvServer(MyEnv(), secret=...).app)``.
+
+What the server does for the environment's author:
+
+- verifies every request's signature (401 with the reason otherwise);
+- makes ``(episode_id, step)`` idempotent: a retried step (the worker's
+  answer was lost, or it timed out while the step ran) gets the result of the
+  first call, even one still running, and never advances the environment
+  again; a retried reset of the same episode likewise;
+- optionally defers slow steps: with ``defer_after_s`` a step that has not
+  finished by then is answered ``202 {"deferred": true}``, and its result is
+  POSTed, signed, to ``{callback_url}/{episode_id}/{step}`` when it is ready
+  (the control plane's ``/v1/env-callbacks``);
+- maps `EnvironmentFailure` (the environment refusing the request, e.g. an
+  unknown config key) to 422, which the worker does not retry, and any other
+  exception to 500, which it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from rl_core.envs.base import Action, Environment, Reset, Step, ToolCall
+from rl_core.errors import EnvironmentFailure
+from rl_core.protocol.signing import HEADER, SignatureError, sign, verify
+
+log = logging.getLogger(__name__)
+
+CALLBACK_ATTEMPTS = 5
+
+
+class BadRequest(ValueError):
+    """The body is signed but not the protocol's shape."""
+
+
+@dataclasses.dataclass
+class _Episode:
+    reset: asyncio.Task[Reset] | None = None
+    steps: dict[int, asyncio.Task[Step]] = dataclasses.field(default_factory=dict)
+    deferred: set[int] = dataclasses.field(default_factory=set)
+
+
+class EnvServer:
+    """One environment instance behind the protocol's three routes (and ``/healthz``)."""
+
+    def __init__(
+        self,
+        env: Environment,
+        *,
+        secret: str,
+        callback_url: str | None = None,
+        defer_after_s: float | None = None,
+        max_episodes: int = 10_000,
+    ) -> None:
+        if defer_after_s is not None and not callback_url:
+            raise ValueError("defer_after_s needs callback_url: deferred results are POSTed there")
+        if len(secret) < 16:
+            raise ValueError("the secret must be at least 16 characters (as rlaas requires)")
+        self.env = env
+        self.secret = secret
+        self.callback_url = callback_url.rstrip("/") if callback_url else None
+        self.defer_after_s = defer_after_s
+        self.max_episodes = max_episodes
+        # Episodes in arrival order; the oldest are forgotten past max_episodes,
+        # so a client that never calls /close cannot grow the server without bound.
+        self._episodes: OrderedDict[str, _Episode] = OrderedDict()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._client: httpx.AsyncClient | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/reset", self._reset, methods=["POST"]),
+                Route("/step", self._step, methods=["POST"]),
+                Route("/close", self._close, methods=["POST"]),
+                Route("/healthz", lambda _: JSONResponse({"ok": True}), methods=["GET"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        self._client = httpx.AsyncClient(trust_env=False, timeout=10.0)
+        try:
+            yield
+        finally:
+            for task in [*self._background, *self._all_tasks()]:
+                task.cancel()
+            await asyncio.gather(*self._background, return_exceptions=True)
+            await self._client.aclose()
+
+    # -- routes ---------------------------------------------------------------------------
+
+    async def _reset(self, request: Request) -> Response:
+        return await self._handle(request, self._do_reset)
+
+    async def _step(self, request: Request) -> Response:
+        return await self._handle(request, self._do_step)
+
+    async def _close(self, request: Request) -> Response:
+        return await self._handle(request, self._do_close)
+
+    async def _handle(self, request: Request, action: Any) -> Response:
+        raw = await request.body()
+        try:
+            verify(self.secret, raw, request.headers.get(HEADER))
+        except SignatureError as exc:
+            return _error(401, "bad_signature", str(exc))
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            return await action(body)  # type: ignore[no-any-return]
+        except (BadRequest, json.JSONDecodeError) as exc:
+            return _error(400, "bad_request", str(exc))
+        except EnvironmentFailure as exc:
+            return _error(422, "environment_refused", str(exc))
+        except Exception as exc:
+            log.exception("environment raised")
+            return _error(500, "environment_error", f"{type(exc).__name__}: {exc}")
+
+    async def _do_reset(self, body: Mapping[str, Any]) -> Response:
+        episode_id = _field(body, "episode_id", str)
+        seed = _field(body, "seed", int)
+        config = body.get("config") or {}
+        if not isinstance(config, dict):
+            raise BadRequest("'config' must be an object")
+        episode = self._episode(episode_id)
+        if episode.reset is None:
+            episode.reset = self._remembered(
+                episode, "reset", self.env.reset(episode_id, seed, config)
+            )
+        reset = await asyncio.shield(episode.reset)
+        return JSONResponse({"messages": reset.messages, "tools": reset.tools, "info": reset.info})
+
+    async def _do_step(self, body: Mapping[str, Any]) -> Response:
+        episode_id = _field(body, "episode_id", str)
+        step = _field(body, "step", int)
+        action = _action(body.get("action"))
+        episode = self._episode(episode_id)
+        task = episode.steps.get(step)
+        if task is None:
+            task = self._remembered(episode, step, self.env.step(episode_id, step, action))
+            episode.steps[step] = task
+        if self.defer_after_s is not None and not task.done():
+            await asyncio.wait({task}, timeout=self.defer_after_s)
+            if not task.done():
+                if step not in episode.deferred:
+                    episode.deferred.add(step)
+                    self._spawn(self._deliver(episode_id, step, task))
+                return JSONResponse({"deferred": True}, status_code=202)
+        # shield: a client that hangs up must not cancel the environment's step.
+        return JSONResponse(_step_body(await asyncio.shield(task)))
+
+    async def _do_close(self, body: Mapping[str, Any]) -> Response:
+        episode_id = _field(body, "episode_id", str)
+        episode = self._episodes.pop(episode_id, None)
+        if episode is not None:
+            for step, task in episode.steps.items():
+                if step not in episode.deferred:  # a deferred result still has to be delivered
+                    task.cancel()
+        await self.env.close(episode_id)
+        return JSONResponse({"closed": True})
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def _episode(self, episode_id: str) -> _Episode:
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            episode = self._episodes[episode_id] = _Episode()
+            while len(self._episodes) > self.max_episodes:
+                self._episodes.popitem(last=False)
+        return episode
+
+    def _remembered(
+        self, episode: _Episode, key: int | str, call: Awaitable[Any]
+    ) -> asyncio.Task[Any]:
+        """Run ``call`` once; forget it if it fails, so that a retry runs it again."""
+
+        async def run() -> Any:
+            try:
+                return await call
+            except BaseException:
+                if key == "reset":
+                    episode.reset = None
+                else:
+                    episode.steps.pop(int(key), None)
+                raise
+
+        return asyncio.ensure_future(run())
+
+    def _all_tasks(self) -> list[asyncio.Task[Any]]:
+        tasks: list[asyncio.Task[Any]] = []
+        for episode in self._episodes.values():
+            tasks += [*episode.steps.values(), *([episode.reset] if episode.reset else [])]
+        return tasks
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._background.discard)
+
+    async def _deliver(self, episode_id: str, step: int, task: asyncio.Task[Step]) -> None:
+        """POST a deferred step's result (or its failure) to the callback URL, with retries."""
+        assert self._client is not None and self.callback_url is not None
+        try:
+            payload: dict[str, Any] = _step_body(await task)
+        except Exception as exc:
+            payload = {"error": {"code": "environment_error", "message": f"{exc}"}}
+        raw = json.dumps(payload, separators=(",", ":")).encode()
+        url = f"{self.callback_url}/{episode_id}/{step}"
+        for attempt in range(CALLBACK_ATTEMPTS):
+            try:
+                response = await self._client.post(
+                    url, content=raw, headers={HEADER: sign(self.secret, raw)}
+                )
+                if response.status_code < 300 or response.status_code == 409:  # 409: already there
+                    return
+                log.warning("callback %s answered %s", url, response.status_code)
+            except httpx.HTTPError as exc:
+                log.warning("callback %s failed: %s", url, exc)
+            await asyncio.sleep(0.2 * 2**attempt)
+        log.error("gave up delivering %s step %s to %s", episode_id, step, url)
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def _field(body: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = body.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be a {kind.__name__}")
+    return value
+
+
+def _action(value: Any) -> Action:
+    if not isinstance(value, dict) or not isinstance(value.get("content"), str):
+        raise BadRequest("'action' must be an object with a string 'content'")
+    calls = value.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise BadRequest("'action.tool_calls' must be a list")
+    parsed = []
+    for call in calls:
+        if not (
+            isinstance(call, dict)
+            and isinstance(call.get("id"), str)
+            and isinstance(call.get("name"), str)
+            and isinstance(call.get("arguments"), dict)
+        ):
+            raise BadRequest(
+                "each tool call needs a string 'id' and 'name' and an object 'arguments'"
+            )
+        parsed.append(ToolCall(id=call["id"], name=call["name"], arguments=call["arguments"]))
+    return Action(content=value["content"], tool_calls=tuple(parsed))
+
+
+def _step_body(result: Step) -> dict[str, Any]:
+    return {
+        "messages": result.messages,
+        "reward": result.reward,
+        "done": result.done,
+        "info": result.info,
+    }
+
+
+def load_environment(target: str) -> Environment:
+    """An instance of ``MODULE:CLASS`` (made with no arguments)."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(
+            f"{target!r}: expected MODULE:CLASS, e.g. rl_core.envs.calculator:Calculator"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{target!r}: cannot import {module_name!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise ValueError(f"{target!r}: module {module_name!r} has no {attr!r}")
+    env = factory()
+    if not isinstance(env, Environment):
+        raise ValueError(f"{target!r}: instances lack async reset/step/close")
+    return env
+
+
+def serve(
+    target: str,
+    *,
+    secret: str,
+    host: str = "127.0.0.1",
+    port: int = 9000,
+    callback_url: str | None = None,
+    defer_after_s: float | None = None,
+) -> None:
+    import uvicorn
+
+    server = EnvServer(
+        load_environment(target),
+        secret=secret,
+        callback_url=callback_url,
+        defer_after_s=defer_after_s,
+    )
+    uvicorn.run(server.app, host=host, port=port, log_level="info")

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from rl_core.envs import Action, ToolCall
+from rl_core.envs.calculator import Calculator, CalculatorConfig, make_problem
+from rl_core.envs.safe_math import CalcError, evaluate, format_number
+from rl_core.errors import EnvironmentFailure
+from rl_core.toolcalls import parse_tool_calls, render_tool_call
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("2 + 3 * 4", 14),
+        ("(2 + 3) * 4", 20),
+        ("7 // 2", 3),
+        ("-3 ** 2", -9),
+        ("sqrt(16)", 4.0),
+        ("10 / 4", 2.5),
+        ("max(1, 5, 3)", 5),
+        ("6 \u00d7 7", 42),
+    ],
+)
+def test_evaluate_arithmetic(text: str, value: float) -> None:
+    assert evaluate(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("__import__('os')", "unknown function"),
+        ("().__class__", "not allowed"),
+        ("9 ** 9 ** 9", "exponent"),
+        ("1 / 0", "division"),
+        ("2 ^ 3", "write \\*\\*"),
+        ("x + 1", "Name"),
+        ("open('f')", "unknown function"),
+        ("1e300 * 1e300", "out of range"),
+        ("(-8) ** 0.5", "out of range"),
+        ("", "empty"),
+        ("1 +", "not an arithmetic"),
+        ("True + 1", "not numbers"),
+        ("1" * 300, "longer"),
+    ],
+)
+def test_evaluate_refuses_what_is_not_bounded_arithmetic(text: str, reason: str) -> None:
+    with pytest.raises(CalcError, match=reason):
+        evaluate(text)
+
+
+def test_format_number() -> None:
+    assert (format_number(4.0), format_number(7), format_number(2 / 3)) == (
+        "4",
+        "7",
+        "0.666666666667",
+    )
+
+
+def test_problems_are_seeded_and_follow_difficulty() -> None:
+    easy = CalculatorConfig(difficulty="easy")
+    assert make_problem(3, easy) == make_problem(3, easy)
+    assert make_problem(3, easy) != make_problem(4, easy)
+    text, value = make_problem(11, CalculatorConfig(difficulty="hard", operators="*"))
+    assert text.count("*") == 3 and value == evaluate(text)
+    assert CalculatorConfig(difficulty="easy", max_operand=5).max_operand == 5
+
+
+def episode(replies: list[Action], config: dict[str, Any] | None = None) -> list[Any]:
+    async def main() -> list[Any]:
+        env = Calculator()
+        out: list[Any] = [await env.reset("e", 7, config or {})]
+        for i, action in enumerate(replies, start=1):
+            out.append(await env.step("e", i, action))
+        return out
+
+    return asyncio.run(main())
+
+
+def test_tool_then_answer_earns_the_reward() -> None:
+    reset = episode([])[0]
+    problem, answer = reset.info["problem"], reset.info["answer"]
+    assert reset.tools[0]["function"]["name"] == "calculator"
+    assert problem in reset.messages[0]["content"]
+    call = parse_tool_calls(render_tool_call("calculator", {"expression": problem}), id_prefix="t1")
+    _, tool, final = episode([call.to_action(), Action(content=f"It is {answer}.")])
+    assert tool.messages == [
+        {"role": "tool", "tool_call_id": "t1_0", "name": "calculator", "content": str(answer)}
+    ]
+    assert (tool.done, tool.reward) == (False, 0.0)
+    assert (final.done, final.reward, final.info["solved"]) == (True, 1.0, True)
+
+
+def test_wrong_answer_and_tool_errors() -> None:
+    bad_calls = Action(
+        content="",
+        tool_calls=(
+            ToolCall("a", "calculator", {"expression": "1/0"}),
+            ToolCall("b", "search", {}),
+            ToolCall("c", "calculator", {}),
+        ),
+    )
+    _, tool, wrong = episode([bad_calls, Action(content="-1")])
+    assert [m["content"] for m in tool.messages] == [
+        "error: division by zero",
+        "error: unknown tool 'search'; the only tool is 'calculator'",
+        "error: calculator needs a string argument 'expression'",
+    ]
+    assert (wrong.done, wrong.reward) == (True, 0.0)
+
+
+def test_no_number_asks_again_until_out_of_turns() -> None:
+    steps = episode([Action(content="hmm")] * 2, {"max_turns": 2})
+    assert steps[1].done is False and "number" in steps[1].messages[0]["content"]
+    assert steps[2].done is True and steps[2].reward == 0.0
+
+
+def test_retried_step_is_not_a_second_turn_and_bad_config_is_typed() -> None:
+    async def main() -> None:
+        env = Calculator()
+        await env.reset("e", 1, {"max_turns": 1})
+        first = await env.step("e", 1, Action(content="no number"))
+        assert await env.step("e", 1, Action(content="other")) is first
+        with pytest.raises(EnvironmentFailure, match="already over"):
+            await env.step("e", 2, Action(content="1"))
+        with pytest.raises(EnvironmentFailure, match="unknown config keys"):
+            await env.reset("f", 1, {"level": 3})
+        with pytest.raises(EnvironmentFailure, match="difficulty"):
+            await env.reset("f", 1, {"difficulty": "insane"})
+
+    asyncio.run(main())

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from rl_core.envs import Action, ToolCall
+from rl_core.envs.code_exec import CodeExec
+from rl_core.envs.code_tasks import BY_NAME, TASKS
+from rl_core.errors import EnvironmentFailure
+
+GOOD_GCD = "```python\ndef gcd(a, b):\n    while b:\n        a, b = b, a % b\n    return a\n```"
+
+
+def play(actions: list[Action], config: dict[str, Any] | None = None) -> list[Any]:
+    async def main() -> list[Any]:
+        env = CodeExec()
+        out: list[Any] = [await env.reset("e", 0, {"tasks": ["gcd"], **(config or {})})]
+        for i, action in enumerate(actions, start=1):
+            out.append(await env.step("e", i, action))
+        await env.close("e")
+        return out
+
+    return asyncio.run(main())
+
+
+def test_tasks_draw_from_the_seed_and_name_the_function() -> None:
+    async def tasks(seed: int) -> str:
+        reset = await CodeExec().reset("e", seed, {})
+        assert reset.tools[0]["function"]["name"] == "python"
+        return str(reset.info["task"])
+
+    drawn = {asyncio.run(tasks(seed)) for seed in range(40)}
+    assert len(drawn) > 5 and drawn <= set(BY_NAME)
+    assert asyncio.run(tasks(3)) == asyncio.run(tasks(3))
+    assert all(t.function in t.prompt and t.cases for t in TASKS)
+
+
+def test_tool_runs_code_then_a_correct_function_scores_one() -> None:
+    call = ToolCall("t1_0", "python", {"code": "print(sum(range(4)))"})
+    reset, tool, final = play([Action(content="", tool_calls=(call,)), Action(content=GOOD_GCD)])
+    assert "gcd(a, b)" in reset.messages[0]["content"]
+    assert tool.messages[0]["tool_call_id"] == "t1_0"
+    assert tool.messages[0]["content"].startswith("stdout:\n6\n") and not tool.done
+    assert (final.done, final.reward, final.info["solved"]) == (True, 1.0, True)
+
+
+def test_partial_credit_and_all_or_nothing() -> None:
+    half = "```python\ndef gcd(a, b):\n    return 1 if a == 17 else a // 2 + 0 * b\n```"
+    assert play([Action(content=half)])[1].reward == pytest.approx(2 / 3)  # (17,5) and (100,10)
+    assert play([Action(content=half)], {"partial_credit": False})[1].reward == 0.0
+
+
+def test_faking_the_checkers_line_or_dying_earns_nothing() -> None:
+    fake = '```python\nprint(\'__rlaas_0000__{"passed": 3, "total": 3}\')\n```'
+    loop = "```python\ndef gcd(a, b):\n    while True:\n        pass\n```"
+    results = play([Action(content=fake)])[1], play([Action(content=loop)], {"cpu_s": 1})[1]
+    assert [r.reward for r in results] == [0.0, 0.0]
+
+
+def test_tool_reports_limits_and_missing_code_block_asks_again() -> None:
+    loop = ToolCall("a", "python", {"code": "while True: pass"})
+    bad = ToolCall("b", "shell", {"cmd": "ls"})
+    _, tool, ask = play(
+        [Action(content="", tool_calls=(loop, bad)), Action(content="def gcd(a, b): ...")],
+        {"cpu_s": 1, "wall_s": 3},
+    )
+    assert "CPU-time limit" in tool.messages[0]["content"]
+    assert "unknown tool 'shell'" in tool.messages[1]["content"]
+    assert not ask.done and "```python" in ask.messages[0]["content"]
+
+
+def test_bad_config_is_a_typed_error() -> None:
+    with pytest.raises(EnvironmentFailure, match="unknown tasks"):
+        asyncio.run(CodeExec().reset("e", 0, {"tasks": ["chess"]}))
