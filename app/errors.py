@@ -7,12 +7,16 @@
     ├── Unauthorized (401)      missing or unknown API key / worker token
     ├── NotFound (404)          no such resource for this caller (other tenants' ids too)
     ├── Conflict (409)          the resource's state forbids the request (says the state)
-    └── Unprocessable (422)     the body is well-formed JSON but invalid
+    ├── PayloadTooLarge (413)   the body is over the caller's limit (names it)
+    ├── Unprocessable (422)     the body is well-formed JSON but invalid
+    └── TooManyRequests (429)   over a quota: ``Retry-After`` and the quota in the body
 
 Every message tells the caller what to change.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class AppError(Exception):
@@ -23,6 +27,9 @@ class AppError(Exception):
         super().__init__(message)
         self.message = message
         self.field = field
+        # Rendered beside code/message/field, and as response headers.
+        self.extra: dict[str, Any] = {}
+        self.headers: dict[str, str] = {}
 
 
 class BadRequest(AppError):
@@ -47,3 +54,22 @@ class Conflict(AppError):
 class Unprocessable(AppError):
     status_code = 422
     code = "invalid"
+
+
+class PayloadTooLarge(AppError):
+    status_code = 413
+    code = "payload_too_large"
+
+    def __init__(self, message: str, *, limit_bytes: int) -> None:
+        super().__init__(message, field="body")
+        self.extra = {"limit_bytes": limit_bytes}
+
+
+class TooManyRequests(AppError):
+    status_code = 429
+    code = "too_many_requests"
+
+    def __init__(self, message: str, *, retry_after_s: int, quota: dict[str, Any]) -> None:
+        super().__init__(message, field=None)
+        self.extra = {"retry_after_s": retry_after_s, "quota": quota}
+        self.headers = {"Retry-After": str(retry_after_s)}

@@ -16,13 +16,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app.api import health, internal, runs
+from app.api import callbacks, environments, health, internal, limits, prometheus, runs
 from app.api.deps import AppState
+from app.crypto import SecretBox
 from app.db.session import make_engine, make_sessionmaker
 from app.dispatch import CeleryDispatcher, Dispatcher, dispatch_committed
 from app.errors import AppError
+from app.limits import BodyLimitMiddleware, Limiter
+from app.observability import Observability, ObservabilityMiddleware, configure_logging
 from app.services.leases import reap_expired_leases
 from app.settings import Settings
+from app.urlcheck import Allowlist
 
 log = logging.getLogger("rlaas.api")
 
@@ -35,6 +39,10 @@ def create_app(
         conf = settings or Settings()
         # First, so a missing token fails start-up before anything is opened.
         worker_token = conf.resolved_worker_token()
+        secrets = SecretBox(conf.resolved_secret_key())
+        allowlist = Allowlist.parse(conf.env_url_allowlist, embedded=conf.embedded)
+        if conf.log_json:
+            configure_logging()
         conf.prepare_data_dir()
         engine = make_engine(conf.resolved_database_url())
         sender = dispatcher or CeleryDispatcher(conf.resolved_broker_url(), conf.task_queue)
@@ -43,6 +51,9 @@ def create_app(
             sessions=make_sessionmaker(engine),
             dispatcher=sender,
             worker_token=worker_token,
+            secrets=secrets,
+            env_allowlist=allowlist,
+            limits=Limiter(conf),
         )
         app.state.rlaas = app_state
         reaper = asyncio.create_task(_reap_forever(app_state), name="lease-reaper")
@@ -59,8 +70,17 @@ def create_app(
     app.include_router(health.router)
     app.include_router(runs.router)
     app.include_router(internal.router)
+    app.include_router(environments.router)
+    app.include_router(callbacks.router)
+    app.include_router(callbacks.internal_router)
+    app.include_router(limits.router)
+    app.include_router(prometheus.router)
     app.add_exception_handler(AppError, _render_app_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _render_validation_error)  # type: ignore[arg-type]
+    # Added last = outermost: the request id and metrics also cover 413s from the body limit.
+    app.state.observability = Observability()
+    app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(ObservabilityMiddleware, observability=app.state.observability)
     return app
 
 
@@ -88,7 +108,11 @@ def _error_body(code: str, message: str, field: str | None, **extra: Any) -> dic
 
 
 async def _render_app_error(_request: Request, exc: AppError) -> JSONResponse:
-    return JSONResponse(_error_body(exc.code, exc.message, exc.field), status_code=exc.status_code)
+    return JSONResponse(
+        _error_body(exc.code, exc.message, exc.field, **exc.extra),
+        status_code=exc.status_code,
+        headers=exc.headers or None,
+    )
 
 
 async def _render_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -30,6 +30,20 @@ class Settings(BaseSettings):
     task_queue: str = "cpu"
     reaper_interval_s: float = 5.0
     max_attempts: int = 3
+    # Webhook URLs a tenant may register (app.urlcheck documents the entries). Unset:
+    # "public" on a server; "public,loopback" on the embedded default.
+    env_url_allowlist: str | None = None
+    # Per-tenant quota defaults (tenants.quota_* override them, app.limits applies them).
+    quota_runs_in_flight: int = 10
+    quota_requests_per_minute: int = 1200
+    quota_body_bytes: int = 1_048_576
+    # The worker's batches (metrics, spans, trajectories) are bigger than anything a client sends.
+    internal_body_bytes: int = 64 * 1_048_576
+    runs_in_flight_retry_after_s: int = 30
+    # How often a long-poll for an environment callback looks at the database, for the
+    # callbacks that arrived at another API process.
+    callback_poll_s: float = 1.0
+    log_json: bool = True
 
     @property
     def embedded(self) -> bool:
@@ -65,3 +79,21 @@ class Settings(BaseSettings):
         token_file.write_text(token + "\n", encoding="utf-8")
         token_file.chmod(0o600)
         return token
+
+    def resolved_secret_key(self) -> str:
+        """The key that encrypts environment secrets; made once on the embedded default."""
+        if self.secret_key:
+            return self.secret_key
+        if not self.embedded:
+            raise SettingsError(
+                "RLAAS_SECRET_KEY must be set when RLAAS_DATABASE_URL points at a server; "
+                "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+        key_file = self.data_dir / "secret_key"
+        if key_file.exists():
+            return key_file.read_text(encoding="utf-8").strip()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(32)
+        key_file.touch(mode=0o600)
+        key_file.write_text(key + "\n", encoding="utf-8")
+        return key

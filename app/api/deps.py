@@ -9,11 +9,15 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.crypto import SecretBox
 from app.dispatch import Dispatcher, dispatch_committed
 from app.errors import Unauthorized
+from app.limits import Limiter
 from app.security import same_secret
+from app.services.callbacks import CallbackRelay
 from app.services.tenants import authenticate
 from app.settings import Settings
+from app.urlcheck import Allowlist
 
 
 @dataclass
@@ -24,6 +28,10 @@ class AppState:
     sessions: async_sessionmaker[AsyncSession]
     dispatcher: Dispatcher
     worker_token: str
+    secrets: SecretBox
+    env_allowlist: Allowlist
+    limits: Limiter
+    relay: CallbackRelay = field(default_factory=CallbackRelay)
 
 
 @dataclass
@@ -84,9 +92,16 @@ def _bearer(authorization: str | None) -> str:
 
 
 async def get_tenant(
-    session: SessionDep, authorization: Annotated[str | None, Header()] = None
+    request: Request,
+    session: SessionDep,
+    app_state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
 ) -> str:
-    return await authenticate(session, _bearer(authorization))
+    tenant_id = await authenticate(session, _bearer(authorization))
+    request.scope["rlaas_tenant_id"] = tenant_id  # for the access log
+    # After authentication, so nobody can spend another tenant's request budget.
+    await app_state.limits.take_request(session, tenant_id)
+    return tenant_id
 
 
 TenantDep = Annotated[str, Depends(get_tenant, scope="function")]

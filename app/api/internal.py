@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import SessionDep, WorkerDep
+from app.api.deps import SessionDep, StateDep, WorkerDep
 from app.schemas import (
     ClaimBody,
     ClaimRead,
@@ -15,13 +15,16 @@ from app.schemas import (
     StatusBody,
     StatusRead,
 )
+from app.services import environments
 from app.services import workers as service
 
 router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[WorkerDep])
 
 
 @router.post("/{run_id}/claim", response_model=ClaimRead)
-async def claim(run_id: str, body: ClaimBody, session: SessionDep) -> ClaimRead:
+async def claim(
+    run_id: str, body: ClaimBody, session: SessionDep, app_state: StateDep
+) -> ClaimRead:
     run = await service.claim(session, run_id, body.worker_id, body.lease_seconds)
     assert run.lease_expires_at is not None
     return ClaimRead(
@@ -30,6 +33,7 @@ async def claim(run_id: str, body: ClaimBody, session: SessionDep) -> ClaimRead:
         attempt=run.attempts,
         lease_expires_at=run.lease_expires_at,
         resume_step=run.current_step,
+        environment=await environments.grant_for_run(session, run, app_state.secrets),
     )
 
 

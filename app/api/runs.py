@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 
-from app import state
-from app.api.deps import AfterCommitDep, SessionDep, TenantDep
+from app import limits, state
+from app.api.deps import AfterCommitDep, SessionDep, StateDep, TenantDep
 from app.errors import BadRequest
 from app.schemas import EventPage, EventRead, MetricsRead, PointRead, RunCreate, RunPage, RunRead
 from app.services import runs as service
@@ -22,9 +22,16 @@ async def create_run(
     session: SessionDep,
     tenant_id: TenantDep,
     after_commit: AfterCommitDep,
+    app_state: StateDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> RunRead:
-    run, created = await service.create_run(session, tenant_id, body, idempotency_key)
+    run, created = await service.create_run(
+        session,
+        tenant_id,
+        body,
+        idempotency_key,
+        admit=lambda: limits.admit_run(session, tenant_id, app_state.settings),
+    )
     if created:
         after_commit.run_ids.append(run.id)
     else:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from app.schemas._base import Body, Timestamp
+from app.schemas.environments import EnvironmentGrant
 
 
 class ClaimBody(Body):
@@ -21,6 +22,8 @@ class ClaimRead(BaseModel):
     attempt: int
     lease_expires_at: Timestamp
     resume_step: int
+    # The registered webhook environment the spec names (secret decrypted), or None.
+    environment: EnvironmentGrant | None = None
 
 
 class HeartbeatBody(Body):

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from sqlalchemy import and_, or_, select
@@ -16,6 +17,7 @@ from app import state
 from app.db.models import MetricPoint, Run, RunEvent, utcnow
 from app.errors import BadRequest, Conflict, NotFound
 from app.schemas import RunCreate
+from app.services import environments
 
 
 def request_hash(body: RunCreate) -> str:
@@ -24,14 +26,25 @@ def request_hash(body: RunCreate) -> str:
 
 
 async def create_run(
-    session: AsyncSession, tenant_id: str, body: RunCreate, idempotency_key: str | None
+    session: AsyncSession,
+    tenant_id: str,
+    body: RunCreate,
+    idempotency_key: str | None,
+    *,
+    admit: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Run, bool]:
-    """Store a new run; returns (run, created). A replayed key returns the first run."""
+    """Store a new run; returns (run, created). A replayed key returns the first run.
+
+    ``admit`` (quotas) runs only for a new run: a replay answers even at the limit.
+    """
     digest = request_hash(body)
     if idempotency_key is not None:
         existing = await _replayed(session, tenant_id, idempotency_key, digest)
         if existing is not None:
             return existing, False
+    await environments.require_registered(session, tenant_id, body.spec.environment.name)
+    if admit is not None:
+        await admit()
     now = utcnow()
     run = Run(
         id=f"run_{uuid.uuid4().hex}",

@@ -31,6 +31,7 @@ from app.settings import Settings
 T = TypeVar("T")
 WORKER_TOKEN = "test-worker-token"
 WORKER = {"Authorization": f"Bearer {WORKER_TOKEN}"}
+SECRET_KEY = "test-only-Jf3kQ9vX2mLp8RtW5yZb7NcH4sDg6"  # encrypts environment secrets at rest
 TABLES = "metric_points, ingest_batches, run_events, runs, api_keys, tenants"
 
 
@@ -100,6 +101,7 @@ def app_settings(database_url: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": database_url,
         "worker_token": WORKER_TOKEN,
+        "secret_key": SECRET_KEY,
         "reaper_interval_s": 3600,
     }
     return Settings(**{**values, **overrides})

@@ -14,7 +14,7 @@ from app.admin import create_tenant
 from app.errors import AppError
 from app.main import create_app
 from app.settings import Settings, SettingsError
-from tests.app.conftest import WORKER_TOKEN, Api, plain, spec
+from tests.app.conftest import SECRET_KEY, WORKER_TOKEN, Api, plain, spec
 
 pytestmark = pytest.mark.anyio
 
@@ -101,6 +101,7 @@ async def test_readyz_is_503_when_the_database_is_down(tmp_path: Path) -> None:
     settings = Settings(
         database_url="postgresql+psycopg://nobody@127.0.0.1:1/none",
         worker_token="t",
+        secret_key=SECRET_KEY,
         broker_url=f"sqla+sqlite:///{tmp_path / 'broker.db'}",
     )
     app = create_app(settings)

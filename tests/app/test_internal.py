@@ -33,7 +33,10 @@ async def test_a_run_through_its_life(api: Api) -> None:
     claim = await api.internal(run_id, "claim", worker_id="w1", lease_seconds=30)
     assert claim.status_code == 200, claim.text
     body = claim.json()
-    assert set(body) == {"run_id", "spec", "attempt", "lease_expires_at", "resume_step"}
+    assert set(body) == {
+        "run_id", "spec", "attempt", "lease_expires_at", "resume_step", "environment"
+    }  # fmt: skip
+    assert body["environment"] is None  # a built-in environment: nothing to hand over
     assert body["run_id"] == run_id and body["attempt"] == 1 and body["resume_step"] == 0
     assert body["spec"]["environment"]["name"] == "guess_number"
     expires = datetime.fromisoformat(body["lease_expires_at"])

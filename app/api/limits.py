@@ -1,0 +1,27 @@
+"""GET /v1/limits: the caller's quotas and how much of them is in use."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.api.deps import SessionDep, StateDep, TenantDep
+from app.limits import runs_in_flight
+from app.schemas.limits import LimitsRead, QuotasRead, UsageRead
+
+router = APIRouter(prefix="/v1/limits", tags=["limits"])
+
+
+@router.get("", response_model=LimitsRead)
+async def get_limits(session: SessionDep, tenant_id: TenantDep, app_state: StateDep) -> LimitsRead:
+    quotas = await app_state.limits.quotas(session, tenant_id)
+    return LimitsRead(
+        quotas=QuotasRead(
+            runs_in_flight=quotas.runs_in_flight,
+            requests_per_minute=quotas.requests_per_minute,
+            body_bytes=quotas.body_bytes,
+        ),
+        usage=UsageRead(
+            runs_in_flight=await runs_in_flight(session, tenant_id),
+            requests_available=app_state.limits.requests_available(tenant_id, quotas),
+        ),
+    )

@@ -1,0 +1,289 @@
+"""Per-tenant quotas: runs in flight, request rate, body size.
+
+Defaults come from Settings (``RLAAS_QUOTA_*``); a tenant's ``quota_*``
+columns override them. Over a quota is an explicit answer, never a stall:
+429 with ``Retry-After`` and the quota in the body, or 413 naming the limit.
+
+- Runs in flight are counted in the database under a lock on the tenant's
+  row, so two submits racing at the limit cannot both pass.
+- The request rate is a token bucket per tenant (burst = the per-minute
+  quota, refilled continuously). It lives in each API process: behind N
+  replicas a tenant gets up to N times its rate; a shared bucket (Redis) is
+  the step after this one.
+- The body size is enforced by `BodyLimitMiddleware` before the route reads
+  anything: from ``Content-Length`` when sent, and by counting while the body
+  streams in (a chunked body has no length to trust).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app import state
+from app.db.models import ApiKey, Run, Tenant
+from app.errors import PayloadTooLarge, TooManyRequests
+from app.security import parse_prefix
+from app.settings import Settings
+
+CACHE_TTL_S = 10.0
+_CACHE_MAX = 10_000
+_UNFINISHED = (state.QUEUED, state.STARTING, state.RUNNING)
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Quotas:
+    runs_in_flight: int
+    requests_per_minute: int
+    body_bytes: int
+
+    @classmethod
+    def of(cls, tenant: Tenant | None, settings: Settings) -> Quotas:
+        def pick(column: str, default: int) -> int:
+            override: int | None = getattr(tenant, column) if tenant is not None else None
+            return default if override is None else override
+
+        return cls(
+            runs_in_flight=pick("quota_runs_in_flight", settings.quota_runs_in_flight),
+            requests_per_minute=pick(
+                "quota_requests_per_minute", settings.quota_requests_per_minute
+            ),
+            body_bytes=pick("quota_body_bytes", settings.quota_body_bytes),
+        )
+
+
+class TokenBucket:
+    def __init__(self, per_minute: int, now: float) -> None:
+        self.capacity = float(per_minute)
+        self.tokens = float(per_minute)
+        self.updated = now
+
+    def refill(self, per_minute: int, now: float) -> None:
+        # A changed quota takes effect at once, without a free refill.
+        self.capacity = float(per_minute)
+        self.tokens = min(self.capacity, self.tokens + (now - self.updated) * per_minute / 60.0)
+        self.updated = now
+
+    def take(self, per_minute: int, now: float) -> float:
+        """0 if a token was taken, else the seconds until one will be there."""
+        self.refill(per_minute, now)
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        if per_minute <= 0:
+            return 60.0
+        return (1.0 - self.tokens) * 60.0 / per_minute
+
+
+class Limiter:
+    """The request-rate buckets and a short cache of each tenant's quotas, for one process."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._buckets: dict[str, TokenBucket] = {}
+        self._by_tenant: dict[str, tuple[float, Quotas]] = {}
+        self._by_prefix: dict[str, tuple[float, int]] = {}
+
+    async def quotas(self, session: AsyncSession, tenant_id: str) -> Quotas:
+        now = self._clock()
+        cached = self._by_tenant.get(tenant_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        quotas = Quotas.of(await session.get(Tenant, tenant_id), self.settings)
+        _put(self._by_tenant, tenant_id, (now + CACHE_TTL_S, quotas))
+        return quotas
+
+    async def take_request(self, session: AsyncSession, tenant_id: str) -> None:
+        quotas = await self.quotas(session, tenant_id)
+        now = self._clock()
+        bucket = self._buckets.get(tenant_id)
+        if bucket is None:
+            bucket = self._buckets[tenant_id] = TokenBucket(quotas.requests_per_minute, now)
+        wait = bucket.take(quotas.requests_per_minute, now)
+        if wait > 0:
+            retry = max(1, math.ceil(wait))
+            raise TooManyRequests(
+                f"over the request rate of {quotas.requests_per_minute} per minute; "
+                f"retry after {retry}s or ask for a higher quota",
+                retry_after_s=retry,
+                quota={"name": "requests_per_minute", "limit": quotas.requests_per_minute},
+            )
+
+    def requests_available(self, tenant_id: str, quotas: Quotas) -> int:
+        bucket = self._buckets.get(tenant_id)
+        if bucket is None:
+            return quotas.requests_per_minute
+        bucket.refill(quotas.requests_per_minute, self._clock())
+        return int(bucket.tokens)
+
+    async def body_limit(
+        self, sessions: async_sessionmaker[AsyncSession], prefix: str | None
+    ) -> int:
+        """The body limit of the tenant whose key has ``prefix`` (the default if none matches).
+
+        Read before the key is verified (the body comes before the route), so the
+        worst a forged prefix gets is that tenant's limit, and then a 401.
+        """
+        default = self.settings.quota_body_bytes
+        if prefix is None:
+            return default
+        now = self._clock()
+        cached = self._by_prefix.get(prefix)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        async with sessions() as session:
+            override = await session.scalar(
+                select(Tenant.quota_body_bytes)
+                .join(ApiKey, ApiKey.tenant_id == Tenant.id)
+                .where(ApiKey.prefix == prefix)
+            )
+        limit = default if override is None else override
+        _put(self._by_prefix, prefix, (now + CACHE_TTL_S, limit))
+        return limit
+
+
+def _put(cache: dict[str, V], key: str, value: V) -> None:
+    if len(cache) >= _CACHE_MAX:  # random prefixes must not grow memory without bound
+        cache.clear()
+    cache[key] = value
+
+
+async def runs_in_flight(session: AsyncSession, tenant_id: str) -> int:
+    return int(
+        await session.scalar(
+            select(func.count())
+            .select_from(Run)
+            .where(Run.tenant_id == tenant_id, Run.status.in_(_UNFINISHED))
+        )
+        or 0
+    )
+
+
+async def admit_run(session: AsyncSession, tenant_id: str, settings: Settings) -> None:
+    """429 if the tenant has its quota of unfinished runs; else the new run may be stored.
+
+    The tenant's row stays locked until the request commits, so concurrent submits
+    of one tenant queue here (SQLite has no row locks; it serialises writers anyway).
+    """
+    tenant = await session.scalar(select(Tenant).where(Tenant.id == tenant_id).with_for_update())
+    quota = Quotas.of(tenant, settings).runs_in_flight
+    used = await runs_in_flight(session, tenant_id)
+    if used >= quota:
+        retry = settings.runs_in_flight_retry_after_s
+        raise TooManyRequests(
+            f"{used} runs are queued or running and the quota is {quota}; wait for one to "
+            "finish, cancel one, or ask for a higher quota",
+            retry_after_s=retry,
+            quota={"name": "runs_in_flight", "limit": quota, "used": used},
+        )
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    """413 for a body over the caller's limit, before and while it is read (pure ASGI).
+
+    When the limit trips mid-stream the route's own answer (FastAPI turns the
+    failed read into a 400) is dropped and the 413 goes out instead.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        declared = _int_or_none(headers.get("content-length"))
+        if not declared and "transfer-encoding" not in headers:
+            await self.app(scope, receive, send)  # no body to limit
+            return
+        limit = await _limit_for(scope, headers)
+        if declared is not None and declared > limit:
+            await _reject(send, declared, limit)
+            return
+        received = 0
+        tripped = started = False
+
+        async def counted() -> Any:
+            nonlocal received, tripped
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    tripped = True
+                    raise _TooLarge
+            return message
+
+        async def guarded(message: Any) -> None:
+            nonlocal started
+            if tripped:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        with contextlib.suppress(_TooLarge):
+            await self.app(scope, counted, guarded)
+        if tripped and not started:
+            await _reject(send, received, limit, at_least=True)
+
+
+async def _limit_for(scope: Any, headers: dict[str, str]) -> int:
+    app_state = scope["app"].state.rlaas
+    settings: Settings = app_state.settings
+    if scope["path"].startswith("/internal/"):
+        return settings.internal_body_bytes
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    prefix = parse_prefix(token.strip()) if scheme.lower() == "bearer" else None
+    limiter: Limiter = app_state.limits
+    return await limiter.body_limit(app_state.sessions, prefix)
+
+
+async def _reject(send: Any, size: int, limit: int, *, at_least: bool = False) -> None:
+    error = PayloadTooLarge(
+        f"the request body is {'over ' if at_least else ''}{size} bytes; the limit is "
+        f"{limit} bytes (quota body_bytes): send less per request",
+        limit_bytes=limit,
+    )
+    body = json.dumps(
+        {
+            "error": {
+                "code": error.code,
+                "message": error.message,
+                "field": error.field,
+                **error.extra,
+            }
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
