@@ -68,3 +68,9 @@ class Scored:
     async def close(self, episode_id: str) -> None:
         self._episodes.pop(episode_id, None)
         await self.inner.close(episode_id)
+
+    async def aclose(self) -> None:
+        """Release what the inner environment holds (a webhook's HTTP client)."""
+        aclose = getattr(self.inner, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -1,0 +1,238 @@
+"""WebhookEnvironment against sdk.envserver over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from rl_core.envs import Action, MemoryCallbacks, ToolCall
+from rl_core.envs.calculator import Calculator
+from rl_core.envs.errors import (
+    CircuitOpen,
+    DeferredTimeout,
+    FailureBudgetExhausted,
+    WebhookProtocolError,
+    WebhookRejected,
+    WebhookUnavailable,
+)
+from rl_core.envs.resilience import CircuitBreaker, FailureBudget, backoff_s
+from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
+from rl_core.errors import EnvironmentFailure
+from rl_core.spec import WebhookCallSpec
+from sdk.envserver import EnvServer
+from tests.sdk.serving import SECRET, Scripted, free_port, relay_app, serving
+
+FAST = {"backoff_s": 0.01, "backoff_max_s": 0.05}
+
+
+def client(
+    url: str, *, secret: str = SECRET, concurrency: int = 8, **policy: Any
+) -> WebhookEnvironment:
+    target = WebhookTarget(
+        id="env_t", url=url, secret=secret, timeout_s=5.0, max_concurrency=concurrency
+    )
+    callbacks = policy.pop("callbacks", None)
+    return WebhookEnvironment(
+        target, callbacks=callbacks, policy=WebhookCallSpec(**{**FAST, **policy})
+    )
+
+
+def test_an_episode_over_http_with_a_builtin_behind_the_sdk_server() -> None:
+    async def main(url: str) -> None:
+        env = client(url)
+        reset = await env.reset("e1", 5, {"difficulty": "easy"})
+        assert reset.tools[0]["function"]["name"] == "calculator"
+        problem = reset.info["problem"]
+        call = ToolCall("t1_0", "calculator", {"expression": problem})
+        tool = await env.step("e1", 1, Action(content="", tool_calls=(call,)))
+        assert tool.messages[0]["content"] == str(reset.info["answer"]) and not tool.done
+        final = await env.step("e1", 2, Action(content=str(reset.info["answer"])))
+        assert (final.done, final.reward) == (True, 1.0)
+        await env.close("e1")
+        await env.aclose()
+
+    with serving(EnvServer(Calculator(), secret=SECRET).app) as url:
+        asyncio.run(main(url))
+
+
+def test_5xx_is_retried_with_backoff_and_the_step_applied_once() -> None:
+    env_side = Scripted(fail_steps=2)
+
+    async def main(url: str) -> Any:
+        env = client(url, retries=3)
+        await env.reset("e", 0, {})
+        return await env.step("e", 1, Action(content="x"))
+
+    with serving(EnvServer(env_side, secret=SECRET).app) as url:
+        step = asyncio.run(main(url))
+    assert step.reward == 1.0 and env_side.applied[("e", 1)] == 1
+
+
+def test_a_timed_out_step_is_retried_and_gets_the_first_calls_result() -> None:
+    env_side = Scripted(step_delays=[0.6])  # the first call outlives the client's timeout
+
+    async def main(url: str) -> Any:
+        env = client(url, retries=2, timeout_s=0.25)
+        await env.reset("e", 0, {})
+        return await env.step("e", 1, Action(content="x"))
+
+    with serving(EnvServer(env_side, secret=SECRET).app) as url:
+        step = asyncio.run(main(url))
+    assert step.info["applied"] == 1 and env_side.applied[("e", 1)] == 1
+
+
+def test_timeouts_without_retries_fail_the_episode_as_an_environment_failure() -> None:
+    async def main(url: str) -> None:
+        env = client(url, retries=0, timeout_s=0.1)
+        await env.reset("e", 0, {})
+        with pytest.raises(WebhookUnavailable, match=r"timed out after 0\.1s") as info:
+            await env.step("e", 1, Action(content="x"))
+        assert isinstance(info.value, EnvironmentFailure)
+        assert env.budget.failed == 1
+
+    with serving(EnvServer(Scripted(step_delays=[0.5]), secret=SECRET).app) as url:
+        asyncio.run(main(url))
+
+
+def test_a_wrong_secret_is_rejected_once_not_retried() -> None:
+    env_side = Scripted()
+
+    async def main(url: str) -> None:
+        env = client(url, secret="not-the-right-secret", retries=3)
+        started = time.monotonic()
+        with pytest.raises(WebhookRejected, match=r"401.*secret registered") as info:
+            await env.reset("e", 0, {})
+        assert info.value.status == 401 and time.monotonic() - started < 1.0
+        assert env.breaker.state == "closed"  # the server answered: it is up
+
+    with serving(EnvServer(env_side, secret=SECRET).app) as url:
+        asyncio.run(main(url))
+    assert env_side.resets == 0
+
+
+def test_deferred_steps_wait_for_the_relayed_callback() -> None:
+    callbacks = MemoryCallbacks()
+    env_side = Scripted(step_delays=[0.3, 5.0])
+
+    async def main(url: str) -> None:
+        env = client(url, callbacks=callbacks, step_deadline_s=2.0)
+        await env.reset("e", 0, {})
+        step = await env.step("e", 1, Action(content="slow"))
+        assert step.messages == [{"role": "user", "content": "you said slow"}]
+        late = client(url, callbacks=callbacks, step_deadline_s=0.3)
+        await late.reset("f", 0, {})
+        with pytest.raises(DeferredTimeout, match="step_deadline_s"):
+            await late.step("f", 1, Action(content="too slow"))
+        blind = client(url)  # no callback source: a 202 cannot be waited for
+        await blind.reset("g", 0, {})
+        env_side.step_delays.append(0.5)
+        with pytest.raises(WebhookProtocolError, match="no callback source"):
+            await blind.step("g", 1, Action(content="x"))
+
+    with serving(relay_app(callbacks)) as relay:
+        server = EnvServer(env_side, secret=SECRET, callback_url=f"{relay}/cb", defer_after_s=0.05)
+        with serving(server.app) as url:
+            asyncio.run(main(url))
+    assert ("e", 1) in callbacks.delivered
+
+
+def test_the_failure_budget_fails_the_run_with_a_clear_message() -> None:
+    env_side = Scripted(refuse_reset=True)
+
+    async def main(url: str) -> None:
+        env = client(url, failure_budget=0.0, failure_budget_min=2)
+        for episode in ("a", "b"):  # within the budget: ordinary episode failures
+            with pytest.raises(WebhookRejected, match="refuses every reset"):
+                await env.reset(episode, 0, {})
+        with pytest.raises(FailureBudgetExhausted, match="3 of 3 episodes failed") as info:
+            await env.reset("c", 0, {})
+        assert not isinstance(info.value, EnvironmentFailure)  # the agent must not swallow it
+        assert "failure_budget" in str(info.value) and "refuses every reset" in str(info.value)
+        with pytest.raises(FailureBudgetExhausted):  # and every later call, without a request
+            await env.step("a", 1, Action(content="x"))
+
+    with serving(EnvServer(env_side, secret=SECRET).app) as url:
+        asyncio.run(main(url))
+
+
+def test_the_circuit_breaker_opens_on_a_dead_server_and_recovers() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env_side = Scripted()
+
+    async def down(env: WebhookEnvironment) -> None:
+        for _ in range(3):
+            with pytest.raises(WebhookUnavailable, match="ConnectError"):
+                await env.reset("e", 0, {})
+        started = time.monotonic()
+        with pytest.raises(CircuitOpen, match="3 consecutive failures"):
+            await env.reset("e", 0, {})
+        assert time.monotonic() - started < 0.05 and env.breaker.state == "open"
+
+    async def up(env: WebhookEnvironment) -> None:
+        await asyncio.sleep(0.3)  # the cool-down
+        reset = await env.reset("e", 0, {})  # the half-open probe succeeds
+        assert reset.messages and env.breaker.state == "closed"
+
+    env = client(url, retries=0, breaker_failures=3, breaker_cooldown_s=0.3, failure_budget_min=10)
+    asyncio.run(down(env))
+    with serving(EnvServer(env_side, secret=SECRET).app, port=port):
+        asyncio.run(up(env))
+
+
+def test_max_concurrency_caps_requests_in_flight() -> None:
+    env_side = Scripted(step_delays=[0.1] * 6)
+
+    async def main(url: str) -> None:
+        env = client(url, concurrency=2)
+
+        async def one(i: int) -> None:
+            await env.reset(f"e{i}", i, {})
+            await env.step(f"e{i}", 1, Action(content="x"))
+
+        async with asyncio.TaskGroup() as tg:
+            for i in range(6):
+                tg.create_task(one(i))
+
+    with serving(EnvServer(env_side, secret=SECRET).app) as url:
+        asyncio.run(main(url))
+    assert env_side.max_in_flight == 2
+
+
+def test_breaker_state_machine_with_a_fake_clock() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(2, 10.0, clock=lambda: now[0])
+    breaker.record_failure()
+    assert breaker.allow()
+    breaker.record_failure()
+    assert breaker.state == "open" and not breaker.allow()
+    now[0] = 10.0
+    assert breaker.allow() and breaker.state == "half_open"
+    assert not breaker.allow()  # one probe at a time
+    breaker.record_failure()  # the probe failed: open for another cool-down
+    assert breaker.state == "open" and not breaker.allow()
+    now[0] = 20.0
+    assert breaker.allow()
+    breaker.record_success()
+    assert breaker.state == "closed" and breaker.allow()
+
+
+def test_budget_counts_each_episode_once_and_backoff_is_bounded() -> None:
+    budget = FailureBudget(0.25, 1)
+    for _ in range(8):
+        budget.start()
+    budget.fail("a", "x")
+    budget.fail("a", "y")
+    budget.fail("b", "z")
+    assert (budget.failed, budget.allowed, budget.exhausted) == (2, 2, False)
+    budget.fail("c", "w")
+    assert budget.exhausted and budget.last_error == "w"
+    import random
+
+    rng = random.Random(0)
+    delays = [backoff_s(a, 0.1, 1.0, rng) for a in range(8)]
+    assert all(0.05 <= d <= 0.1 for d in delays[:1]) and max(delays) <= 1.0
+    assert min(delays[4:]) >= 0.5  # capped at 1.0, half of it fixed
