@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app.api import callbacks, environments, health, internal, limits, prometheus, runs
+from app.api import callbacks, dashboard, environments, health, internal, limits, prometheus, runs
 from app.api.deps import AppState
 from app.crypto import SecretBox
 from app.db.session import make_engine, make_sessionmaker
@@ -75,6 +75,9 @@ def create_app(
     app.include_router(callbacks.internal_router)
     app.include_router(limits.router)
     app.include_router(prometheus.router)
+    # The dashboard last: its /static mount must not shadow any API route.
+    app.include_router(dashboard.router)
+    app.mount("/static", dashboard.static_files(), name="static")
     app.add_exception_handler(AppError, _render_app_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _render_validation_error)  # type: ignore[arg-type]
     # Added last = outermost: the request id and metrics also cover 413s from the body limit.
