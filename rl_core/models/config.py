@@ -1,16 +1,27 @@
-"""Model hyper-parameters: one frozen, keyword-only dataclass with named presets."""
+"""Model hyper-parameters: one frozen, keyword-only dataclass with named presets.
+
+The same `ModelConfig` describes the random-init presets (``tiny``, ``small``) and the
+Llama / Qwen2 / Qwen3 checkpoints the loaders read (`ModelConfig.from_arch`): the features
+that tell those families apart are flags (``qkv_bias`` for Qwen2, ``qk_norm`` for Qwen3,
+``tie_embeddings``, an explicit ``head_dim``, a RoPE scaling variant).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from rl_core.checkpoints.hf_config import Architecture, RopeScaling
+
+if TYPE_CHECKING:
+    from rl_core.checkpoints.hf_config import ArchConfig
 
 DType = Literal["float32", "bfloat16"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """A Llama-family decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU, tied embeddings."""
+    """A Llama-family decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
 
     vocab_size: int
     d_model: int
@@ -19,9 +30,16 @@ class ModelConfig:
     n_kv_heads: int
     head_dim: int
     d_ff: int
+    # The context the model was trained for; dynamic and YaRN RoPE scale relative to it.
     max_seq_len: int = 2048
     rope_theta: float = 10_000.0
+    rope_scaling: RopeScaling | None = None
     norm_eps: float = 1e-6
+    qkv_bias: bool = False  # Qwen2: biases on q/k/v (never on o)
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm of queries and keys before RoPE
+    tie_embeddings: bool = True  # logits = h @ E.T; else a separate lm_head
+    # Which Hugging Face family this is, for export; the maths follows the flags above.
+    architecture: Architecture = "llama"
     # Small embedding init keeps a random-init policy close to uniform over the
     # vocabulary (tied logits are h @ E.T), so RL starts by exploring.
     embed_init_std: float = 0.02
@@ -34,6 +52,28 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+
+    @classmethod
+    def from_arch(cls, arch: ArchConfig, *, dtype: DType = "float32") -> ModelConfig:
+        """The model config of a loaded checkpoint's `ArchConfig`."""
+        return cls(
+            vocab_size=arch.vocab_size,
+            d_model=arch.hidden_size,
+            n_layers=arch.num_layers,
+            n_heads=arch.num_heads,
+            n_kv_heads=arch.num_kv_heads,
+            head_dim=arch.head_dim,
+            d_ff=arch.intermediate_size,
+            max_seq_len=arch.max_position_embeddings,
+            rope_theta=arch.rope_theta,
+            rope_scaling=arch.rope_scaling,
+            norm_eps=arch.rms_norm_eps,
+            qkv_bias=arch.attention_bias,
+            qk_norm=arch.qk_norm,
+            tie_embeddings=arch.tie_word_embeddings,
+            architecture=arch.architecture,
+            dtype=dtype,
+        )
 
     @classmethod
     def tiny(cls, *, vocab_size: int | None = None, **overrides: object) -> ModelConfig:

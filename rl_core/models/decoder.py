@@ -1,4 +1,4 @@
-"""The decoder-only transformer: embeddings, blocks, final norm, tied output projection."""
+"""The decoder-only transformer: embeddings, blocks, final norm, tied or separate output head."""
 
 from __future__ import annotations
 
@@ -12,25 +12,36 @@ from rl_core.models.layers import Block, RMSNorm
 
 
 class Model(nnx.Module):
-    """A Llama-family decoder. ``Model(ModelConfig.tiny(), rngs=nnx.Rngs(0))``.
+    """A Llama / Qwen2 / Qwen3 decoder. ``Model(ModelConfig.tiny(), rngs=nnx.Rngs(0))``.
 
-    Called on token ids and their positions; with a `KVCache` it writes this
-    call's keys and values at ``cache.cursor`` and attends to every valid slot
-    up to each query's own slot (prefill and decode are the same call).
+    Without a cache it is a plain causal forward (training; ``valid`` masks key padding).
+    With a `KVCache` each row writes this call's keys and values from its own
+    ``cache.lengths[b]`` on and attends to every slot up to each query's own; ``valid``
+    (right padding: real tokens first) says how far each row's length advances.
+    Prefill and decode are the same call.
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs) -> None:
         self.config = config
+        dtype = jnp.dtype(config.dtype)
         init = jax.nn.initializers.normal(stddev=config.embed_init_std)
         self.embed = nnx.Embed(
-            config.vocab_size,
-            config.d_model,
-            dtype=jnp.dtype(config.dtype),
-            embedding_init=init,
-            rngs=rngs,
+            config.vocab_size, config.d_model, dtype=dtype, embedding_init=init, rngs=rngs
         )
         self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
         self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps, rngs=rngs)
+        self.lm_head = (
+            None
+            if config.tie_embeddings
+            else nnx.Linear(
+                config.d_model,
+                config.vocab_size,
+                use_bias=False,
+                dtype=dtype,
+                kernel_init=init,
+                rngs=rngs,
+            )
+        )
 
     def __call__(
         self,
@@ -46,28 +57,31 @@ class Model(nnx.Module):
         if cache is None:
             causal = jnp.tril(jnp.ones((t, t), bool))
             mask = causal[None] & valid[:, None, :]  # [B, T, T]
-            slot_valid, index = None, None
+            start = None
         else:
-            index = cache.cursor
-            slot_valid = jax.lax.dynamic_update_slice(cache.valid, valid, (0, index))  # [B, S]
-            query_slot = index + jnp.arange(t)  # [T]
-            visible = jnp.arange(cache.length)[None, :] <= query_slot[:, None]  # [T, S]
-            mask = visible[None] & slot_valid[:, None, :]  # [B, T, S]
+            start = cache.lengths  # [B]
+            query_slot = start[:, None] + jnp.arange(t)[None, :]  # [B, T]
+            mask = jnp.arange(cache.length)[None, None, :] <= query_slot[:, :, None]  # [B, T, S]
 
         x = self.embed(tokens)  # [B, T, D]
         new_keys, new_values = [], []
         for i, block in enumerate(self.blocks):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, kv = block(x, positions, mask, kv, index)
+            x, kv = block(x, positions, mask, kv, start)
             if kv is not None:
                 new_keys.append(kv[0])
                 new_values.append(kv[1])
-        logits = self.embed.attend(self.final_norm(x)).astype(jnp.float32)  # [B, T, V]
+        logits = self.logits(self.final_norm(x))
 
         if cache is None:
             return logits, None
-        assert slot_valid is not None and index is not None
-        return logits, KVCache(tuple(new_keys), tuple(new_values), slot_valid, index + t)
+        assert start is not None
+        lengths = start + jnp.sum(valid, axis=1, dtype=jnp.int32)
+        return logits, KVCache(tuple(new_keys), tuple(new_values), lengths)
+
+    def logits(self, h: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T, V] float32
+        out = self.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+        return out.astype(jnp.float32)
 
     def init_cache(self, batch: int, length: int) -> KVCache:
         return KVCache.empty(self.config, batch, length)

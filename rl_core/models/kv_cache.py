@@ -1,10 +1,11 @@
 """The KV cache: a plain pytree carried in and out of jitted prefill and decode.
 
-All sequences of a batch share one write index, because prompts are
-left-padded to the same bucket length: the last prompt token of every row sits
-at the same slot, and each decode step writes one slot for all rows, at ``cursor``. Which
-slots hold real tokens is tracked per row in ``valid``; RoPE uses each row's
-true positions, so padding changes nothing but the memory used.
+Every row (a slot of the rollout engine's batch) is at its own length: row ``b`` holds
+keys and values for positions ``0 .. lengths[b] - 1`` in slots of the same index, and the
+next call writes its tokens from slot ``lengths[b]`` on. Sequences of different lengths
+therefore share one fixed-shape cache, and a finished row can be refilled by a new request
+while the others keep decoding (continuous batching). Slots past a row's length hold stale
+values that no query can see.
 """
 
 from __future__ import annotations
@@ -20,21 +21,23 @@ from rl_core.models.config import ModelConfig
 class KVCache(NamedTuple):
     keys: tuple[jax.Array, ...]  # per layer [B, S, Hkv, Dh]
     values: tuple[jax.Array, ...]  # per layer [B, S, Hkv, Dh]
-    valid: jax.Array  # [B, S] bool: the slot holds a real token
-    cursor: jax.Array  # [] int32: the next slot to write
+    lengths: jax.Array  # [B] int32: tokens held per row; the next write goes there
 
     @classmethod
     def empty(cls, config: ModelConfig, batch: int, length: int) -> KVCache:
         dtype = jnp.dtype(config.dtype)
         shape = (batch, length, config.n_kv_heads, config.head_dim)
-        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers))
+        # Distinct buffers per layer and for keys and values: the engine donates them.
         return cls(
-            keys=zeros,
-            values=zeros,
-            valid=jnp.zeros((batch, length), bool),
-            cursor=jnp.zeros((), jnp.int32),
+            keys=tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers)),
+            values=tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers)),
+            lengths=jnp.zeros((batch,), jnp.int32),
         )
 
     @property
+    def rows(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
     def length(self) -> int:
-        return int(self.valid.shape[1])
+        return int(self.keys[0].shape[1])

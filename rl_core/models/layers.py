@@ -1,4 +1,4 @@
-"""Building blocks of the decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+"""Building blocks of the decoder: RMSNorm, grouped-query attention, SwiGLU, the block."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_core.models.config import ModelConfig
+from rl_core.models.rope import Rope
 
-# A finite "minus infinity": a query whose keys are all masked (a left-pad
-# slot) gets a uniform softmax instead of NaNs that would leak into gradients.
+# A finite "minus infinity": a query whose keys are all masked (a padding slot)
+# gets a uniform softmax instead of NaNs that would leak into gradients.
 _MASKED = -1e30
 
 
@@ -27,38 +28,50 @@ class RMSNorm(nnx.Module):
         return (normed * self.scale[...]).astype(x.dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding (Su et al., 2021), "rotate half" layout as in Llama.
+def rope_of(config: ModelConfig) -> Rope:
+    return Rope.build(
+        theta=config.rope_theta,
+        head_dim=config.head_dim,
+        scaling=config.rope_scaling,
+        max_seq_len=config.max_seq_len,
+    )
 
-    x: [B, T, H, Dh]; positions: [B, T] int. Pairs (x_i, x_{i+Dh/2}) are rotated
-    by positions * theta^(-2i/Dh).
-    """
-    half = x.shape[-1] // 2
-    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [Dh/2]
-    angles = positions.astype(jnp.float32)[..., None] * freqs  # [B, T, Dh/2]
-    cos = jnp.cos(angles)[:, :, None, :]  # [B, T, 1, Dh/2]
-    sin = jnp.sin(angles)[:, :, None, :]
-    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return rotated.astype(x.dtype)
+
+def write_rows(
+    cache: jax.Array,  # [B, S, Hkv, Dh]
+    new: jax.Array,  # [B, T, Hkv, Dh]
+    start: jax.Array,  # [B] int32: the slot of each row's first new token
+) -> jax.Array:  # [B, S, Hkv, Dh]
+    """Write each row's new keys (or values) at its own offset: rows are at different lengths."""
+
+    def one(c: jax.Array, n: jax.Array, i: jax.Array) -> jax.Array:
+        return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (i, 0, 0))
+
+    return jax.vmap(one)(cache, new, start)
 
 
 class Attention(nnx.Module):
-    """Grouped-query attention: n_heads query heads share n_kv_heads key/value heads."""
+    """Grouped-query attention: n_heads query heads share n_kv_heads key/value heads.
+
+    Optional q/k/v biases (Qwen2) and per-head RMSNorm of queries and keys before RoPE
+    (Qwen3); scores are scaled by 1/sqrt(head_dim) and computed in float32.
+    """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs) -> None:
         c = config
         dtype = jnp.dtype(c.dtype)
 
-        def linear(din: int, dout: int) -> nnx.Linear:
-            return nnx.Linear(din, dout, use_bias=False, dtype=dtype, rngs=rngs)
+        def linear(din: int, dout: int, bias: bool) -> nnx.Linear:
+            return nnx.Linear(din, dout, use_bias=bias, dtype=dtype, rngs=rngs)
 
-        self.q = linear(c.d_model, c.n_heads * c.head_dim)
-        self.k = linear(c.d_model, c.n_kv_heads * c.head_dim)
-        self.v = linear(c.d_model, c.n_kv_heads * c.head_dim)
-        self.o = linear(c.n_heads * c.head_dim, c.d_model)
+        self.q = linear(c.d_model, c.n_heads * c.head_dim, c.qkv_bias)
+        self.k = linear(c.d_model, c.n_kv_heads * c.head_dim, c.qkv_bias)
+        self.v = linear(c.d_model, c.n_kv_heads * c.head_dim, c.qkv_bias)
+        self.o = linear(c.n_heads * c.head_dim, c.d_model, False)
+        self.q_norm = RMSNorm(c.head_dim, eps=c.norm_eps, rngs=rngs) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, eps=c.norm_eps, rngs=rngs) if c.qk_norm else None
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
-        self.rope_theta = c.rope_theta
+        self.rope = rope_of(c)
 
     def __call__(
         self,
@@ -66,19 +79,19 @@ class Attention(nnx.Module):
         positions: jax.Array,  # [B, T]
         mask: jax.Array,  # [B, T, S] bool: query t may attend key slot s
         kv: tuple[jax.Array, jax.Array] | None = None,  # cache [B, S, Hkv, Dh] x2
-        index: jax.Array | None = None,  # [] slot where this call's keys are written
+        start: jax.Array | None = None,  # [B] slot where each row's new keys are written
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:  # [B, T, D], updated cache
         b, t, _ = x.shape
         q = self.q(x).reshape(b, t, self.n_heads, self.head_dim)
         k = self.k(x).reshape(b, t, self.n_kv_heads, self.head_dim)
         v = self.v(x).reshape(b, t, self.n_kv_heads, self.head_dim)
-        q = apply_rope(q, positions, self.rope_theta)
-        k = apply_rope(k, positions, self.rope_theta)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = self.rope(q, positions)
+        k = self.rope(k, positions)
         if kv is not None:
-            assert index is not None
-            start = (0, index, 0, 0)
-            k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
-            v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
+            assert start is not None
+            k, v = write_rows(kv[0], k, start), write_rows(kv[1], v, start)
             kv = (k, v)
         groups = self.n_heads // self.n_kv_heads
         q = q.reshape(b, t, self.n_kv_heads, groups, self.head_dim)  # [B, T, Hkv, G, Dh]
@@ -119,8 +132,8 @@ class Block(nnx.Module):
         positions: jax.Array,  # [B, T]
         mask: jax.Array,  # [B, T, S]
         kv: tuple[jax.Array, jax.Array] | None = None,
-        index: jax.Array | None = None,
+        start: jax.Array | None = None,  # [B]
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        h, kv = self.attn(self.attn_norm(x), positions, mask, kv, index)
+        h, kv = self.attn(self.attn_norm(x), positions, mask, kv, start)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), kv

@@ -17,11 +17,27 @@ def filter_logits(
     Logits are divided by the temperature, then everything below the k-th
     largest is cut (ties at the threshold are kept), then the smallest set of
     tokens whose probability reaches ``top_p`` is kept (Holtzman et al., 2019).
-    The parameters are traced arrays, so changing them never recompiles.
+    The parameters are traced arrays, so changing them never recompiles. When no row
+    filters, the sort over the vocabulary (most of a small model's sampling time) is
+    skipped at run time.
     """
-    vocab = logits.shape[-1]
     temp = jnp.where(temperature > 0, temperature, 1.0)[:, None]
     scaled = logits / temp
+    filtering = jnp.any((top_k > 0) | (top_p < 1.0))
+    return jax.lax.cond(
+        filtering,
+        lambda s: _top_k_top_p(s, top_k, top_p),
+        lambda s: jax.nn.log_softmax(s, axis=-1),
+        scaled,
+    )
+
+
+def _top_k_top_p(
+    scaled: jax.Array,  # [B, V] temperature-scaled logits
+    top_k: jax.Array,  # [B]
+    top_p: jax.Array,  # [B]
+) -> jax.Array:  # [B, V] log-probabilities, -inf where cut
+    vocab = scaled.shape[-1]
     desc = -jnp.sort(-scaled, axis=-1)  # [B, V], largest first
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     kth = jnp.take_along_axis(desc, (k - 1)[:, None], axis=-1)  # [B, 1]
@@ -29,7 +45,8 @@ def filter_logits(
     desc = jnp.where(desc >= kth, desc, -jnp.inf)
     probs = jax.nn.softmax(desc, axis=-1)
     before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted token
-    keep = before < top_p[:, None]  # the first token is always kept
+    # The first token is always kept; top_p 1 keeps all even where the cumsum rounds to 1.
+    keep = (before < top_p[:, None]) | (top_p[:, None] >= 1.0)
     cutoff = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)  # [B, 1]
     scaled = jnp.where(scaled >= cutoff, scaled, -jnp.inf)
     return jax.nn.log_softmax(scaled, axis=-1)

@@ -34,16 +34,15 @@ def test_embeddings_are_tied(tiny_model: Model) -> None:
 
 
 def test_prefill_then_decode_matches_full_forward(tiny_model: Model) -> None:
-    """Left-padded prefill of two prompts, then one token at a time, vs. a plain forward."""
+    """Two rows at different lengths in one cache, one token at a time, vs. a plain forward."""
     rng = np.random.default_rng(0)
     seqs = [rng.integers(3, 100, size=9) for _ in range(2)]
     lengths, bucket, extra = [4, 3], 6, 5  # prompt lengths, padded prompt length, new tokens
     tokens = np.zeros((2, bucket), np.int32)
-    valid = np.zeros((2, bucket), bool)
     for i, (s, n) in enumerate(zip(seqs, lengths, strict=True)):
-        tokens[i, bucket - n :] = s[:n]
-        valid[i, bucket - n :] = True
-    positions = np.maximum(np.cumsum(valid, axis=1) - 1, 0)
+        tokens[i, :n] = s[:n]  # right-padded: each row's real tokens start at slot 0
+    valid = np.arange(bucket)[None, :] < np.asarray(lengths)[:, None]
+    positions = np.broadcast_to(np.arange(bucket), (2, bucket))
     # Jitted only to keep the test fast; eager gives the same numbers.
     cached = nnx.jit(lambda m, t, p, v, c: m(t, p, valid=v, cache=c))
     full_forward = nnx.jit(lambda m, t: m(t, jnp.arange(t.shape[1])[None])[0])
@@ -51,13 +50,13 @@ def test_prefill_then_decode_matches_full_forward(tiny_model: Model) -> None:
     logits, cache = cached(
         tiny_model, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(valid), cache
     )
-    got = [[logits[i, -1]] for i in range(2)]
+    assert cache is not None and cache.lengths.tolist() == lengths
+    got = [[logits[i, lengths[i] - 1]] for i in range(2)]
     for t in range(extra - 1):
         step_tok = np.array([[seqs[i][lengths[i] + t]] for i in range(2)], np.int32)
-        step_pos = np.array([[lengths[i] + t] for i in range(2)], np.int32)
-        step_valid = jnp.ones((2, 1), bool)
+        step_pos = np.asarray(cache.lengths)[:, None]
         out, cache = cached(
-            tiny_model, jnp.asarray(step_tok), jnp.asarray(step_pos), step_valid, cache
+            tiny_model, jnp.asarray(step_tok), jnp.asarray(step_pos), jnp.ones((2, 1), bool), cache
         )
         for i in range(2):
             got[i].append(out[i, 0])

@@ -1,0 +1,254 @@
+"""Continuous batching on the host: slots of a fixed-shape batch, filled and emptied per step.
+
+A `Scheduler` owns one KV cache of ``rows x length`` slots and the requests in them. Each
+`step` first admits waiting requests into free slots (one batched prefill), then decodes
+one token for every running slot; a request that hits a stop token or its token limit
+leaves at once, and its slot is free for the next step. The cache's shape moves between a
+few buckets (rows from ``EngineConfig.batch_buckets``, length a power of two) as the load
+changes, so the programs compiled stay few.
+
+Not thread-safe: one thread (the engine's device thread) drives a scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl_core.models.config import ModelConfig
+from rl_core.models.kv_cache import KVCache
+from rl_core.rollout import steps
+from rl_core.rollout.base import Completion, SamplingParams
+
+
+def next_bucket(n: int, minimum: int) -> int:
+    """The smallest power of two >= max(n, minimum)."""
+    size = max(n, minimum, 1)
+    return 1 << (size - 1).bit_length()
+
+
+@dataclasses.dataclass
+class Request:
+    """One prompt to continue; ``future`` is set when an asyncio caller waits on it."""
+
+    prompt: Sequence[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    seed: int
+    future: asyncio.Future[Completion] | None = None
+
+
+@dataclasses.dataclass
+class _Running:
+    request: Request
+    version: int  # the policy that sampled its first token
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class SchedulerStats:
+    prefill_calls: int = 0
+    decode_steps: int = 0
+    admitted: int = 0
+    resizes: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        graphdef: Any,
+        model_config: ModelConfig,
+        *,
+        policy: Callable[[], tuple[Any, int]],
+        stop_ids: tuple[int, ...],
+        pad_id: int,
+        row_buckets: tuple[int, ...],
+        min_prompt_bucket: int,
+        min_cache_bucket: int,
+        max_cache_len: int,
+        stats: SchedulerStats | None = None,
+    ) -> None:
+        self._graphdef, self._model_config, self._policy = graphdef, model_config, policy
+        self._stop = frozenset(stop_ids)
+        self._pad_id = pad_id
+        self._row_buckets = tuple(sorted(row_buckets))
+        self._min_prompt, self._min_cache = min_prompt_bucket, min_cache_bucket
+        self.max_cache_len = max_cache_len
+        self.waiting: deque[Request] = deque()
+        self.slots: list[_Running | None] = []
+        self.cache: KVCache | None = None
+        self.stats = stats if stats is not None else SchedulerStats()
+
+    @property
+    def max_rows(self) -> int:
+        return self._row_buckets[-1]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting) or any(s is not None for s in self.slots)
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def step(self) -> list[tuple[Request, Completion]]:
+        """Admit what fits, then decode one token for every running slot; return what finished."""
+        self._drop_abandoned()
+        finished = self._admit()
+        if any(s is not None for s in self.slots):
+            finished += self._decode()
+        return finished
+
+    def fail_all(self) -> list[Request]:
+        """Empty the scheduler (after a device error); return every request it held."""
+        held = [s.request for s in self.slots if s is not None] + list(self.waiting)
+        self.waiting.clear()
+        self.slots, self.cache = [], None
+        return held
+
+    # admission -----------------------------------------------------------------------
+
+    def _admit(self) -> list[tuple[Request, Completion]]:
+        running = [s for s in self.slots if s is not None]
+        joining = list(self.waiting)[: self.max_rows - len(running)]
+        need_rows = len(running) + len(joining)
+        need_len = max([_need(s.request) for s in running] + [_need(r) for r in joining], default=0)
+        longest = max((len(r.prompt) for r in joining), default=1)
+        prompt_bucket = next_bucket(longest, self._min_prompt)
+        rows = next(b for b in self._row_buckets if b >= max(need_rows, 1))
+        length = min(next_bucket(max(need_len, prompt_bucket), self._min_cache), self.max_cache_len)
+        length = max(length, prompt_bucket, need_len)
+        if self.cache is None or (rows, length) != (self.cache.rows, self.cache.length):
+            self._resize(rows, length)
+        if not joining:
+            return []
+        for _ in joining:
+            self.waiting.popleft()
+        return self._prefill(joining, prompt_bucket)
+
+    def _prefill(self, joining: list[Request], p: int) -> list[tuple[Request, Completion]]:
+        assert self.cache is not None
+        state, version = self._policy()
+        k = next_bucket(len(joining), 1)
+        tokens = np.full((k, p), self._pad_id, np.int32)
+        lengths = np.ones((k,), np.int32)  # padding rows: one pad token, dropped on insert
+        free = [i for i, s in enumerate(self.slots) if s is None]
+        slots = np.full((k,), self.cache.rows, np.int32)
+        for j, r in enumerate(joining):
+            tokens[j, : len(r.prompt)] = r.prompt
+            lengths[j] = len(r.prompt)
+            slots[j] = free[j]
+        sampling, seeds = _sampling_arrays(joining, k)
+        prompt, first, logprob = steps.prefill(
+            self._graphdef, state, tokens, lengths, sampling, seeds
+        )
+        self.cache = steps.insert(self.cache, prompt, jnp.asarray(slots))
+        self.stats.prefill_calls += 1
+        self.stats.admitted += len(joining)
+        first_h, logprob_h = jax.device_get((first, logprob))
+        for j, r in enumerate(joining):
+            self.slots[free[j]] = _Running(r, version)
+        return self._record([(free[j], first_h[j], logprob_h[j]) for j in range(len(joining))])
+
+    # decoding ------------------------------------------------------------------------
+
+    def _decode(self) -> list[tuple[Request, Completion]]:
+        assert self.cache is not None
+        state, _ = self._policy()
+        rows = self.cache.rows
+        last = np.zeros((rows,), np.int32)
+        counts = np.zeros((rows,), np.int32)
+        active = np.zeros((rows,), bool)
+        requests: list[Request | None] = [None] * rows
+        for i, s in enumerate(self.slots):
+            if s is not None:
+                last[i], counts[i], active[i] = s.tokens[-1], len(s.tokens), True
+                requests[i] = s.request
+        sampling, seeds = _sampling_arrays(requests, rows)
+        self.cache, token, logprob = steps.decode(
+            self._graphdef, state, self.cache, last, active, sampling, seeds, counts
+        )
+        self.stats.decode_steps += 1
+        token_h, logprob_h = jax.device_get((token, logprob))
+        return self._record([(i, token_h[i], logprob_h[i]) for i in np.flatnonzero(active)])
+
+    def _record(self, sampled: list[tuple[int, Any, Any]]) -> list[tuple[Request, Completion]]:
+        done = []
+        for slot, token, logprob in sampled:
+            s = self.slots[slot]
+            assert s is not None
+            s.tokens.append(int(token))
+            s.logprobs.append(float(logprob))
+            stopped = int(token) in self._stop
+            if stopped or len(s.tokens) >= s.request.max_new_tokens:
+                self.slots[slot] = None
+                done.append(
+                    (
+                        s.request,
+                        Completion(
+                            tokens=s.tokens,
+                            logprobs=s.logprobs,
+                            finish_reason="stop" if stopped else "length",
+                            policy_version=s.version,
+                        ),
+                    )
+                )
+        return done
+
+    def _drop_abandoned(self) -> None:
+        # A caller that timed out no longer waits: free its slot instead of decoding on.
+        for i, s in enumerate(self.slots):
+            if s is not None and s.request.future is not None and s.request.future.done():
+                self.slots[i] = None
+
+    # shapes --------------------------------------------------------------------------
+
+    def _resize(self, rows: int, length: int) -> None:
+        """Move the running slots into a cache of ``rows x length`` (compacted to the front)."""
+        running = [s for s in self.slots if s is not None]
+        assert len(running) <= rows
+        fresh = KVCache.empty(self._model_config, rows, length)
+        if self.cache is not None and running:
+            old = [i for i, s in enumerate(self.slots) if s is not None]
+            index = jnp.asarray(old, jnp.int32)
+            keep = min(length, self.cache.length)
+            fresh = steps.insert(
+                fresh,
+                KVCache(
+                    tuple(k[index, :keep] for k in self.cache.keys),
+                    tuple(v[index, :keep] for v in self.cache.values),
+                    self.cache.lengths[index],
+                ),
+                jnp.arange(len(old), dtype=jnp.int32),
+            )
+        self.cache = fresh
+        self.slots = [*running, *([None] * (rows - len(running)))]
+        self.stats.resizes += 1
+
+
+def _need(request: Request) -> int:
+    # The last sampled token is never fed back, so it takes no cache slot.
+    return len(request.prompt) + request.max_new_tokens - 1
+
+
+def _sampling_arrays(
+    requests: list[Request] | list[Request | None], rows: int
+) -> tuple[steps.Sampling, np.ndarray]:
+    temperature = np.ones((rows,), np.float32)
+    top_k = np.zeros((rows,), np.int32)
+    top_p = np.ones((rows,), np.float32)
+    seeds = np.zeros((rows,), np.uint32)
+    for i, r in enumerate(requests):
+        if r is not None:
+            temperature[i] = r.sampling.temperature
+            top_k[i] = r.sampling.top_k
+            top_p[i] = r.sampling.top_p
+            seeds[i] = r.seed % (1 << 32)
+    return (temperature, top_k, top_p), seeds
