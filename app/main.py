@@ -16,7 +16,19 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app.api import callbacks, dashboard, environments, health, internal, limits, prometheus, runs
+from app.api import (
+    callbacks,
+    dashboard,
+    environments,
+    health,
+    ingest,
+    internal,
+    limits,
+    prometheus,
+    results,
+    runs,
+    stream,
+)
 from app.api.deps import AppState
 from app.crypto import SecretBox
 from app.db.session import make_engine, make_sessionmaker
@@ -25,6 +37,7 @@ from app.errors import AppError
 from app.limits import BodyLimitMiddleware, Limiter
 from app.observability import Observability, ObservabilityMiddleware, configure_logging
 from app.services.leases import reap_expired_leases
+from app.services.stream import live_updates
 from app.settings import Settings
 from app.urlcheck import Allowlist
 
@@ -56,6 +69,12 @@ def create_app(
             limits=Limiter(conf),
         )
         app.state.rlaas = app_state
+        live = contextlib.AsyncExitStack()
+        app.state.fanout = await live.enter_async_context(
+            live_updates(
+                app_state.sessions, conf.resolved_database_url(), resync_s=conf.stream_resync_s
+            )
+        )
         reaper = asyncio.create_task(_reap_forever(app_state), name="lease-reaper")
         try:
             yield
@@ -63,6 +82,7 @@ def create_app(
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
+            await live.aclose()
             sender.close()
             await engine.dispose()
 
@@ -70,6 +90,9 @@ def create_app(
     app.include_router(health.router)
     app.include_router(runs.router)
     app.include_router(internal.router)
+    app.include_router(ingest.router)
+    app.include_router(results.router)
+    app.include_router(stream.router)
     app.include_router(environments.router)
     app.include_router(callbacks.router)
     app.include_router(callbacks.internal_router)

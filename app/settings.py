@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     task_queue: str = "cpu"
     reaper_interval_s: float = 5.0
     max_attempts: int = 3
+    # Seconds of quiet before a metrics stream sends a keep-alive comment.
+    stream_keepalive_s: float = 15.0
+    # A stream's feed reads the database this often even without a note (a lost NOTIFY).
+    stream_resync_s: float = 5.0
     # Webhook URLs a tenant may register (app.urlcheck documents the entries). Unset:
     # "public" on a server; "public,loopback" on the embedded default.
     env_url_allowlist: str | None = None

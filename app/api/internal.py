@@ -15,6 +15,7 @@ from app.schemas import (
     StatusBody,
     StatusRead,
 )
+from app.schemas.results import CheckpointRef
 from app.services import environments
 from app.services import workers as service
 
@@ -27,6 +28,12 @@ async def claim(
 ) -> ClaimRead:
     run = await service.claim(session, run_id, body.worker_id, body.lease_seconds)
     assert run.lease_expires_at is not None
+    newest = await service.newest_checkpoint(session, run.id)
+    checkpoint = (
+        None
+        if newest is None
+        else CheckpointRef(step=newest.step, uri=newest.uri, size_bytes=newest.size_bytes)
+    )
     return ClaimRead(
         run_id=run.id,
         spec=run.spec,
@@ -34,15 +41,21 @@ async def claim(
         lease_expires_at=run.lease_expires_at,
         resume_step=run.current_step,
         environment=await environments.grant_for_run(session, run, app_state.secrets),
+        checkpoint=checkpoint,
     )
 
 
 @router.post("/{run_id}/heartbeat", response_model=HeartbeatRead)
 async def heartbeat(run_id: str, body: HeartbeatBody, session: SessionDep) -> HeartbeatRead:
-    run = await service.heartbeat(session, run_id, body.worker_id, body.lease_seconds)
+    inflight = body.inflight.model_dump(mode="json") if body.inflight is not None else None
+    run, profile_steps = await service.heartbeat(
+        session, run_id, body.worker_id, body.lease_seconds, inflight
+    )
     assert run.lease_expires_at is not None
     return HeartbeatRead(
-        cancel_requested=run.cancel_requested, lease_expires_at=run.lease_expires_at
+        cancel_requested=run.cancel_requested,
+        lease_expires_at=run.lease_expires_at,
+        profile_steps=profile_steps,
     )
 
 

@@ -66,8 +66,13 @@ async def cancel_run(run_id: str, session: SessionDep, tenant_id: TenantDep) -> 
 
 
 @router.get("/{run_id}/events", response_model=EventPage)
-async def list_events(run_id: str, session: SessionDep, tenant_id: TenantDep) -> EventPage:
-    events = await service.list_events(session, tenant_id, run_id)
+async def list_events(
+    run_id: str,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    after: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+) -> EventPage:
+    events = await service.list_events(session, tenant_id, run_id, after=after)
     return EventPage(items=[EventRead.model_validate(e) for e in events])
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from app.schemas._base import Body, Timestamp
 from app.schemas.environments import EnvironmentGrant
+from app.schemas.results import INT32, CheckpointRef, InflightIn
 
 
 class ClaimBody(Body):
@@ -24,16 +25,19 @@ class ClaimRead(BaseModel):
     resume_step: int
     # The registered webhook environment the spec names (secret decrypted), or None.
     environment: EnvironmentGrant | None = None
+    checkpoint: CheckpointRef | None = None  # the newest checkpoint: where to resume from
 
 
 class HeartbeatBody(Body):
     worker_id: str = Field(min_length=1, max_length=200)
     lease_seconds: float = Field(default=60.0, gt=0, le=3600)
+    inflight: InflightIn | None = None  # what the run waits on now (GET /v1/runs/{id}/inflight)
 
 
 class HeartbeatRead(BaseModel):
     cancel_requested: bool
     lease_expires_at: Timestamp
+    profile_steps: int | None = None  # profile the next N steps; handed out once
 
 
 class StatusBody(Body):
@@ -47,7 +51,7 @@ class StatusRead(BaseModel):
 
 
 class PointIn(Body):
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=INT32)
     name: str = Field(min_length=1, max_length=200)
     value: float
 
@@ -61,7 +65,7 @@ class PointIn(Body):
 
 class MetricsBody(Body):
     worker_id: str = Field(min_length=1, max_length=200)
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=2**63 - 1)
     points: list[PointIn] = Field(max_length=100_000)
 
 

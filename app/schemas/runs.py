@@ -38,6 +38,7 @@ class RunPage(BaseModel):
 
 
 class EventRead(BaseModel):
+    id: int  # increasing; GET .../events?after=<id> returns the later ones
     from_status: str | None
     to_status: str
     reason: str | None

@@ -155,13 +155,15 @@ async def cancel_run(session: AsyncSession, tenant_id: str, run_id: str) -> Run:
     return run
 
 
-async def list_events(session: AsyncSession, tenant_id: str, run_id: str) -> list[RunEvent]:
+async def list_events(
+    session: AsyncSession, tenant_id: str, run_id: str, *, after: int | None = None
+) -> list[RunEvent]:
+    """The run's transitions, oldest first; ``after``: only those with a greater id."""
     await get_run(session, tenant_id, run_id)
-    return list(
-        await session.scalars(
-            select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
-        )
-    )
+    query = select(RunEvent).where(RunEvent.run_id == run_id)
+    if after is not None:
+        query = query.where(RunEvent.id > after)
+    return list(await session.scalars(query.order_by(RunEvent.id)))
 
 
 async def query_metrics(

@@ -134,10 +134,10 @@ async def metrics_events(
 
 @contextlib.asynccontextmanager
 async def live_updates(
-    sessions: async_sessionmaker[AsyncSession], database_url: str
+    sessions: async_sessionmaker[AsyncSession], database_url: str, *, resync_s: float = 5.0
 ) -> AsyncIterator[Hub]:
     """The lifespan's fan-out: a hub fed by LISTEN on Postgres, by commits on SQLite."""
-    hub = Hub(DatabaseReader(sessions))
+    hub = Hub(DatabaseReader(sessions), resync_s=resync_s)
     listener: notes.PostgresListener | None = None
     if make_url(database_url).get_backend_name() == "postgresql":
         notes.install(sessions, deliver_after_commit=None)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import state
-from app.db.models import IngestBatch, MetricPoint, Run, utcnow
+from app.db.models import Artifact, MetricPoint, Run, utcnow
 from app.errors import Conflict, NotFound
 from app.schemas import PointIn
+from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
+from app.services import ingest
 
 
 async def _locked_run(session: AsyncSession, run_id: str) -> Run:
@@ -48,11 +49,22 @@ async def _owned_run(session: AsyncSession, run_id: str, worker_id: str) -> Run:
     return run
 
 
-async def heartbeat(session: AsyncSession, run_id: str, worker_id: str, lease_s: float) -> Run:
+async def heartbeat(
+    session: AsyncSession,
+    run_id: str,
+    worker_id: str,
+    lease_s: float,
+    inflight: dict[str, Any] | None = None,
+) -> tuple[Run, int | None]:
+    """Renew the lease and keep the in-flight report; returns (run, profile steps asked for)."""
     run = await _owned_run(session, run_id, worker_id)
-    run.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
+    now = utcnow()
+    run.lease_expires_at = now + timedelta(seconds=lease_s)
+    if inflight is not None:
+        run.inflight, run.inflight_at = inflight, now
+    profile_steps = ingest.take_profile_request(run)
     await session.flush()
-    return run
+    return run, profile_steps
 
 
 async def report_status(
@@ -71,25 +83,41 @@ async def ingest_metrics(
 ) -> tuple[int, bool]:
     """Store a batch once per (run, seq); returns (points accepted, was a duplicate)."""
     run = await _owned_run(session, run_id, worker_id)
-    seen = await session.get(IngestBatch, (run_id, "metrics", seq))
-    if seen is not None:
+    if not await ingest.claim_seq(session, run_id, "metrics", seq):
         return 0, True
-    session.add(IngestBatch(run_id=run_id, kind="metrics", seq=seq))
-    if points:
-        rows = [
-            {"run_id": run_id, "name": p.name, "step": p.step, "value": p.value} for p in points
-        ]
-        insert = pg_insert if session.bind.dialect.name == "postgresql" else sqlite_insert
-        stmt = insert(MetricPoint).values(rows)
-        # A resumed attempt may report a step again; the newest value wins.
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["run_id", "name", "step"], set_={"value": stmt.excluded.value}
-        )
-        await session.execute(stmt)
-        run.current_step = max(run.current_step, max(p.step for p in points))
+    await ingest.store_points(session, run, [(p.step, p.name, p.value) for p in points])
     run.updated_at = utcnow()
     await session.flush()
     return len(points), False
+
+
+async def ingest_spans(
+    session: AsyncSession, run_id: str, worker_id: str, seq: int, spans: Sequence[SpanIn]
+) -> tuple[int, bool]:
+    await _owned_run(session, run_id, worker_id)
+    if not await ingest.claim_seq(session, run_id, "spans", seq):
+        return 0, True
+    await ingest.store_spans(session, run_id, spans)
+    return len(spans), False
+
+
+async def ingest_trajectories(
+    session: AsyncSession, run_id: str, worker_id: str, seq: int, items: Sequence[TrajectoryIn]
+) -> tuple[int, bool]:
+    await _owned_run(session, run_id, worker_id)
+    if not await ingest.claim_seq(session, run_id, "trajectories", seq):
+        return 0, True
+    await ingest.store_trajectories(session, run_id, items)
+    return len(items), False
+
+
+async def record_artifact(session: AsyncSession, run_id: str, body: ArtifactBody) -> None:
+    run = await _owned_run(session, run_id, body.worker_id)
+    await ingest.store_artifact(session, run, body)
+
+
+async def newest_checkpoint(session: AsyncSession, run_id: str) -> Artifact | None:
+    return await ingest.newest_checkpoint(session, run_id)
 
 
 async def count_points(session: AsyncSession, run_id: str) -> int:

@@ -34,7 +34,7 @@ async def test_a_run_through_its_life(api: Api) -> None:
     assert claim.status_code == 200, claim.text
     body = claim.json()
     assert set(body) == {
-        "run_id", "spec", "attempt", "lease_expires_at", "resume_step", "environment"
+        "run_id", "spec", "attempt", "lease_expires_at", "resume_step", "checkpoint", "environment"
     }  # fmt: skip
     assert body["environment"] is None  # a built-in environment: nothing to hand over
     assert body["run_id"] == run_id and body["attempt"] == 1 and body["resume_step"] == 0
