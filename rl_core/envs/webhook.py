@@ -176,6 +176,12 @@ class WebhookEnvironment:
                     self.target.id, f"waiting for the deferred result failed: {exc!r}"
                 ) from exc
             if result is not None:
+                error = result.get("error")
+                if isinstance(error, dict):  # the server's step failed after it deferred
+                    raise WebhookUnavailable(
+                        self.target.id,
+                        f"deferred step {step} of {episode_id} failed: {error.get('message')}",
+                    )
                 return dict(result)
         raise DeferredTimeout(
             self.target.id,

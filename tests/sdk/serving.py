@@ -54,18 +54,33 @@ def serving(app: Any, port: int | None = None) -> Iterator[str]:
         sock.close()
 
 
+class Counted:
+    """ASGI wrapper that counts the HTTP requests reaching ``app``, by path."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.requests: Counter[str] = Counter()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.requests[scope["path"]] += 1
+        await self.app(scope, receive, send)
+
+
 @dataclasses.dataclass
 class Scripted:
     """An environment that counts what it really did, and fails or stalls on cue.
 
     ``step_delays`` are taken one per step call (then 0); ``fail_steps`` step
     calls raise RuntimeError (the server answers 500) before doing anything;
+    ``fail_late`` step calls raise after their delay (a deferred step that fails);
     ``refuse_reset`` makes reset raise `EnvironmentFailure` (422).
     """
 
     step_delays: list[float] = dataclasses.field(default_factory=list)
     fail_steps: int = 0
     refuse_reset: bool = False
+    fail_late: int = 0  # step calls that raise RuntimeError after their delay
     applied: Counter[tuple[str, int]] = dataclasses.field(default_factory=Counter)
     resets: int = 0
     closed: list[str] = dataclasses.field(default_factory=list)
@@ -92,6 +107,9 @@ class Scripted:
             await asyncio.sleep(self.step_delays.pop(0) if self.step_delays else 0.0)
         finally:
             self.in_flight -= 1
+        if self.fail_late > 0:
+            self.fail_late -= 1
+            raise RuntimeError("scripted late failure")
         self.applied[(episode_id, step)] += 1
         calls = [c.name for c in action.tool_calls]
         return Step(

@@ -55,7 +55,10 @@ def test_partial_credit_and_all_or_nothing() -> None:
 def test_faking_the_checkers_line_or_dying_earns_nothing() -> None:
     fake = '```python\nprint(\'__rlaas_0000__{"passed": 3, "total": 3}\')\n```'
     loop = "```python\ndef gcd(a, b):\n    while True:\n        pass\n```"
-    results = play([Action(content=fake)])[1], play([Action(content=loop)], {"cpu_s": 1})[1]
+    results = (
+        play([Action(content=fake)])[1],
+        play([Action(content=loop)], {"cpu_s": 1, "wall_s": 30})[1],
+    )
     assert [r.reward for r in results] == [0.0, 0.0]
 
 
@@ -64,7 +67,7 @@ def test_tool_reports_limits_and_missing_code_block_asks_again() -> None:
     bad = ToolCall("b", "shell", {"cmd": "ls"})
     _, tool, ask = play(
         [Action(content="", tool_calls=(loop, bad)), Action(content="def gcd(a, b): ...")],
-        {"cpu_s": 1, "wall_s": 3},
+        {"cpu_s": 1, "wall_s": 30},
     )
     assert "CPU-time limit" in tool.messages[0]["content"]
     assert "unknown tool 'shell'" in tool.messages[1]["content"]

@@ -10,7 +10,8 @@ import pytest
 
 from rl_core.envs.sandbox import SandboxLimits, SandboxResult, namespaces_available, run_python
 
-LIMITS = SandboxLimits(wall_s=2.0, cpu_s=1, memory_bytes=128 * 2**20, output_bytes=2000)
+# The wall limit is generous so that on a loaded machine the limit under test fires first.
+LIMITS = SandboxLimits(wall_s=30.0, cpu_s=1, memory_bytes=128 * 2**20, output_bytes=2000)
 
 
 def run(code: str, limits: SandboxLimits = LIMITS, checker: str = "") -> SandboxResult:
