@@ -10,7 +10,8 @@ What the server does for the environment's author:
 - makes ``(episode_id, step)`` idempotent: a retried step (the worker's
   answer was lost, or it timed out while the step ran) gets the result of the
   first call, even one still running, and never advances the environment
-  again; a retried reset of the same episode likewise;
+  again; a retried reset of the same episode likewise (a reset after steps
+  is a new episode under the same id, and starts over);
 - optionally defers slow steps: with ``defer_after_s`` a step that has not
   finished by then is answered ``202 {"deferred": true}``, and its result is
   POSTed, signed, to ``{callback_url}/{episode_id}/{step}`` when it is ready
@@ -142,6 +143,11 @@ class EnvServer:
         if not isinstance(config, dict):
             raise BadRequest("'config' must be an object")
         episode = self._episode(episode_id)
+        if episode.steps:
+            # A retried reset never follows a step (the client steps only after a
+            # reset answer), so this is a new episode under an old id: start over.
+            self._forget(episode_id)
+            episode = self._episode(episode_id)
         if episode.reset is None:
             episode.reset = self._remembered(
                 episode, "reset", self.env.reset(episode_id, seed, config)
@@ -170,11 +176,7 @@ class EnvServer:
 
     async def _do_close(self, body: Mapping[str, Any]) -> Response:
         episode_id = _field(body, "episode_id", str)
-        episode = self._episodes.pop(episode_id, None)
-        if episode is not None:
-            for step, task in episode.steps.items():
-                if step not in episode.deferred:  # a deferred result still has to be delivered
-                    task.cancel()
+        self._forget(episode_id)
         await self.env.close(episode_id)
         return JSONResponse({"closed": True})
 
@@ -187,6 +189,13 @@ class EnvServer:
             while len(self._episodes) > self.max_episodes:
                 self._episodes.popitem(last=False)
         return episode
+
+    def _forget(self, episode_id: str) -> None:
+        episode = self._episodes.pop(episode_id, None)
+        if episode is not None:
+            for step, task in episode.steps.items():
+                if step not in episode.deferred:  # a deferred result still has to be delivered
+                    task.cancel()
 
     def _remembered(
         self, episode: _Episode, key: int | str, call: Awaitable[Any]

@@ -92,6 +92,17 @@ def test_a_retried_step_returns_the_first_result_without_advancing() -> None:
     assert reset_a.json() == reset_b.json() and env.resets == 1
 
 
+def test_a_reset_after_steps_starts_a_new_episode_under_the_same_id() -> None:
+    env = Scripted()
+    with serving(EnvServer(env, secret=SECRET).app) as url:
+        post(f"{url}/reset", {"episode_id": "e1", "seed": 1})
+        first = post(f"{url}/step", STEP).json()
+        post(f"{url}/reset", {"episode_id": "e1", "seed": 1})
+        second = post(f"{url}/step", STEP).json()
+    assert env.resets == 2 and env.applied[("e1", 1)] == 2
+    assert (first["info"]["applied"], second["info"]["applied"]) == (1, 2)
+
+
 def test_slow_steps_are_deferred_and_posted_signed_to_the_callback_url() -> None:
     env = Scripted(step_delays=[0.3])
     callbacks = MemoryCallbacks()
