@@ -54,22 +54,19 @@ def test_partial_credit_and_all_or_nothing() -> None:
 
 def test_faking_the_checkers_line_or_dying_earns_nothing() -> None:
     fake = '```python\nprint(\'__rlaas_0000__{"passed": 3, "total": 3}\')\n```'
-    loop = "```python\ndef gcd(a, b):\n    while True:\n        pass\n```"
-    results = (
-        play([Action(content=fake)])[1],
-        play([Action(content=loop)], {"cpu_s": 1, "wall_s": 30})[1],
-    )
+    dies = "```python\nimport os\nos._exit(0)\n```"  # exits before the checker runs
+    results = play([Action(content=fake)])[1], play([Action(content=dies)])[1]
     assert [r.reward for r in results] == [0.0, 0.0]
 
 
 def test_tool_reports_limits_and_missing_code_block_asks_again() -> None:
-    loop = ToolCall("a", "python", {"code": "while True: pass"})
+    sleeper = ToolCall("a", "python", {"code": "import time\ntime.sleep(30)"})
     bad = ToolCall("b", "shell", {"cmd": "ls"})
     _, tool, ask = play(
-        [Action(content="", tool_calls=(loop, bad)), Action(content="def gcd(a, b): ...")],
-        {"cpu_s": 1, "wall_s": 30},
+        [Action(content="", tool_calls=(sleeper, bad)), Action(content="def gcd(a, b): ...")],
+        {"wall_s": 0.5},
     )
-    assert "CPU-time limit" in tool.messages[0]["content"]
+    assert "wall-time limit" in tool.messages[0]["content"]
     assert "unknown tool 'shell'" in tool.messages[1]["content"]
     assert not ask.done and "```python" in ask.messages[0]["content"]
 
