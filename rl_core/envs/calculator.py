@@ -12,6 +12,7 @@ defaults of the other keys; any key given explicitly wins.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -52,6 +53,9 @@ class CalculatorConfig:
     operators: str | None = None
     max_turns: int = 4
     correct_reward: float = 1.0
+    # Spell out the tool-call format in the prompt: small models' chat templates
+    # (SmolLM2's among them) drop the `tools` list, so the model never sees it.
+    tool_hint: bool = True
 
     def __post_init__(self) -> None:
         if self.difficulty not in _LEVELS:
@@ -102,10 +106,11 @@ class Calculator:
         cfg = parse_config(CalculatorConfig, config, self.name)
         problem, answer = make_problem(seed, cfg)
         self._episodes[episode_id] = _Episode(config=cfg, answer=answer)
-        prompt = (
-            f"What is {problem}? You may use the calculator tool. "
-            "When you know the result, reply with just the number."
-        )
+        prompt = f"What is {problem}? You may use the calculator tool. "
+        if cfg.tool_hint:
+            # A fixed example, not the problem: copying the hint must not solve the task.
+            prompt += f"To use it, write {hint('12 * 7')} and wait for the result. "
+        prompt += "When you know the result, reply with just the number."
         return Reset(
             messages=[{"role": "user", "content": prompt}],
             tools=[TOOL],
@@ -143,6 +148,12 @@ class Calculator:
         solved = guess == episode.answer
         reward = episode.config.correct_reward if solved else 0.0
         return Step([], reward, True, {"solved": solved, "guess": guess})
+
+
+def hint(expression: str) -> str:
+    """A tool call in the Hermes/Qwen format (`rl_core.toolcalls` parses it)."""
+    call = {"name": "calculator", "arguments": {"expression": expression}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
 
 
 def _run_tool(call: ToolCall) -> Message:

@@ -50,6 +50,7 @@ class CodeExecConfig:
     cpu_s: int = 5
     memory_mb: int = 256
     output_bytes: int = 4096
+    tool_hint: bool = True  # spell out the tool-call format (see calculator.py for why)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.tasks or ()) - set(BY_NAME))
@@ -88,10 +89,11 @@ class CodeExec:
         names = sorted(cfg.tasks) if cfg.tasks else sorted(BY_NAME)
         task = BY_NAME[random.Random(seed).choice(names)]
         self._episodes[episode_id] = _Episode(config=cfg, task=task)
-        prompt = (
-            f"{task.prompt} You may run code with the python tool. When you are done, reply "
-            "with the complete function in a ```python code block."
-        )
+        prompt = f"{task.prompt} You may run code with the python tool. "
+        if cfg.tool_hint:
+            call = json.dumps({"name": "python", "arguments": {"code": "print(1 + 1)"}})
+            prompt += f"To use it, write <tool_call>{call}</tool_call> and wait for the output. "
+        prompt += "When you are done, reply with the complete function in a ```python code block."
         return Reset(
             messages=[{"role": "user", "content": prompt}], tools=[TOOL], info={"task": task.name}
         )

@@ -85,6 +85,10 @@ def test_tool_then_answer_earns_the_reward() -> None:
     problem, answer = reset.info["problem"], reset.info["answer"]
     assert reset.tools[0]["function"]["name"] == "calculator"
     assert problem in reset.messages[0]["content"]
+    (hinted,) = parse_tool_calls(reset.messages[0]["content"]).tool_calls  # the format is shown
+    assert hinted.name == "calculator" and hinted.arguments == {"expression": "12 * 7"}
+    plain = asyncio.run(Calculator().reset("e", 7, {"tool_hint": False}))
+    assert "<tool_call>" not in plain.messages[0]["content"]
     call = parse_tool_calls(render_tool_call("calculator", {"expression": problem}), id_prefix="t1")
     _, tool, final = episode([call.to_action(), Action(content=f"It is {answer}.")])
     assert tool.messages == [
