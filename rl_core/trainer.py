@@ -4,14 +4,23 @@ A batch is padded to fixed shapes before it reaches the jitted step: a fixed
 number of rows (the run's batch size) and a length rounded up to a power of
 two, so a run compiles one step per length bucket and never per batch.
 
+One `train_step` is::
+
+    score     pi_old (and V_old for PPO) and pi_ref, without gradients, when needed
+    advantage GRPO: given per row; PPO: GAE over the masked tokens
+    update    one AdamW update per mini-batch (rows shuffled by the trainer's RNG),
+              each the sum of its micro-batches' gradients
+
 Logprobs are recomputed here for every token (the sampler's are only used as
 the behaviour policy of the importance weight), and the gap between the two
-is reported as ``mismatch_kl``.
+is reported as ``mismatch_kl``. The numerics live in `rl_core.train_step` and
+`rl_core.algorithms`; checkpoints of this object in `rl_core.checkpointing`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +31,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from rl_core.algorithms.grpo import GrpoConfig, policy_loss, token_logprobs
+from rl_core import train_step as ts
+from rl_core.algorithms.grpo import GrpoConfig
+from rl_core.algorithms.ppo import PpoConfig, gae, last_token_rewards, whiten
+from rl_core.lora import LoraConfig, init_adapters
 from rl_core.models import Model
 from rl_core.rollout.jax_engine import next_bucket
 
@@ -35,16 +47,22 @@ class TrainerConfig:
     total_steps: int = 1  # optimiser updates in the run, for the cosine schedule
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    mini_batches: int = 1
+    mini_batches: int = 1  # optimiser updates per train_step
+    micro_batches: int = 1  # gradient-accumulation slices per update (memory, not maths)
     # Logprobs are taken at the sampling temperature, so at temperature t the
     # trainer's policy is the one the sampler drew from (before top-k/top-p).
     temperature: float = 1.0
     min_length_bucket: int = 32
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
+    ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
+    lora: LoraConfig | None = None  # set: train adapters only, base frozen
+    seed: int = 0  # the trainer's RNG (mini-batch shuffling, LoRA init)
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0 (greedy sampling trains at 1.0)")
+        if self.mini_batches < 1 or self.micro_batches < 1:
+            raise ValueError("mini_batches and micro_batches must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +72,8 @@ class TrainBatch:
     tokens: np.ndarray  # [B, T] int32
     loss_mask: np.ndarray  # [B, T] float32
     logprobs: np.ndarray  # [B, T] float32, sampler's, aligned with tokens
-    advantages: np.ndarray  # [B] float32
+    advantages: np.ndarray  # [B] float32 (GRPO; ignored by PPO)
+    rewards: np.ndarray | None = None  # [B] float32 episode rewards (PPO)
 
     @classmethod
     def pack(
@@ -67,6 +86,7 @@ class TrainBatch:
         rows: int,
         min_length: int = 32,
         pad_id: int = 0,
+        rewards: Sequence[float] | None = None,
     ) -> TrainBatch:
         if len(tokens) > rows:
             raise ValueError(f"{len(tokens)} trajectories do not fit in {rows} rows")
@@ -78,7 +98,11 @@ class TrainBatch:
         for i, (t, m, p) in enumerate(zip(tokens, loss_mask, logprobs, strict=True)):
             tok[i, : len(t)], mask[i, : len(m)], lp[i, : len(p)] = t, m, p
             adv[i] = advantages[i]
-        return cls(tok, mask, lp, adv)
+        rew = None
+        if rewards is not None:
+            rew = np.zeros((rows,), np.float32)
+            rew[: len(rewards)] = rewards
+        return cls(tok, mask, lp, adv, rew)
 
 
 def learning_rate_schedule(config: TrainerConfig) -> optax.Schedule:
@@ -98,107 +122,180 @@ def learning_rate_schedule(config: TrainerConfig) -> optax.Schedule:
 
 
 class Trainer:
+    """``Trainer(model, config)``: takes ``train_step``s; ``params()`` feeds the rollout engine.
+
+    The model passed in is read once (its weights become the initial policy)
+    and never mutated; the trainer keeps its own arrays.
+    """
+
     def __init__(self, model: Model, config: TrainerConfig) -> None:
-        self.model = model
         self.config = config
         self.schedule = learning_rate_schedule(config)
-        tx = optax.chain(
+        self.tx = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
             optax.adamw(self.schedule, weight_decay=config.weight_decay),
         )
-        self.optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-        # The reference policy of the KL term is the initial one, kept only if used.
-        self._ref = jax.tree.map(jnp.copy, nnx.state(model)) if config.grpo.kl_coef > 0 else None
-        self.updates = 0
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]
+        self._graphdef: Any = graphdef
+        self._rest: Any = rest  # non-trainable variables (none in today's decoder)
+        self._cfg = ts.StepConfig(
+            temperature=config.temperature,
+            grpo=config.grpo,
+            ppo=config.ppo,
+            lora=config.lora,
+            micro_batches=config.micro_batches,
+        )
+        rng = jax.random.key(config.seed)
+        self._frozen: dict[str, Any] = {}
+        if config.lora is not None:
+            # Base frozen; it is also the KL reference (adapters at 0 = the initial policy).
+            self._frozen["base"] = params
+            rng, init_key = jax.random.split(rng)
+            trainable: ts.Trainable = {"policy": init_adapters(params, config.lora, init_key)}
+        else:
+            trainable = {"policy": params}
+            if config.grpo.kl_coef > 0:
+                self._frozen["ref"] = jax.tree.map(jnp.copy, params)
+        if config.ppo is not None:
+            trainable["value"] = ts.init_value_head(model.config.d_model)
+        self.trainable = trainable
+        self.opt_state = self.tx.init(trainable)
+        self.rng = rng
+        self.updates = 0  # optimiser updates so far (the schedule's count)
+        self._params_cache: tuple[int, Any] | None = None
+        static = {"graphdef": self._graphdef, "cfg": self._cfg}
+        # opt_state is donated (no one else holds it); the policy is not: the
+        # rollout engine may still be serving the previous params().
+        self._update = jax.jit(
+            functools.partial(ts.update, tx=self.tx, **static), donate_argnums=(1,)
+        )
+        self._score = jax.jit(functools.partial(ts.score, self._graphdef, self._cfg))
+        self._merged = jax.jit(functools.partial(ts.effective_params, lora=config.lora))
+
+    # -- what the pipeline reads -------------------------------------------------------
 
     def params(self) -> Any:
-        """The current weights, for `RolloutEngine.update_weights`."""
-        return nnx.state(self.model)
+        """The current policy weights (LoRA merged), as `nnx.state(model)`: for the engine."""
+        if self._params_cache is None or self._params_cache[0] != self.updates:
+            policy = self._merged(self.trainable, self._frozen)
+            self._params_cache = (self.updates, nnx.merge_state(policy, self._rest))
+        return self._params_cache[1]
 
     def logprobs(self, tokens: np.ndarray) -> np.ndarray:  # [B, T] -> [B, T]
         """Logprob of each token given its prefix (0 at position 0), as the trainer sees it."""
-        lp = _logprobs(self.model, jnp.asarray(tokens), self.config.temperature)
+        lp, _ = self._score(self._policy(), self._rest, None, jnp.asarray(tokens))
         return np.asarray(jnp.pad(lp, ((0, 0), (1, 0))))
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One policy update per mini-batch over ``batch``; returns mean metrics."""
         cfg = self.config
-        tokens = jnp.asarray(batch.tokens)
-        # pi_old: the policy before this step's updates, for ratios and the importance weight.
-        old = _logprobs(self.model, tokens, cfg.temperature)
-        ref = (
-            _logprobs(nnx.merge(nnx.graphdef(self.model), self._ref), tokens, cfg.temperature)
-            if self._ref is not None
-            else jnp.zeros_like(old)
-        )
-        rows = tokens.shape[0]
+        rows = batch.tokens.shape[0]
         size = rows // cfg.mini_batches
+        if size * cfg.mini_batches != rows or size % cfg.micro_batches:
+            raise ValueError(
+                f"{rows} rows do not split into {cfg.mini_batches} mini-batches of "
+                f"{cfg.micro_batches} equal micro-batches; change the batch size or the split"
+            )
+        full = self._prepare(batch)
+        self.rng, key = jax.random.split(self.rng)
+        order = np.asarray(jax.random.permutation(key, rows)) if cfg.mini_batches > 1 else None
         totals: dict[str, float] = {}
         for i in range(cfg.mini_batches):
-            sl = slice(i * size, (i + 1) * size)
+            mb = full
+            if order is not None:
+                idx = jnp.asarray(order[i * size : (i + 1) * size])
+                mb = jax.tree.map(lambda x, idx=idx: x[idx], full)
             lr = float(self.schedule(self.updates))
-            metrics = _update(
-                self.model,
-                self.optimizer,
-                tokens[sl],
-                jnp.asarray(batch.loss_mask[sl]),
-                jnp.asarray(batch.logprobs[sl]),
-                jnp.asarray(batch.advantages[sl]),
-                old[sl],
-                ref[sl],
-                cfg.temperature,
-                cfg.grpo,
+            self.trainable, self.opt_state, metrics = self._update(
+                self.trainable, self.opt_state, self._frozen, self._rest, mb
             )
             self.updates += 1
             for name, value in jax.device_get(metrics).items():
                 totals[name] = totals.get(name, 0.0) + float(value)
-            totals["learning_rate"] = totals.get("learning_rate", 0.0) + lr
-        return {name: value / cfg.mini_batches for name, value in totals.items()}
+            totals["lr"] = totals.get("lr", 0.0) + lr
+        out = {name: value / cfg.mini_batches for name, value in totals.items()}
+        out["learning_rate"] = out["lr"]  # the name of the first metric files, kept
+        return out
 
+    # -- internals ---------------------------------------------------------------------
 
-@nnx.jit(static_argnames=("temperature",))
-def _logprobs(model: Model, tokens: jax.Array, temperature: float) -> jax.Array:
-    # [B, T] -> [B, T-1]: the logprob of tokens[:, 1:] given the tokens before.
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1] - 1), tokens[:, :-1].shape)
-    logits, _ = model(tokens[:, :-1], positions)
-    lp, _ = token_logprobs(logits, tokens[:, 1:], temperature)
-    return lp
+    def _policy(self) -> Any:
+        return self._merged(self.trainable, self._frozen)
 
-
-@nnx.jit(static_argnames=("temperature", "grpo"))
-def _update(
-    model: Model,
-    optimizer: nnx.Optimizer[Model],
-    tokens: jax.Array,  # [B, T]
-    loss_mask: jax.Array,  # [B, T]
-    behaviour: jax.Array,  # [B, T] sampler logprobs, aligned with tokens
-    advantages: jax.Array,  # [B]
-    old: jax.Array,  # [B, T-1]
-    ref: jax.Array,  # [B, T-1]
-    temperature: float,
-    grpo: GrpoConfig,
-) -> dict[str, jax.Array]:
-    # Right-padded rows: padding sits after every real token, so the causal
-    # mask alone keeps it out of the real tokens' logits.
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    mask, behaviour = loss_mask[:, 1:], behaviour[:, 1:]
-    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-
-    def loss_fn(model: Model) -> tuple[jax.Array, dict[str, jax.Array]]:
-        logits, _ = model(inputs, positions)
-        lp, entropy = token_logprobs(logits, targets, temperature)
-        return policy_loss(
-            lp,
-            old,
-            behaviour,
-            advantages,
-            mask,
-            entropy,
-            grpo,
-            ref_logprobs=ref if grpo.kl_coef > 0 else None,
+    def _prepare(self, batch: TrainBatch) -> ts.MiniBatch:
+        """Device arrays of the whole batch, with pi_old / pi_ref / GAE where they are needed."""
+        cfg = self.config
+        tokens = jnp.asarray(batch.tokens)
+        mask = jnp.asarray(batch.loss_mask[:, 1:])
+        old = ref = old_values = returns = None
+        advantages = jnp.asarray(batch.advantages)
+        needs_old = cfg.mini_batches > 1 or cfg.ppo is not None
+        if needs_old:
+            old, old_values = self._score_chunked(
+                self._policy(), self.trainable.get("value"), tokens
+            )
+        if cfg.grpo.kl_coef > 0:
+            ref_params = self._frozen["base" if cfg.lora is not None else "ref"]
+            ref, _ = self._score_chunked(ref_params, None, tokens)
+        if cfg.ppo is not None:
+            if batch.rewards is None:
+                raise ValueError("PPO needs TrainBatch.rewards (one episode reward per row)")
+            assert old_values is not None
+            rewards = last_token_rewards(jnp.asarray(batch.rewards), mask)
+            advantages, returns = gae(rewards, old_values, mask, cfg.ppo.gamma, cfg.ppo.gae_lambda)
+            if cfg.ppo.whiten_advantages:
+                advantages = whiten(advantages, mask)
+        return ts.MiniBatch(
+            tokens=tokens,
+            mask=mask,
+            behaviour=jnp.asarray(batch.logprobs[:, 1:]),
+            advantages=advantages,
+            old_logprobs=old,
+            ref_logprobs=ref,
+            old_values=old_values,
+            returns=returns,
         )
 
-    (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
-    optimizer.update(model, grads)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    return dict(metrics)
+    def _score_chunked(
+        self, params: Any, value_head: Any, tokens: jax.Array
+    ) -> tuple[jax.Array, jax.Array | None]:
+        # Scored in micro-batch slices: the no-gradient pass needs no more memory than training.
+        rows = tokens.shape[0]
+        step = max(rows // (self.config.mini_batches * self.config.micro_batches), 1)
+        parts = [
+            self._score(params, self._rest, value_head, tokens[i : i + step])
+            for i in range(0, rows, step)
+        ]
+        lp = jnp.concatenate([p[0] for p in parts])
+        values = None if value_head is None else jnp.concatenate([p[1] for p in parts])
+        return lp, values
+
+    # -- checkpointed state (rl_core.checkpointing) --------------------------------------
+
+    def training_state(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit-for-bit (base/reference excluded).
+
+        The frozen base (LoRA) and the KL reference are the initial policy,
+        rebuilt from the spec's model source by the fresh trainer.
+        """
+        return {
+            "trainable": self.trainable,
+            "opt_state": self.opt_state,
+            "updates": np.asarray(self.updates, np.int64),
+            "rng": jax.random.key_data(self.rng),
+        }
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        self.trainable = state["trainable"]
+        self.opt_state = state["opt_state"]
+        self.updates = int(state["updates"])
+        self.rng = jax.random.wrap_key_data(jnp.asarray(state["rng"]))
+        self._params_cache = None
+
+
+__all__ = [
+    "TrainBatch",
+    "Trainer",
+    "TrainerConfig",
+    "learning_rate_schedule",
+]

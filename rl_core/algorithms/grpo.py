@@ -17,18 +17,40 @@ where ``pi_old`` is the trainer's own policy at the start of the step and
 numerical mismatch between sampler and trainer (Yao et al., 2025, "Your
 efficient RL framework secretly brings you off-policy RL training"). The KL
 penalty to a reference uses the k3 estimator ``exp(q) - q - 1`` with
-``q = log pi_ref - log pi_theta`` (Schulman, 2020).
+``q = log pi_ref - log pi_theta`` (Schulman, 2020) by default; see `kl.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from rl_core.algorithms.kl import KlEstimator, kl_penalty, sampled_kl
+
 Aggregation = Literal["token_mean", "sequence_mean", "token_sum_norm"]
+
+
+class Counts(NamedTuple):
+    """Normalisers of a whole (mini-)batch, passed to each of its micro-batches.
+
+    A loss reduced with the batch's counts is a sum over rows, so summing it
+    over micro-batches gives exactly the full-batch loss (gradient accumulation
+    changes nothing but the order of float additions).
+    """
+
+    tokens: jax.Array  # [] float: masked tokens in the batch (>= 1)
+    sequences: jax.Array  # [] float: rows with any masked token (>= 1)
+
+    @classmethod
+    def of(cls, mask: jax.Array) -> Counts:  # mask [B, T]
+        mask = mask.astype(jnp.float32)
+        return cls(
+            tokens=jnp.maximum(mask.sum(), 1.0),
+            sequences=jnp.maximum((mask.sum(axis=1) > 0).sum().astype(jnp.float32), 1.0),
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,6 +58,7 @@ class GrpoConfig:
     clip_eps: float = 0.2
     clip_eps_high: float | None = None  # None: symmetric, = clip_eps
     kl_coef: float = 0.0
+    kl_estimator: KlEstimator = "k3"
     entropy_coef: float = 0.0
     aggregation: Aggregation = "token_mean"
     importance_correction: Literal["none", "truncated"] = "truncated"
@@ -74,25 +97,29 @@ def token_logprobs(
 
 
 def aggregate(
-    per_token: jax.Array, mask: jax.Array, mode: Aggregation, norm_tokens: int
+    per_token: jax.Array,
+    mask: jax.Array,
+    mode: Aggregation,
+    norm_tokens: int,
+    counts: Counts | None = None,
 ) -> jax.Array:
     """Reduce a [B, T] per-token quantity over the masked tokens to a scalar.
 
     token_mean: sum / tokens (DAPO). sequence_mean: each sequence's token mean,
     then the mean over sequences with any tokens (GRPO). token_sum_norm:
-    sum / (sequences x norm_tokens) (Dr.GRPO).
+    sum / (sequences x norm_tokens) (Dr.GRPO). ``counts`` are the whole
+    batch's when ``per_token`` is one micro-batch of it (default: this one's).
     """
     mask = mask.astype(per_token.dtype)
+    counts = Counts.of(mask) if counts is None else counts
     total = (per_token * mask).sum()
-    per_seq_tokens = mask.sum(axis=1)
-    sequences = jnp.maximum((per_seq_tokens > 0).sum(), 1)
     if mode == "token_mean":
-        return total / jnp.maximum(mask.sum(), 1.0)
+        return total / counts.tokens
     if mode == "sequence_mean":
-        seq_mean = (per_token * mask).sum(axis=1) / jnp.maximum(per_seq_tokens, 1.0)
-        return seq_mean.sum() / sequences
+        seq_mean = (per_token * mask).sum(axis=1) / jnp.maximum(mask.sum(axis=1), 1.0)
+        return seq_mean.sum() / counts.sequences
     if mode == "token_sum_norm":
-        return total / (sequences * norm_tokens)
+        return total / (counts.sequences * norm_tokens)
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
@@ -100,16 +127,22 @@ def policy_loss(
     logprobs: jax.Array,  # [B, T] current policy, differentiable
     old_logprobs: jax.Array,  # [B, T] trainer policy at the start of the step
     behaviour_logprobs: jax.Array,  # [B, T] sampler's logprobs
-    advantages: jax.Array,  # [B]
+    advantages: jax.Array,  # [B] per sequence (GRPO) or [B, T] per token (PPO)
     mask: jax.Array,  # [B, T] 1 on model-produced tokens
     entropy: jax.Array,  # [B, T]
     config: GrpoConfig,
     ref_logprobs: jax.Array | None = None,  # [B, T] reference policy, needed if kl_coef > 0
+    counts: Counts | None = None,  # the whole batch's, when this is one micro-batch
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The clipped, importance-corrected policy-gradient loss and its diagnostics."""
+    """The clipped, importance-corrected policy-gradient loss and its diagnostics.
+
+    Metrics are token means over the batch (``counts``), so they too add up
+    over micro-batches. ``pg_loss`` is the surrogate term alone.
+    """
     mask_f = mask.astype(jnp.float32)
+    counts = Counts.of(mask_f) if counts is None else counts
     old = jax.lax.stop_gradient(old_logprobs)
-    adv = advantages[:, None]
+    adv = advantages[:, None] if advantages.ndim == 1 else advantages
     ratio = jnp.exp(logprobs - old)
     eps_low = config.clip_eps
     eps_high = config.clip_eps if config.clip_eps_high is None else config.clip_eps_high
@@ -121,28 +154,33 @@ def policy_loss(
         weight = jnp.minimum(jnp.exp(log_w), config.importance_cap)
     else:
         weight = jnp.ones_like(log_w)
-    per_token = -surrogate * jax.lax.stop_gradient(weight)
+    pg_token = -surrogate * jax.lax.stop_gradient(weight)
+    per_token = pg_token
 
     if ref_logprobs is not None and config.kl_coef > 0:
-        q = jax.lax.stop_gradient(ref_logprobs) - logprobs
-        kl_tok = jnp.exp(q) - q - 1.0
+        kl_tok = kl_penalty(logprobs, jax.lax.stop_gradient(ref_logprobs), config.kl_estimator)
         per_token = per_token + config.kl_coef * kl_tok
     else:
         kl_tok = jnp.zeros_like(logprobs)
     if config.entropy_coef > 0:
         per_token = per_token - config.entropy_coef * entropy
 
-    loss = aggregate(per_token, mask_f, config.aggregation, config.norm_tokens)
-    n_tokens = jnp.maximum(mask_f.sum(), 1.0)
+    def reduce(x: jax.Array) -> jax.Array:
+        return aggregate(x, mask_f, config.aggregation, config.norm_tokens, counts)
+
+    loss = reduce(per_token)
 
     def token_mean(x: jax.Array) -> jax.Array:
-        return (x * mask_f).sum() / n_tokens
+        return (x * mask_f).sum() / counts.tokens
 
     was_clipped = (ratio * adv != surrogate) & (mask > 0)  # the clipped branch was taken
-    # k3 estimate of KL(mu || pi_old); >= 0 exactly, but rounding can dip below it.
-    mismatch = jnp.maximum(jnp.exp(log_w) - log_w - 1.0, 0.0)
+    # KL(mu || pi_old) on the sampled tokens: the sampler/trainer mismatch (0 off the mask).
+    mismatch = sampled_kl(
+        jnp.where(mask > 0, old, 0.0), jnp.where(mask > 0, behaviour_logprobs, 0.0)
+    )
     metrics = {
         "loss": loss,
+        "pg_loss": reduce(jax.lax.stop_gradient(pg_token)),
         "clip_frac": token_mean(was_clipped.astype(jnp.float32)),
         "entropy": token_mean(entropy),
         "kl": token_mean(kl_tok),
