@@ -53,6 +53,10 @@ class CircuitBreaker:
     def record_success(self) -> None:
         self.state, self.consecutive_failures, self._probing = "closed", 0, False
 
+    def abandon(self) -> None:
+        """The call that was let through ended with no verdict (it was cancelled)."""
+        self._probing = False
+
     def record_failure(self) -> None:
         self.consecutive_failures += 1
         if self.state == "half_open" or self.consecutive_failures >= self.threshold:

@@ -198,30 +198,22 @@ class WebhookEnvironment:
         raw = json.dumps(payload, separators=(",", ":")).encode()
         attempts = 1 + (self.policy.retries if retries is None else retries)
         failure = "no attempt made"
+        made = 0
         for attempt in range(attempts):
-            if not self.breaker.allow():
-                raise CircuitOpen(
-                    self.target.id,
-                    f"circuit open after {self.breaker.consecutive_failures} consecutive "
-                    f"failures; next probe in {self.breaker.retry_in_s():.1f}s (last: {failure})",
-                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            retry_after: float | None = None
             try:
-                async with slots:
-                    response = await client.post(
-                        url,
-                        content=raw,
-                        headers={HEADER: sign(self.target.secret, raw)},
-                        timeout=min(self.call_timeout_s, remaining),
-                    )
+                response = await self._attempt(client, slots, url, raw, remaining, failure)
             except httpx.TimeoutException:
                 failure = f"POST {url} timed out after {min(self.call_timeout_s, remaining):.3g}s"
+                response = None
             except httpx.TransportError as exc:
                 failure = f"POST {url} failed: {type(exc).__name__}: {exc}"
-            else:
+                response = None
+            made += 1
+            retry_after: float | None = None
+            if response is not None:
                 status = response.status_code
                 if status < 300:
                     self.breaker.record_success()
@@ -241,8 +233,49 @@ class WebhookEnvironment:
                     break
                 await asyncio.sleep(delay)
         raise WebhookUnavailable(
-            self.target.id, f"{failure} (gave up after {attempt + 1} attempts)"
+            self.target.id, f"{failure} (gave up after {made} attempts, within the deadline)"
         )
+
+    async def _attempt(
+        self,
+        client: httpx.AsyncClient,
+        slots: asyncio.Semaphore,
+        url: str,
+        raw: bytes,
+        remaining: float,
+        last_failure: str,
+    ) -> httpx.Response:
+        """One request: wait for a slot (bounded by the deadline), ask the breaker, send."""
+        try:
+            async with asyncio.timeout(remaining):
+                await slots.acquire()
+        except TimeoutError:
+            raise WebhookUnavailable(
+                self.target.id,
+                f"no request slot came free before the deadline (max_concurrency="
+                f"{self.target.max_concurrency} requests are in flight)",
+            ) from None
+        try:
+            # Asked only once a slot is held, so a half-open probe is a request that goes out.
+            if not self.breaker.allow():
+                raise CircuitOpen(
+                    self.target.id,
+                    f"circuit open after {self.breaker.consecutive_failures} consecutive "
+                    f"failures; next probe in {self.breaker.retry_in_s():.1f}s "
+                    f"(last: {last_failure})",
+                )
+            try:
+                return await client.post(
+                    url,
+                    content=raw,
+                    headers={HEADER: sign(self.target.secret, raw)},
+                    timeout=min(self.call_timeout_s, remaining),
+                )
+            except asyncio.CancelledError:
+                self.breaker.abandon()  # a cancelled probe must not hold the breaker half-open
+                raise
+        finally:
+            slots.release()
 
     def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()

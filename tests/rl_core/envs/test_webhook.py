@@ -210,6 +210,25 @@ def test_max_concurrency_caps_requests_in_flight() -> None:
     assert env_side.max_in_flight == 2
 
 
+def test_waiting_for_a_request_slot_is_bounded_by_the_step_deadline() -> None:
+    env_side = Scripted(step_delays=[0.6])
+
+    async def main(url: str) -> None:
+        env = client(url, concurrency=1, retries=0)
+        await env.reset("a", 0, {})
+        await env.reset("b", 0, {})
+        slow = asyncio.ensure_future(env.step("a", 1, Action(content="x")))
+        await asyncio.sleep(0.05)  # "a" holds the only slot for 0.6 s
+        env.policy = env.policy.model_copy(update={"step_deadline_s": 0.2})
+        with pytest.raises(WebhookUnavailable, match="no request slot"):
+            await env.step("b", 1, Action(content="x"))
+        assert (await slow).reward == 1.0
+        assert env.breaker.consecutive_failures == 0  # a full house is not a server failure
+
+    with serving(EnvServer(env_side, secret=SECRET).app) as url:
+        asyncio.run(main(url))
+
+
 def test_breaker_state_machine_with_a_fake_clock() -> None:
     now = [0.0]
     breaker = CircuitBreaker(2, 10.0, clock=lambda: now[0])
@@ -223,6 +242,8 @@ def test_breaker_state_machine_with_a_fake_clock() -> None:
     breaker.record_failure()  # the probe failed: open for another cool-down
     assert breaker.state == "open" and not breaker.allow()
     now[0] = 20.0
+    assert breaker.allow()
+    breaker.abandon()  # the probe was cancelled: the next call may probe instead
     assert breaker.allow()
     breaker.record_success()
     assert breaker.state == "closed" and breaker.allow()
