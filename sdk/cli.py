@@ -93,13 +93,13 @@ def runs_create(
     spec_path: Path, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
 ) -> None:
     """Submit a spec file as a new run; prints the run id."""
-    from sdk.client import ApiError, Client
+    from sdk.client import Client, RlaasError
 
     spec = _load(spec_path)
     with Client(api_url, _need_key(api_key)) as client:
         try:
             run = client.create_run(spec)
-        except ApiError as exc:
+        except RlaasError as exc:
             _fail(str(exc))
     typer.echo(run.id)
 
@@ -109,24 +109,34 @@ def runs_list(
     status: str | None = None, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
 ) -> None:
     """List your runs, newest first."""
-    from sdk.client import Client
+    from sdk.client import Client, RlaasError
 
     with Client(api_url, _need_key(api_key)) as client:
-        for run in client.list_runs(status=status):
-            typer.echo(f"{run.id}  {run.status:<10} step {run.current_step:<6} {run.name or ''}")
+        try:
+            for run in client.iter_runs(status=status):
+                step = f"{run.current_step}/{run.total_steps or '?'}"
+                typer.echo(f"{run.id}  {run.status:<10} step {step:<9} {run.name or ''}")
+        except RlaasError as exc:
+            _fail(str(exc))
 
 
 @runs.command("watch")
 def runs_watch(
     run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
 ) -> None:
-    """Follow a run's progress and reward until it ends."""
-    from sdk.client import Client
-    from sdk.follow import follow_run
+    """Show a run's live metrics until it ends; exit 0 succeeded, 1 failed, 3 cancelled.
+
+    Over the run's live stream; a dropped connection is resumed where it broke.
+    """
+    from sdk.client import Client, RlaasError
+    from sdk.follow import EXIT_CODES, follow_run
 
     with Client(api_url, _need_key(api_key)) as client:
-        run = follow_run(client, run_id)
-    raise typer.Exit(0 if run.status == "succeeded" else 1)
+        try:
+            run = follow_run(client, run_id)
+        except RlaasError as exc:
+            _fail(str(exc))
+    raise typer.Exit(EXIT_CODES.get(run.status, 1))
 
 
 @runs.command("cancel")
@@ -134,10 +144,13 @@ def runs_cancel(
     run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
 ) -> None:
     """Ask a run to stop at its next step boundary."""
-    from sdk.client import Client
+    from sdk.client import Client, RlaasError
 
     with Client(api_url, _need_key(api_key)) as client:
-        run = client.cancel(run_id)
+        try:
+            run = client.cancel(run_id)
+        except RlaasError as exc:
+            _fail(str(exc))
     typer.echo(f"{run.id}  {run.status}")
 
 
@@ -200,7 +213,10 @@ def env_serve(
     """Serve an Environment class over the webhook protocol, verifying signatures."""
     import os
 
-    from sdk.envserver import serve as serve_env
+    try:
+        from sdk.envserver import serve as serve_env
+    except ImportError as exc:
+        _fail(f"rlaas env serve needs the envserver extra (pip install 'rlaas[envserver]'): {exc}")
 
     secret = os.environ.get(secret_env, "")
     if len(secret) < 16:
