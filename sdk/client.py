@@ -1,66 +1,53 @@
 """A typed Python client for the rlaas public API.
 
-    client = Client("http://127.0.0.1:8000", api_key)
-    run = client.create_run(load_spec("examples/tiny-game-short.yaml"))
-    run = client.wait(run.id)
-    rewards = client.metrics(run.id, name="reward/mean")
+    with Client("http://127.0.0.1:8000", api_key) as client:
+        run = client.create_run(load_spec("examples/tiny-game-short.yaml"))
+        for step in client.iter_metrics(run.id):      # live, over server-sent events
+            print(step.step, step.metrics.get("reward/mean"))
+        run = client.get_run(run.id)                  # the stream ended: the run is over
 
-Errors are `ApiError` with the HTTP status and the server's message, which
-names the field to change.
+Every error is an ``sdk.errors.RlaasError``: ``ApiError`` subclasses carry the
+API's status, code, field and message (which says what to change);
+``Unreachable`` means no answer came. The live stream reconnects by itself
+after a dropped connection and resumes with ``Last-Event-ID``, so no step is
+missed or repeated.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 
 from rl_core.spec import JobSpec
+from sdk.errors import ApiError, RlaasError, ServerError, Unreachable
+from sdk.errors import error_from_response as _error
+from sdk.models import (
+    TERMINAL,
+    Checkpoint,
+    Environment,
+    EnvironmentCheck,
+    Inflight,
+    MetricPoint,
+    MetricsStep,
+    Page,
+    Run,
+    RunEvent,
+    StatusChange,
+    StreamEvent,
+    Timeline,
+    Trajectory,
+)
+from sdk.sse import parse_events
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+__all__ = ["TERMINAL", "ApiError", "Client", "MetricPoint", "RlaasError", "Run", "Unreachable"]
 
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
-        super().__init__(f"HTTP {status}: {message}" + (f" (field: {field})" if field else ""))
-        self.status = status
-        self.message = message
-        self.field = field
-
-
-@dataclass(frozen=True)
-class Run:
-    id: str
-    status: str
-    name: str | None
-    current_step: int
-    error: str | None
-    raw: dict[str, Any]
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Run:
-        return cls(
-            id=data["id"],
-            status=data["status"],
-            name=data.get("name"),
-            current_step=int(data.get("current_step") or 0),
-            error=data.get("error"),
-            raw=data,
-        )
-
-    @property
-    def done(self) -> bool:
-        return self.status in TERMINAL
-
-
-@dataclass(frozen=True)
-class MetricPoint:
-    step: int
-    name: str
-    value: float
+# The server sends a keep-alive comment every 15 s: a read silent for longer than this
+# is a dead connection (a proxy that dropped it without a FIN), so reconnect.
+STREAM_READ_TIMEOUT_S = 45.0
 
 
 class Client:
@@ -88,41 +75,61 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
+    # --- runs ---------------------------------------------------------------------
+
     def create_run(
-        self, spec: JobSpec | dict[str, Any], *, idempotency_key: str | None = None
+        self,
+        spec: JobSpec | dict[str, Any],
+        *,
+        name: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Run:
-        body = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
+        """Submit a run. With ``idempotency_key``, a retry returns the run made the first time."""
+        body: dict[str, Any] = {
+            "spec": spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
+        }
+        if name is not None:
+            body["name"] = name
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return Run.from_json(
-            self._request("POST", "/v1/runs", json={"spec": body}, headers=headers)
-        )
+        return Run.from_json(self._json("POST", "/v1/runs", json=body, headers=headers))
 
     def get_run(self, run_id: str) -> Run:
-        return Run.from_json(self._request("GET", f"/v1/runs/{run_id}"))
+        return Run.from_json(self._json("GET", _run(run_id)))
 
-    def list_runs(self, *, status: str | None = None, limit: int = 50) -> list[Run]:
-        params: dict[str, Any] = {"limit": limit}
-        if status:
-            params["status"] = status
-        data = self._request("GET", "/v1/runs", params=params)
-        return [Run.from_json(item) for item in data["items"]]
+    def list_runs(
+        self, *, status: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> list[Run]:
+        """One page of runs, newest first (``iter_runs`` walks them all)."""
+        return self.runs_page(status=status, limit=limit, cursor=cursor).items
+
+    def runs_page(
+        self, *, status: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Page[Run]:
+        data = self._json(
+            "GET", "/v1/runs", params=_params(status=status, limit=limit, cursor=cursor)
+        )
+        return Page([Run.from_json(r) for r in data["items"]], data.get("next_cursor"))
+
+    def iter_runs(self, *, status: str | None = None, page_size: int = 100) -> Iterator[Run]:
+        cursor: str | None = None
+        while True:
+            page = self.runs_page(status=status, limit=page_size, cursor=cursor)
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
 
     def cancel(self, run_id: str) -> Run:
-        return Run.from_json(self._request("POST", f"/v1/runs/{run_id}/cancel"))
+        """Queued runs end now; running ones stop at their next step boundary."""
+        return Run.from_json(self._json("POST", f"{_run(run_id)}/cancel"))
 
-    def metrics(
-        self, run_id: str, *, name: str | None = None, since_step: int | None = None
-    ) -> list[MetricPoint]:
-        params: dict[str, Any] = {}
-        if name:
-            params["name"] = name
-        if since_step is not None:
-            params["since_step"] = since_step
-        data = self._request("GET", f"/v1/runs/{run_id}/metrics", params=params)
-        return [MetricPoint(p["step"], p["name"], float(p["value"])) for p in data["points"]]
+    def events(self, run_id: str, *, after: int | None = None) -> list[RunEvent]:
+        """The run's status transitions, oldest first (``after``: an event id)."""
+        data = self._json("GET", f"{_run(run_id)}/events", params=_params(after=after))
+        return [RunEvent.from_json(e) for e in data["items"]]
 
     def poll(self, run_id: str, *, interval_s: float = 1.0) -> Iterator[Run]:
-        """Yield the run every `interval_s` until it reaches a terminal state."""
+        """Yield the run every ``interval_s`` until it reaches a terminal state."""
         while True:
             run = self.get_run(run_id)
             yield run
@@ -131,23 +138,244 @@ class Client:
             time.sleep(interval_s)
 
     def wait(self, run_id: str, *, timeout_s: float = 3600.0, interval_s: float = 1.0) -> Run:
+        """The run once it has ended; ``TimeoutError`` if it has not within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         for run in self.poll(run_id, interval_s=interval_s):
             if run.done:
                 return run
             if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} still {run.status} after {timeout_s:.0f}s")
-        raise AssertionError("unreachable")
+                raise TimeoutError(
+                    f"run {run_id} still {run.status} after {timeout_s:.0f}s; "
+                    "wait longer (timeout_s=...) or cancel it"
+                )
+        raise AssertionError("unreachable: poll() returns only after a terminal run")
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        response = self._http.request(method, path, **kwargs)
-        if response.status_code >= 400:
+    # --- metrics ------------------------------------------------------------------
+
+    def metrics(
+        self,
+        run_id: str,
+        *,
+        name: str | None = None,
+        since_step: int | None = None,
+        until_step: int | None = None,
+    ) -> list[MetricPoint]:
+        """Stored metric points, by name then step (both bounds inclusive)."""
+        params = _params(name=name, since_step=since_step, until_step=until_step)
+        data = self._json("GET", f"{_run(run_id)}/metrics", params=params)
+        return [MetricPoint(p["step"], p["name"], float(p["value"])) for p in data["points"]]
+
+    def iter_metrics(
+        self,
+        run_id: str,
+        *,
+        after_step: int | None = None,
+        max_reconnects: int | None = 20,
+        reconnect_delay_s: float = 0.5,
+    ) -> Iterator[MetricsStep]:
+        """Every step's metrics after ``after_step``, live, until the run has ended."""
+        for event in self.stream(
+            run_id,
+            after_step=after_step,
+            max_reconnects=max_reconnects,
+            reconnect_delay_s=reconnect_delay_s,
+        ):
+            if isinstance(event, MetricsStep):
+                yield event
+
+    def stream(
+        self,
+        run_id: str,
+        *,
+        after_step: int | None = None,
+        max_reconnects: int | None = 20,
+        reconnect_delay_s: float = 0.5,
+        on_reconnect: Callable[[int, int | None, BaseException | None], None] | None = None,
+    ) -> Iterator[StreamEvent]:
+        """The live stream: ``MetricsStep`` per step, ``StatusChange`` on transitions.
+
+        A dropped connection (reset, a 5xx, a read silent past the keep-alives) is
+        retried with backoff, resuming after the last step received; more than
+        ``max_reconnects`` failures in a row (None: no limit) raise ``Unreachable``.
+        Ends when the server closes the stream of a run that has ended.
+        ``on_reconnect(failures, last_step, error)`` is told before each new try
+        (error None: the server closed the stream of a run still going).
+        """
+        last = after_step
+        failures = 0
+        timeout = httpx.Timeout(self._http.timeout.connect, read=STREAM_READ_TIMEOUT_S)
+        error: BaseException | None = None
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            ended = False
             try:
-                error = response.json().get("error", {})
-            except ValueError:
-                error = {}
-            raise ApiError(
-                response.status_code, str(error.get("message") or response.text), error.get("field")
-            )
-        data: dict[str, Any] = response.json()
+                with self._http.stream(
+                    "GET", f"{_run(run_id)}/metrics/stream", headers=headers, timeout=timeout
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise _error(response)
+                    for sse in parse_events(response.iter_lines()):
+                        failures = 0  # it answered: count failures afresh
+                        event = _stream_event(sse.event, sse.data)
+                        if isinstance(event, MetricsStep):
+                            if last is not None and event.step <= last:
+                                continue  # sent again after a reconnect
+                            last = event.step
+                        if event is not None:
+                            yield event
+                # A clean end: the run is over and drained, or the server went away
+                # (a restart, a proxy's idle cut). Only the run's state can tell which.
+                ended = self.get_run(run_id).done
+                error = None
+            except (httpx.TransportError, ServerError, Unreachable) as exc:
+                error = exc
+                failures += 1
+                if max_reconnects is not None and failures > max_reconnects:
+                    raise Unreachable(
+                        f"the metrics stream of {run_id} failed {failures} times in a row "
+                        f"(last: {exc!r}); is the control plane at {self._http.base_url} up?"
+                    ) from exc
+            if ended:
+                return
+            if on_reconnect is not None:
+                on_reconnect(failures, last, error)
+            time.sleep(min(reconnect_delay_s * 2 ** max(failures - 1, 0), 10.0))
+
+    # --- results ------------------------------------------------------------------
+
+    def timeline(
+        self,
+        run_id: str,
+        *,
+        start_us: int | None = None,
+        end_us: int | None = None,
+        limit: int | None = None,
+    ) -> Timeline:
+        """Stage spans from ``start_us`` on (wall-clock microseconds), oldest first."""
+        params = _params(start_us=start_us, end_us=end_us, limit=limit)
+        return Timeline.from_json(self._json("GET", f"{_run(run_id)}/timeline", params=params))
+
+    def trajectories(
+        self,
+        run_id: str,
+        *,
+        step: int | None = None,
+        limit: int = 20,
+        cursor: str | None = None,
+    ) -> Page[Trajectory]:
+        """One page of sampled trajectories (by step, oldest first); ``step`` filters."""
+        params = _params(step=step, limit=limit, cursor=cursor)
+        data = self._json("GET", f"{_run(run_id)}/trajectories", params=params)
+        return Page([Trajectory.from_json(t) for t in data["items"]], data.get("next_cursor"))
+
+    def iter_trajectories(
+        self, run_id: str, *, step: int | None = None, page_size: int = 100
+    ) -> Iterator[Trajectory]:
+        cursor: str | None = None
+        while True:
+            page = self.trajectories(run_id, step=step, limit=page_size, cursor=cursor)
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def checkpoints(self, run_id: str) -> list[Checkpoint]:
+        data = self._json("GET", f"{_run(run_id)}/checkpoints")
+        return [Checkpoint.from_json(c) for c in data["items"]]
+
+    def inflight(self, run_id: str) -> Inflight:
+        """What the run is waiting on: the episodes in flight, their stage, for how long."""
+        return Inflight.from_json(self._json("GET", f"{_run(run_id)}/inflight"))
+
+    def request_profile(self, run_id: str, steps: int) -> int:
+        """Ask the worker to profile the next ``steps`` steps; returns the steps granted."""
+        data = self._json("POST", f"{_run(run_id)}/profile", json={"steps": steps})
+        return int(data["requested_steps"])
+
+    # --- environments ----------------------------------------------------------------
+
+    def register_environment(
+        self,
+        name: str,
+        url: str,
+        secret: str,
+        *,
+        timeout_s: float = 30.0,
+        max_concurrency: int = 16,
+    ) -> Environment:
+        """Register a webhook environment. Its ``id`` goes in a spec's environment.name.
+
+        ``secret`` (16+ characters) signs every request to ``url``; it is stored
+        encrypted and never returned.
+        """
+        body = {
+            "name": name,
+            "url": url,
+            "secret": secret,
+            "timeout_s": timeout_s,
+            "max_concurrency": max_concurrency,
+        }
+        return Environment.from_json(self._json("POST", "/v1/environments", json=body))
+
+    def list_environments(self) -> list[Environment]:
+        data = self._json("GET", "/v1/environments")
+        return [Environment.from_json(e) for e in data["items"]]
+
+    def get_environment(self, environment_id: str) -> Environment:
+        return Environment.from_json(self._json("GET", _env(environment_id)))
+
+    def delete_environment(self, environment_id: str) -> None:
+        self._request("DELETE", _env(environment_id))
+
+    def check_environment(self, environment_id: str) -> EnvironmentCheck:
+        """Call the webhook once (reset, close), before a run spends compute on it."""
+        return EnvironmentCheck.from_json(self._json("POST", f"{_env(environment_id)}/check"))
+
+    # --- plumbing -------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise Unreachable(
+                f"{method} {path}: no answer from {self._http.base_url} ({exc!r})"
+            ) from exc
+        if response.status_code >= 400:
+            raise _error(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        data: dict[str, Any] = self._request(method, path, **kwargs).json()
         return data
+
+
+def _stream_event(kind: str, data: str) -> StreamEvent | None:
+    body = json.loads(data)
+    if kind == "metrics":
+        metrics = {str(k): float(v) for k, v in body["metrics"].items()}
+        return MetricsStep(step=int(body["step"]), metrics=metrics)
+    if kind == "status":
+        return StatusChange(status=str(body["status"]))
+    return None  # a kind this SDK does not know yet: skipped, not fatal
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _run(run_id: str) -> str:
+    return f"/v1/runs/{_segment(run_id, 'run id')}"
+
+
+def _env(environment_id: str) -> str:
+    return f"/v1/environments/{_segment(environment_id, 'environment id')}"
+
+
+def _segment(value: str, what: str) -> str:
+    # An id is one path segment; anything else would address another route.
+    if not value or "/" in value or value in (".", ".."):
+        raise RlaasError(f"{what} {value!r} is not an id; pass the id the API returned")
+    return value

@@ -1,56 +1,170 @@
-"""Follow a run in the terminal: a progress bar over steps and the live reward."""
+"""Follow a run in the terminal: its status, a progress bar and the live key metrics.
+
+Fed by the run's live stream (``Client.stream``), which resumes by itself after
+a dropped connection; a control plane without the stream is polled instead.
+On a terminal it redraws in place; piped to a file it prints a line per step.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console, Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
 
 from sdk.client import Client, Run
+from sdk.errors import NotFound
+from sdk.models import MetricsStep, StatusChange, StreamEvent
 
 REWARD = "reward/mean"
+# Shown first when present, in this order; then up to a few of the others.
+KEY_METRICS = (
+    REWARD,
+    "loss",
+    "kl",
+    "mismatch_kl",
+    "staleness/max",
+    "tokens_per_s",
+    "trajectories_per_s",
+    "step_time_s",
+)
+MAX_ROWS = 10
+HISTORY = 40
+# `rlaas runs watch` exits with the run's outcome (2 is the CLI's own usage error).
+EXIT_CODES = {"succeeded": 0, "failed": 1, "cancelled": 3}
+STATUS_STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
 
 
-def follow_run(client: Client, run_id: str, *, interval_s: float = 1.0) -> Run:
-    """Poll the run until it ends, drawing progress; returns the final run."""
-    console = Console(stderr=True)
+class RunWatch:
+    """What the terminal shows about one run, updated from stream events."""
+
+    def __init__(self, run: Run) -> None:
+        self.run_id = run.id
+        self.status = run.status
+        self.total = run.total_steps
+        self.step = run.current_step
+        self.history: dict[str, list[float]] = {}
+        self.note = ""
+        self.started = time.monotonic()
+
+    def apply(self, event: StreamEvent) -> None:
+        if isinstance(event, MetricsStep):
+            self.step = max(self.step, event.step)
+            for name, value in event.metrics.items():
+                series = self.history.setdefault(name, [])
+                series.append(value)
+                del series[:-HISTORY]
+            self.note = ""
+        else:
+            self.status = event.status
+
+    def names(self) -> list[str]:
+        first = [n for n in KEY_METRICS if n in self.history]
+        rest = sorted(n for n in self.history if n not in first and not n.startswith("time/"))
+        return (first + rest)[:MAX_ROWS]
+
+    def render(self) -> RenderableType:
+        head = Text.assemble(
+            (f"{self.status:<9}", f"bold {STATUS_STYLE.get(self.status, '')}"),
+            f" {self.run_id}  step {self.step}" + (f" / {self.total}" if self.total else ""),
+            f"  {time.monotonic() - self.started:,.0f}s",
+        )
+        parts: list[RenderableType] = [head]
+        if self.total:
+            parts.append(ProgressBar(total=self.total, completed=min(self.step, self.total)))
+        table = Table(box=None, show_header=False, pad_edge=False)
+        for name in self.names():
+            values = self.history[name]
+            table.add_row(name, f"{values[-1]:.4g}", sparkline(values))
+        parts.append(table)
+        if self.note:
+            parts.append(Text(self.note, style="yellow"))
+        return Group(*parts)
+
+    def line(self, event: StreamEvent) -> str:
+        if isinstance(event, StatusChange):
+            return f"status {event.status}"
+        shown = " ".join(f"{n} {event.metrics[n]:.4g}" for n in self.names() if n in event.metrics)
+        total = f"/{self.total}" if self.total else ""
+        return f"step {event.step}{total} {shown}"
+
+
+def follow_run(
+    client: Client,
+    run_id: str,
+    *,
+    console: Console | None = None,
+    max_reconnects: int | None = None,
+    poll_interval_s: float = 1.0,
+) -> Run:
+    """Show the run live until it ends; returns the final run."""
+    console = console or Console(stderr=True)
+    watch = RunWatch(client.get_run(run_id))
+
+    def reconnecting(failures: int, last: int | None, error: BaseException | None) -> None:
+        why = "the server closed the stream" if error is None else f"connection lost ({error})"
+        watch.note = f"{why}; resuming after step {last} (try {failures})"
+        if not console.is_terminal:
+            console.print(watch.note)
+
+    events: Iterable[StreamEvent] = client.stream(
+        run_id, max_reconnects=max_reconnects, on_reconnect=reconnecting
+    )
+    try:
+        _show(console, watch, events)
+    except NotFound as exc:
+        if exc.code != "no_route":
+            raise
+        # An older control plane with no stream: poll it.
+        _show(console, watch, _polled(client, run_id, watch, poll_interval_s))
     run = client.get_run(run_id)
-    total = int(run.raw.get("spec", {}).get("train", {}).get("steps", 0)) or None
-    rewards: list[float] = []
-    last_step = 0
-    with Progress(
-        TextColumn("[bold]{task.fields[status]:<9}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("reward {task.fields[reward]}"),
-        TextColumn("{task.fields[trend]}"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        task = progress.add_task("run", total=total, status=run.status, reward="-", trend="")
-        while True:
-            run = client.get_run(run_id)
-            for point in client.metrics(run_id, name=REWARD, since_step=last_step + 1):
-                rewards.append(point.value)
-                last_step = max(last_step, point.step)
-            progress.update(
-                task,
-                completed=run.current_step,
-                status=run.status,
-                reward=f"{rewards[-1]:.3f}" if rewards else "-",
-                trend=sparkline(rewards[-40:]),
-            )
-            if run.done:
-                break
-            time.sleep(interval_s)
+    rewards = watch.history.get(REWARD, [])
     if rewards:
         console.print(
-            f"reward/mean: first {rewards[0]:.3f}, best {max(rewards):.3f}, last {rewards[-1]:.3f}"
+            f"{REWARD}: first {rewards[0]:.3f}, best {max(rewards):.3f}, last {rewards[-1]:.3f}"
         )
+    style = STATUS_STYLE.get(run.status, "")
+    console.print(f"run {run.id} [{style}]{run.status}[/{style}] at step {run.current_step}")
     if run.error:
         console.print(f"[red]error:[/red] {run.error}")
     return run
+
+
+def _show(console: Console, watch: RunWatch, events: Iterable[StreamEvent]) -> None:
+    if not console.is_terminal:
+        for event in events:
+            watch.apply(event)
+            console.print(watch.line(event), highlight=False)
+        return
+    from rich.live import Live
+
+    with Live(watch.render(), console=console, refresh_per_second=4) as live:
+        for event in events:
+            watch.apply(event)
+            live.update(watch.render())
+
+
+def _polled(
+    client: Client, run_id: str, watch: RunWatch, interval_s: float
+) -> Iterator[StreamEvent]:
+    """The stream's events, made by polling the run and its metrics."""
+    last = watch.step
+    while True:
+        run = client.get_run(run_id)
+        by_step: dict[int, dict[str, float]] = {}
+        for point in client.metrics(run_id, since_step=last + 1):
+            by_step.setdefault(point.step, {})[point.name] = point.value
+        for step in sorted(by_step):
+            last = step
+            yield MetricsStep(step=step, metrics=by_step[step])
+        if run.status != watch.status:
+            yield StatusChange(status=run.status)
+        if run.done:
+            return
+        time.sleep(interval_s)
 
 
 def sparkline(values: list[float]) -> str:

@@ -55,14 +55,15 @@ class LiveApi:
 
 
 @contextlib.contextmanager
-def live_api(database_url: str) -> Iterator[LiveApi]:
-    settings = Settings(
-        database_url=database_url,
-        worker_token=WORKER_TOKEN,
-        secret_key=secrets.token_urlsafe(32),
-        reaper_interval_s=3600,
-        log_json=False,  # the test's own logging stays as pytest set it
-    )
+def live_api(database_url: str, **overrides: Any) -> Iterator[LiveApi]:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "worker_token": WORKER_TOKEN,
+        "secret_key": secrets.token_urlsafe(32),
+        "reaper_interval_s": 3600,
+        "log_json": False,  # the test's own logging stays as pytest set it
+    }
+    settings = Settings(**{**values, **overrides})
     app = create_app(settings, dispatcher=RecordingDispatcher())
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -1,0 +1,297 @@
+"""What the SDK's calls return: frozen dataclasses read from the API's JSON.
+
+Each keeps the JSON it came from in ``raw`` where the API may add fields, so a
+newer server never breaks an older client. The records the RL core defines
+(text segments, in-flight snapshots, trajectories) are ``rl_core.records``'
+own types: one definition on both sides of the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from rl_core.records import InflightEpisode, InflightSnapshot, TextSegment, TrajectoryRecord
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+T = TypeVar("T")
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    status: str
+    name: str | None
+    current_step: int
+    error: str | None
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Run:
+        return cls(
+            id=data["id"],
+            status=data["status"],
+            name=data.get("name"),
+            current_step=int(data.get("current_step") or 0),
+            error=data.get("error"),
+            raw=data,
+        )
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def total_steps(self) -> int | None:
+        steps = self.raw.get("spec", {}).get("train", {}).get("steps")
+        return int(steps) if steps else None
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    id: int | None
+    from_status: str | None
+    to_status: str
+    reason: str | None
+    created_at: datetime | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunEvent:
+        return cls(
+            id=data.get("id"),
+            from_status=data.get("from_status"),
+            to_status=data["to_status"],
+            reason=data.get("reason"),
+            created_at=_time(data.get("created_at")),
+        )
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    step: int
+    name: str
+    value: float
+
+
+@dataclass(frozen=True)
+class MetricsStep:
+    """One step's metrics, as the live stream sends them."""
+
+    step: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    """The run's status, sent by the stream when it opens and on every transition."""
+
+    status: str
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL
+
+
+StreamEvent = MetricsStep | StatusChange
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    track: str
+    start_us: int
+    dur_us: int
+    step: int | None
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A window of the run's stage spans. ``raw`` is Chrome trace JSON: save it, open it in
+    Perfetto. ``truncated``: the window held more; ask again from ``next_start_us``."""
+
+    spans: list[Span]
+    truncated: bool
+    next_start_us: int | None
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Timeline:
+        events = data.get("traceEvents", [])
+        tracks = {
+            e["tid"]: e.get("args", {}).get("name", str(e["tid"]))
+            for e in events
+            if e.get("ph") == "M" and e.get("name") == "thread_name"
+        }
+        spans = [
+            Span(
+                name=e["name"],
+                track=tracks.get(e["tid"], str(e["tid"])),
+                start_us=int(e["ts"]),
+                dur_us=int(e.get("dur") or 0),
+                step=e.get("args", {}).get("step"),
+                args=dict(e.get("args", {})),
+            )
+            for e in events
+            if e.get("ph") == "X"
+        ]
+        other = data.get("otherData") or {}
+        return cls(
+            spans=spans,
+            truncated=bool(other.get("truncated")),
+            next_start_us=other.get("next_start_us"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A stored sampled trajectory: its id and the ``TrajectoryRecord`` the worker sent."""
+
+    id: int
+    record: TrajectoryRecord
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Trajectory:
+        record = TrajectoryRecord(
+            episode_id=data["episode_id"],
+            step=int(data["step"]),
+            policy_version=int(data["policy_version"]),
+            group=int(data["group"]),
+            reward=float(data["reward"]),
+            turns=int(data["turns"]),
+            end_state=data["end_state"],
+            end_reason=data.get("end_reason"),
+            model_tokens=int(data["model_tokens"]),
+            total_tokens=int(data["total_tokens"]),
+            duration_s=float(data["duration_s"]),
+            segments=tuple(
+                TextSegment(text=s["text"], trained=bool(s["trained"])) for s in data["segments"]
+            ),
+            sampling=dict(data.get("sampling", {})),
+            info=dict(data.get("info", {})),
+        )
+        return cls(id=int(data["id"]), record=record)
+
+    @property
+    def trained_text(self) -> str:
+        """What the loss trains on: the model's own tokens, joined."""
+        return "".join(s.text for s in self.record.segments if s.trained)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    uri: str
+    size_bytes: int | None
+    created_at: datetime | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Checkpoint:
+        return cls(
+            step=int(data["step"]),
+            uri=data["uri"],
+            size_bytes=data.get("size_bytes"),
+            created_at=_time(data.get("created_at")),
+        )
+
+
+@dataclass(frozen=True)
+class Inflight:
+    """What the run is waiting on, as of its worker's last heartbeat (None: not reported)."""
+
+    reported_at: datetime | None
+    snapshot: InflightSnapshot | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Inflight:
+        snap = data.get("snapshot")
+        snapshot = (
+            InflightSnapshot(
+                step=int(snap["step"]),
+                trainer=snap["trainer"],
+                trainer_since_s=float(snap["trainer_since_s"]),
+                queue_depth=int(snap["queue_depth"]),
+                episodes=tuple(
+                    InflightEpisode(
+                        episode_id=e["episode_id"],
+                        stage=e["stage"],
+                        since_s=float(e["since_s"]),
+                        turn=int(e["turn"]),
+                    )
+                    for e in snap.get("episodes", [])
+                ),
+            )
+            if snap
+            else None
+        )
+        return cls(reported_at=_time(data.get("reported_at")), snapshot=snapshot)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A registered webhook environment; use ``id`` as the spec's environment.name."""
+
+    id: str
+    name: str
+    url: str
+    timeout_s: float
+    max_concurrency: int
+    created_at: datetime | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Environment:
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            url=data["url"],
+            timeout_s=float(data["timeout_s"]),
+            max_concurrency=int(data["max_concurrency"]),
+            created_at=_time(data.get("created_at")),
+        )
+
+
+@dataclass(frozen=True)
+class CheckCall:
+    path: str
+    ok: bool
+    status_code: int | None
+    duration_ms: float
+    error: str | None
+
+
+@dataclass(frozen=True)
+class EnvironmentCheck:
+    """The outcome of calling the webhook once (reset, close) before any compute is spent."""
+
+    ok: bool
+    error: str | None
+    calls: list[CheckCall]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EnvironmentCheck:
+        return cls(
+            ok=bool(data["ok"]),
+            error=data.get("error"),
+            calls=[
+                CheckCall(
+                    path=c["path"],
+                    ok=bool(c["ok"]),
+                    status_code=c.get("status_code"),
+                    duration_ms=float(c.get("duration_ms") or 0.0),
+                    error=c.get("error"),
+                )
+                for c in data.get("calls", [])
+            ],
+        )
