@@ -6,6 +6,7 @@ export const GROUPS = [
   { id: "reward", kind: "lines", match: (n) => n.startsWith("reward/") && n !== "reward/std" },
   { id: "loss", kind: "lines", match: (n) => /(^|\/|_)loss$/.test(n) || n.startsWith("loss/") },
   { id: "kl", kind: "lines", match: (n) => /(^|[/_])kl($|[/_])/.test(n) },
+  // Lines for mean/max (policy versions); the histogram's buckets as bars on the right axis.
   { id: "staleness", kind: "lines", match: (n) => n === "staleness" || n.startsWith("staleness/") },
   {
     id: "throughput",
@@ -13,6 +14,8 @@ export const GROUPS = [
     match: (n) => n.startsWith("throughput/") || /_per_s$/.test(n),
   },
   { id: "stages", kind: "stack", match: (n) => n.startsWith("time/") },
+  // Is the accelerator waiting? trainer/engine busy, blocked and idle fractions of the step.
+  { id: "utilisation", kind: "lines", match: (n) => /^(trainer|engine)\/[a-z]+_frac$/.test(n) },
 ];
 
 // One series per metric name, ordered by step; a step sent twice keeps the newer value.
@@ -71,6 +74,12 @@ function traces(group, store) {
     if (group.kind === "stack") {
       return { type: "bar", name: name.slice("time/".length), x: [...s.steps], y: [...s.values] };
     }
+    if (name.startsWith("staleness/bucket_")) {
+      return {
+        type: "bar", name: `groups at staleness ${name.slice(17)}`, x: [...s.steps],
+        y: [...s.values], yaxis: "y2", opacity: 0.35,
+      };
+    }
     return {
       type: "scatter",
       mode: s.steps.length > 60 ? "lines" : "lines+markers",
@@ -94,6 +103,7 @@ export function drawCharts(store) {
     if (!el) continue;
     const data = traces(group, store);
     const layout = { ...BASE_LAYOUT, barmode: "stack", showlegend: data.length > 1 };
+    if (group.id === "utilisation") layout.yaxis = { ...layout.yaxis, range: [0, 1] };
     if (data.some((t) => t.yaxis === "y2")) {
       layout.yaxis2 = { overlaying: "y", side: "right", zeroline: false, showgrid: false };
     }

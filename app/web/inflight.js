@@ -19,7 +19,7 @@ export function drawInflight(el, ageEl, body) {
   trainer.className = "stage";
   trainer.textContent = snap.trainer;
   head.append(`step ${snap.step} · trainer `, trainer,
-    ` for ${fmt(snap.trainer_since_s)} s · queue depth ${snap.queue_depth} · ${snap.episodes.length} episodes in flight`);
+    ` for ${fmt(snap.trainer_since_s)} s · queue depth ${snap.queue_depth} · ${snap.episodes.length} episode${snap.episodes.length === 1 ? "" : "s"} in flight`);
   const episodes = [...snap.episodes].sort((a, b) => b.since_s - a.since_s);
   const table = document.createElement("table");
   table.className = "grid compact";

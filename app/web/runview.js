@@ -25,6 +25,7 @@ export class RunView {
     this.timer = null;
     this.drawPending = false;
     this.missing = new Set(); // panels this control plane has no route for
+    this.refreshes = 0;
     this.trajectories = new TrajectoryPanel(this.path, {
       api, list: $("trajectories"), more: $("traj-more"), note: $("traj-note"),
       form: $("traj-form"), input: $("traj-step"), onError,
@@ -72,7 +73,10 @@ export class RunView {
         this.panel("inflight", async () => {
           drawInflight($("inflight"), $("inflight-age"), await api(`${this.path}/inflight`));
         }),
-        this.panel("timeline", () => loadTimeline(api, this.path, run, $("timeline"), $("timeline-note"))),
+        // Up to thousands of spans a read: every third refresh is enough for the eye.
+        this.refreshes++ % 3 === 0 || TERMINAL.has(run.status)
+          ? this.panel("timeline", () => loadTimeline(api, this.path, run, $("timeline"), $("timeline-note")))
+          : null,
         this.panel("trajectories", () => this.trajectories.follow(newest)),
       ]);
     } catch (err) {
