@@ -27,6 +27,7 @@ from sdk.errors import (
     Unreachable,
 )
 from sdk.models import MetricsStep, StatusChange
+from sdk.sse import SseEvent, parse_events
 from tests.sdk.serving import free_port, serving
 from tests.web.live import LiveApi, live_api, migrated_database
 from tests.web.proxy import cutting_proxy
@@ -247,3 +248,25 @@ def test_waiting_for_a_run(live: LiveApi, client: Client) -> None:
     done = client.wait(run_id, timeout_s=10, interval_s=0.05)
     assert done.status == "failed" and "refused" in (done.error or "")
     assert time.monotonic() - started < 5
+
+
+def test_the_sse_parser_follows_the_spec() -> None:
+    lines = [
+        "retry: 2000",
+        "",
+        "id: 7",
+        "event: metrics",
+        'data: {"step":',
+        "data:7}",
+        "",
+        ": keep-alive",
+        "",
+        "data:no space",
+        "",
+        "id: 8",
+        "data: cut off",
+    ]
+    assert list(parse_events(lines)) == [
+        SseEvent(event="metrics", data='{"step":\n7}', id="7"),
+        SseEvent(event="message", data="no space", id=None),
+    ]

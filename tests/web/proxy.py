@@ -14,6 +14,8 @@ import socket
 import threading
 from collections.abc import Iterator
 
+REFUSED = b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
 
 class CuttingProxy:
     def __init__(self, upstream_port: int) -> None:
@@ -22,6 +24,9 @@ class CuttingProxy:
         self.port = int(self.listener.getsockname()[1])
         self.requests: list[bytes] = []  # every chunk a client sent, in order
         self._open: list[socket.socket] = []
+        # Requests whose head holds one of these are answered 502 by the proxy itself, as a
+        # proxy that does not pass server-sent events through would.
+        self.refuse: set[bytes] = set()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -63,6 +68,9 @@ class CuttingProxy:
             while data := src.recv(65536):
                 if record:
                     self.requests.append(data)
+                    if any(marker in data for marker in self.refuse):
+                        src.sendall(REFUSED)
+                        break
                 dst.sendall(data)
         for s in (src, dst):
             with contextlib.suppress(OSError):

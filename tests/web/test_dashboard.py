@@ -20,6 +20,7 @@ from playwright.sync_api import Page
 
 from tests.web.browser import chromium
 from tests.web.live import REPO, LiveApi, Worker
+from tests.web.proxy import cutting_proxy
 
 ARTIFACTS = REPO / "tests-artifacts"
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
@@ -218,3 +219,74 @@ def test_dashboard_shows_a_live_run(live: LiveApi, tmp_path: Path) -> None:
         )
         assert page.title() != "pwned"
     assert not errors, errors
+
+
+def test_the_feed_resumes_after_a_cut_and_falls_back_to_polling(
+    live: LiveApi, tmp_path: Path
+) -> None:
+    """Through a proxy: a cut stream resumes after the last step; a proxy that refuses
+    the stream leaves the page polling, still live."""
+    key = live.tenant()
+    created = httpx.post(
+        f"{live.url}/v1/runs",
+        json={"spec": {"environment": {"name": "guess_number"}, "train": {"steps": 9}}},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    run_id = created.json()["id"]
+    worker = live.worker(run_id)
+    worker.start()
+    t0_us = int(time.time() * 1e6)
+    feed(worker, run_id, range(1, 3), t0_us)
+    reward = "document.getElementById('chart-reward').data"
+    points = f"({reward} || []).find(t => t.name === 'reward/mean')?.x.length"
+
+    with cutting_proxy(live.url) as proxy, chromium(tmp_path / "profile") as browser:
+        page = browser.pages[0] if browser.pages else browser.new_page()
+        page.goto(f"{proxy.url}/#key={key}&run={run_id}")
+        wait_js(page, f"{points} === 2", "the first 2 steps")
+
+        proxy.cut()
+        feed(worker, run_id, range(3, 4), t0_us)
+        wait_js(page, f"{points} === 3", "step 3 after the cut")
+        streams = [r.decode("latin-1").lower() for r in proxy.requests if b"/stream" in r]
+        assert any("last-event-id: 2" in r for r in streams[1:]), streams
+
+        proxy.refuse.add(b"/metrics/stream")
+        proxy.cut()
+        wait_js(
+            page,
+            "document.getElementById('conn').textContent === 'live (polling)'",
+            "the page falling back to polling",
+        )
+        feed(worker, run_id, range(4, 6), t0_us)
+        wait_js(page, f"{points} === 5", "steps 4 and 5 by polling")
+        # Each step once, in order, whichever way it came.
+        assert page.evaluate(f"({reward}).find(t => t.name === 'reward/mean').x") == [1, 2, 3, 4, 5]
+
+
+def test_the_pages_sse_parser_follows_the_spec(live: LiveApi, tmp_path: Path) -> None:
+    """Chunks split anywhere, \\r\\n split across chunks, comments, multi-line data."""
+    chunks = [
+        "id: 1\r",
+        '\nevent: metrics\r\ndata: {"a"',
+        ":1}\r\n",
+        "\r\n: keep-alive\n\n",
+        "data: x\ndata: y\n\nid: 2\nevent: metrics\ndata: cut off",
+    ]
+    with chromium(tmp_path / "profile") as browser:
+        page = browser.pages[0] if browser.pages else browser.new_page()
+        page.goto(f"{live.url}/static/index.html#")
+        events = page.evaluate(
+            """async (chunks) => {
+                const { SseParser } = await import('/static/sse.js');
+                const seen = [];
+                const parser = new SseParser((e) => seen.push(e));
+                for (const c of chunks) parser.push(c);
+                return seen;
+            }""",
+            chunks,
+        )
+    assert events == [
+        {"event": "metrics", "data": '{"a":1}', "id": "1"},
+        {"event": "message", "data": "x\ny", "id": None},
+    ]
