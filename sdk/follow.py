@@ -7,6 +7,7 @@ On a terminal it redraws in place; piped to a file it prints a line per step.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Iterator
 
@@ -49,8 +50,14 @@ class RunWatch:
         self.history: dict[str, list[float]] = {}
         self.note = ""
         self.started = time.monotonic()
+        # Live's refresh thread renders while the stream applies events.
+        self.lock = threading.Lock()
 
     def apply(self, event: StreamEvent) -> None:
+        with self.lock:
+            self._apply(event)
+
+    def _apply(self, event: StreamEvent) -> None:
         if isinstance(event, MetricsStep):
             self.step = max(self.step, event.step)
             for name, value in event.metrics.items():
@@ -83,6 +90,11 @@ class RunWatch:
         if self.note:
             parts.append(Text(self.note, style="yellow"))
         return Group(*parts)
+
+    def __rich__(self) -> RenderableType:
+        # Live redraws this several times a second, so the clock runs between steps too.
+        with self.lock:
+            return self.render()
 
     def line(self, event: StreamEvent) -> str:
         if isinstance(event, StatusChange):
@@ -141,10 +153,9 @@ def _show(console: Console, watch: RunWatch, events: Iterable[StreamEvent]) -> N
         return
     from rich.live import Live
 
-    with Live(watch.render(), console=console, refresh_per_second=4) as live:
+    with Live(watch, console=console, refresh_per_second=4):
         for event in events:
             watch.apply(event)
-            live.update(watch.render())
 
 
 def _polled(
