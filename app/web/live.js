@@ -42,7 +42,8 @@ export class LiveMetrics {
           if (TERMINAL.has(this.status)) break;
           await this.refreshStatus();
           if (TERMINAL.has(this.status)) { await this.pollOnce(); break; }
-          continue; // closed early (a restart, a proxy): reconnect from lastStep
+          await sleep(1000); // closed early (a restart, a proxy): reconnect from lastStep
+          continue;
         } catch (err) {
           if (this.stopped) break;
           if (err.status === 401 || (err.status === 404 && err.code === "not_found")) throw err;
