@@ -69,6 +69,9 @@ def test_runs_create_get_list_cancel_and_events(client: Client) -> None:
     assert [r.id for r in client.list_runs(status="cancelled")] == [first.id]
     events = client.events(first.id)
     assert [(e.from_status, e.to_status) for e in events][-1] == ("queued", "cancelled")
+    assert all(e.id is not None for e in events)
+    assert client.events(first.id, after=events[-1].id) == []
+    assert client.events(first.id, after=events[0].id) == events[1:]
 
 
 def test_errors_carry_the_apis_code_field_and_message(live: LiveApi, client: Client) -> None:
