@@ -18,6 +18,7 @@ export class LiveMetrics {
     this.status = null;
     this.controller = new AbortController();
     this.stopped = false;
+    this.received = 0; // events on the current connection
   }
 
   stop() {
@@ -30,6 +31,7 @@ export class LiveMetrics {
     let streamMissing = false;
     while (!this.stopped) {
       if (!streamMissing) {
+        this.received = 0;
         try {
           this.onMode("live");
           await readStream(`/v1/runs/${encodeURIComponent(this.runId)}/metrics/stream`, {
@@ -49,7 +51,8 @@ export class LiveMetrics {
           if (err.status === 401 || (err.status === 404 && err.code === "not_found")) throw err;
           // no_route: a control plane without the stream; anything else: a drop.
           streamMissing = err.code === "no_route" || err.status === 405;
-          failures += 1;
+          // A connection that delivered before it dropped starts the count afresh.
+          failures = this.received ? 1 : failures + 1;
         }
       }
       if (failures < 2 && !streamMissing) { await sleep(1000 * failures); continue; }
@@ -62,6 +65,7 @@ export class LiveMetrics {
   }
 
   handle(event) {
+    this.received += 1;
     if (event.event === "metrics") {
       const body = JSON.parse(event.data);
       if (this.lastStep !== null && body.step <= this.lastStep) return; // a resend
