@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from rl_core.spec import JobSpec
-from sdk.errors import ApiError, RlaasError, ServerError, Unreachable
+from sdk.errors import ApiError, RateLimited, RlaasError, ServerError, Unreachable
 from sdk.errors import error_from_response as _error
 from sdk.models import (
     TERMINAL,
@@ -230,6 +230,10 @@ class Client:
                 # (a restart, a proxy's idle cut). Only the run's state can tell which.
                 ended = self.get_run(run_id).done
                 error = None
+            except RateLimited as exc:
+                # Over the tenant's request rate: wait as told; not a failure of the stream.
+                error = exc
+                time.sleep(exc.retry_after_s or 1.0)
             except (httpx.TransportError, ServerError, Unreachable) as exc:
                 error = exc
                 failures += 1

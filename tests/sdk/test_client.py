@@ -22,6 +22,7 @@ from sdk.errors import (
     BadRequest,
     Conflict,
     NotFound,
+    RateLimited,
     Unauthorized,
     Unprocessable,
     Unreachable,
@@ -273,3 +274,16 @@ def test_the_sse_parser_follows_the_spec() -> None:
         SseEvent(event="metrics", data='{"step":\n7}', id="7"),
         SseEvent(event="message", data="no space", id=None),
     ]
+
+
+def test_over_the_rate_is_rate_limited_with_retry_after(postgres_url: str) -> None:
+    database = migrated_database(postgres_url)
+    with live_api(database, quota_requests_per_minute=2) as tight:
+        key = tight.tenant()
+        with Client(tight.url, key) as c:
+            c.list_runs()
+            c.list_runs()
+            with pytest.raises(RateLimited) as over:
+                c.list_runs()
+    assert over.value.status == 429 and over.value.retry_after_s and over.value.retry_after_s >= 1
+    assert over.value.details["quota"]["name"] == "requests_per_minute"
