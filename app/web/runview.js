@@ -74,9 +74,12 @@ export class RunView {
           drawInflight($("inflight"), $("inflight-age"), await api(`${this.path}/inflight`));
         }),
         // Up to thousands of spans a read: every third refresh is enough for the eye.
-        this.refreshes++ % 3 === 0 || TERMINAL.has(run.status)
-          ? this.panel("timeline", () => loadTimeline(api, this.path, run, $("timeline"), $("timeline-note")))
-          : null,
+        ...(this.refreshes++ % 3 === 0 || TERMINAL.has(run.status)
+          ? [
+            this.panel("timeline", () => loadTimeline(api, this.path, run, $("timeline"), $("timeline-note"))),
+            this.panel("checkpoints", async () => drawCheckpoints(await api(`${this.path}/checkpoints`))),
+          ]
+          : []),
         this.panel("trajectories", () => this.trajectories.follow(newest)),
       ]);
     } catch (err) {
@@ -92,7 +95,10 @@ export class RunView {
     } catch (err) {
       if (err.code !== "no_route") throw err;
       this.missing.add(name);
-      const el = { inflight: $("inflight"), timeline: $("timeline"), trajectories: $("trajectories") }[name];
+      const el = {
+        inflight: $("inflight"), timeline: $("timeline"), trajectories: $("trajectories"),
+        checkpoints: $("run-checkpoints"),
+      }[name];
       el.textContent = `this control plane does not serve ${name} yet`;
     }
   }
@@ -119,4 +125,13 @@ export class RunView {
       this.onError(err);
     }
   }
+}
+
+// Where a resumed attempt would start: the newest checkpoint the worker recorded.
+function drawCheckpoints(page) {
+  const items = page.items || [];
+  const newest = items[items.length - 1];
+  $("run-checkpoints").textContent = newest
+    ? `${items.length} checkpoint${items.length === 1 ? "" : "s"}; newest at step ${newest.step}: ${newest.uri}`
+    : "no checkpoint yet";
 }

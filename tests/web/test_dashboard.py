@@ -147,6 +147,8 @@ def test_dashboard_shows_a_live_run(live: LiveApi, tmp_path: Path) -> None:
         }
     )
 
+    worker.post("artifacts", kind="checkpoint", step=4, uri="file:///ckpt/step-4", size_bytes=10)
+
     errors: list[str] = []
     with chromium(tmp_path / "profile") as browser:
         page = browser.pages[0] if browser.pages else browser.new_page()
@@ -198,6 +200,9 @@ def test_dashboard_shows_a_live_run(live: LiveApi, tmp_path: Path) -> None:
         # Model and environment text is shown as text, never run as HTML.
         assert HOSTILE in plain.inner_text()
         assert page.locator("#trajectories img").count() == 0
+
+        checkpoints = page.locator("#run-checkpoints").inner_text()
+        assert "newest at step 4: file:///ckpt/step-4" in checkpoints
 
         inflight = page.locator("#inflight")
         assert "waiting_for_trajectories" in inflight.inner_text()
