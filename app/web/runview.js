@@ -26,12 +26,20 @@ export class RunView {
     this.drawPending = false;
     this.missing = new Set(); // panels this control plane has no route for
     this.refreshes = 0;
+    this.run = null; // the newest run read
     this.trajectories = new TrajectoryPanel(this.path, {
       api, list: $("trajectories"), more: $("traj-more"), note: $("traj-note"),
       form: $("traj-form"), input: $("traj-step"), onError,
     });
     this.live = new LiveMetrics(runId, {
-      onSteps: (steps) => { this.store.add(steps); this.scheduleDraw(); },
+      onSteps: (steps) => {
+        this.store.add(steps);
+        this.scheduleDraw();
+        // The header's step follows the stream, not just the 5-second refresh.
+        if (this.run && this.store.lastStep > this.run.current_step) {
+          this.drawHead({ ...this.run, current_step: this.store.lastStep });
+        }
+      },
       onStatus: (status) => { if (status !== this.status) this.refresh(); },
       onMode,
     });
@@ -67,7 +75,7 @@ export class RunView {
   async refresh() {
     try {
       const run = await api(this.path);
-      this.drawHead(run);
+      this.drawHead({ ...run, current_step: Math.max(run.current_step, this.store.lastStep ?? 0) });
       const newest = this.store.lastStep === null ? run.current_step : this.store.lastStep;
       await Promise.all([
         this.panel("inflight", async () => {
@@ -104,6 +112,7 @@ export class RunView {
   }
 
   drawHead(run) {
+    this.run = run;
     this.status = run.status;
     badge($("run-status"), run.status);
     $("run-title").textContent = run.name ? `${run.name} · ${run.id}` : run.id;

@@ -38,6 +38,9 @@ def step_metrics(step: int) -> dict[str, float]:
         "trajectories_per_s": 4.0,
         "time/rollout_s": 0.8,
         "time/train_s": 0.3,
+        "trainer/busy_frac": 0.4,
+        "trainer/blocked_frac": 0.5,
+        "engine/busy_frac": 0.9,
     }
 
 
