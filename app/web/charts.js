@@ -103,7 +103,9 @@ export function drawCharts(store) {
     if (!el) continue;
     const data = traces(group, store);
     const layout = { ...BASE_LAYOUT, barmode: "stack", showlegend: data.length > 1 };
-    if (group.id === "utilisation") layout.yaxis = { ...layout.yaxis, range: [0, 1] };
+    if (group.id === "utilisation" && data.length) {
+      layout.yaxis = { ...layout.yaxis, range: [0, 1.02], autorange: false };
+    }
     if (data.some((t) => t.yaxis === "y2")) {
       layout.yaxis2 = { overlaying: "y", side: "right", zeroline: false, showgrid: false };
     }
