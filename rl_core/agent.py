@@ -1,19 +1,27 @@
-"""The agent: plays one episode and keeps its token ledger.
+"""The agent: plays one episode and keeps its token ledger (`rl_core.pipeline.ledger`).
 
-The ledger is the exact sequence of token ids the trainer will see: the
-rendered prompt, then for every turn the tokens the model produced (as the
-engine returned them, never re-tokenised from text) and the observation
-tokens rendered after them. ``loss_mask`` is 1 exactly on model-produced
-tokens, and ``logprobs`` carries the sampler's logprob there (0 elsewhere),
-so the trainer can compute importance ratios against the behaviour policy.
+Each turn the agent renders the whole conversation with the chat template,
+asks the engine to continue it, parses the reply (tool calls in the
+``<tool_call>{json}</tool_call>`` format of Qwen/Hermes templates, or plain
+text) and hands the action to the environment. The model's tokens go into the
+ledger exactly as sampled; what the template renders after them (the
+observation, the next assistant prefix) is appended only if the new rendering
+extends the old one, else a new training sample starts (see the ledger).
 
-Every episode ends in one explicit state:
+Every episode ends in one explicit state, with a reason:
 
-- ``done``: the environment said so;
-- ``truncated``: a limit ended it first (``max_turns``, ``max_context``, or a
-  turn that reached ``max_new_tokens`` without an end-of-turn token);
-- ``timeout``: ``episode_timeout_s`` passed;
-- ``env_error``: the environment raised; the episode is dropped and counted.
+- ``done`` (``env_done``): the environment said so;
+- ``truncated``: a limit ended it first: ``max_turns``, ``max_context``,
+  ``max_new_tokens`` (a turn that never ended), ``max_episode_tokens``,
+  ``max_episode_s`` (checked between turns), ``turn_timeout_s`` (a model call
+  that took too long; its partial turn is discarded);
+- ``timeout``: ``episode_timeout`` (the hard deadline of the whole episode) or
+  ``env_timeout`` (one environment call past ``env_timeout_s``);
+- ``env_error`` (``env_reset`` / ``env_step``): the environment raised;
+- ``cancelled``: the run stopped while the episode was in flight.
+
+The last three are not the policy's doing; the collector removes such episodes
+from the batch and counts them, it never scores them 0.
 """
 
 from __future__ import annotations
@@ -21,56 +29,33 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from rl_core.envs.base import Action, Environment, Message
-from rl_core.rollout.base import RolloutEngine, SamplingParams
+from rl_core.pipeline.ledger import END_STATES, Sample, Trajectory
+from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
+from rl_core.telemetry import SpanRecorder, now_us
 from rl_core.tokenizer import Tokenizer
+from rl_core.toolcalls import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
-EndState = Literal["done", "truncated", "timeout", "env_error"]
-END_STATES: tuple[EndState, ...] = ("done", "truncated", "timeout", "env_error")
 CLOSE_TIMEOUT_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AgentConfig:
     max_turns: int = 8
-    max_new_tokens: int = 64
-    max_context: int = 1024
+    max_new_tokens: int = 64  # per turn
+    max_context: int = 1024  # tokens of one sample
     system_prompt: str | None = None
-
-
-@dataclasses.dataclass
-class Trajectory:
-    """One episode as the trainer consumes it. The three lists are aligned."""
-
-    episode_id: str
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    loss_mask: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    reward: float = 0.0
-    turns: int = 0
-    end_state: EndState = "truncated"
-    policy_version: int = 0  # the policy that produced the first model token
-    error: str | None = None
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def model_tokens(self) -> int:
-        return sum(self.loss_mask)
-
-    def append_observation(self, ids: Sequence[int]) -> None:
-        self.tokens.extend(ids)
-        self.loss_mask.extend([0] * len(ids))
-        self.logprobs.extend([0.0] * len(ids))
-
-    def append_model(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
-        self.tokens.extend(ids)
-        self.loss_mask.extend([1] * len(ids))
-        self.logprobs.extend(logprobs)
+    tool_call_format: Literal["hermes", "none"] = "hermes"
+    max_episode_tokens: int | None = None  # model tokens over all turns
+    max_episode_s: float | None = None
+    turn_timeout_s: float | None = None
+    env_timeout_s: float = 300.0
 
 
 class Agent:
@@ -83,11 +68,13 @@ class Agent:
         tokenizer: Tokenizer,
         config: AgentConfig,
         sampling: SamplingParams,
+        recorder: SpanRecorder | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
         self.sampling = sampling
+        self.recorder = recorder or SpanRecorder()
 
     async def run_episode(
         self,
@@ -98,24 +85,57 @@ class Agent:
         sample_seed: int,
         env_config: Mapping[str, Any],
         timeout_s: float | None = None,
+        into: Trajectory | None = None,
     ) -> Trajectory:
-        """Play one episode to an end state; never raises for environment failures."""
-        traj = Trajectory(episode_id=episode_id, policy_version=self.engine.policy_version)
+        """Play one episode to an end state; never raises for environment failures.
+
+        ``into`` is filled in place (the collector watches it while it runs).
+        Cancellation ends it as ``cancelled``, closes the environment, and
+        propagates.
+        """
+        traj = into or Trajectory(episode_id=episode_id)
+        traj.policy_version = self.engine.policy_version
+        traj.started = time.monotonic()  # the episode's own time, not its wait for a slot
+        traj.sampling = {
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "top_k": self.sampling.top_k,
+        }
+        start_us, t0 = now_us(), time.perf_counter()
         try:
             async with asyncio.timeout(timeout_s):
                 await self._play(env, traj, env_seed, sample_seed, env_config)
         except TimeoutError:
-            traj.end_state = "timeout"
+            traj.end("timeout", "episode_timeout")
         except _EnvFailed as exc:
-            traj.end_state, traj.error = "env_error", str(exc.__cause__ or exc)
-            log.warning("episode %s: environment failed: %s", episode_id, traj.error)
-        finally:
-            try:
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                    await env.close(episode_id)
-            except Exception:  # a failed close must not lose the episode
-                log.warning("episode %s: close failed", episode_id, exc_info=True)
+            traj.error = str(exc.__cause__ or exc)
+            if isinstance(exc.__cause__, _EnvTimedOut):
+                traj.end("timeout", "env_timeout")
+            else:
+                traj.end("env_error", exc.call)
+                log.warning("episode %s: environment failed: %s", episode_id, traj.error)
+        except asyncio.CancelledError:
+            traj.end("cancelled", "cancelled")
+            await self._close(env, traj)
+            raise
+        await self._close(env, traj)
+        self.recorder.add(
+            "rollout",
+            start_us=start_us,
+            dur_us=int((time.perf_counter() - t0) * 1e6),
+            track=f"episode/{episode_id}",
+            step=traj.policy_version,
+            args={"end_state": traj.end_state, "turns": traj.turns},
+        )
         return traj
+
+    async def _close(self, env: Environment, traj: Trajectory) -> None:
+        try:
+            with self._span("env_step", traj, call="close"):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await env.close(traj.episode_id)
+        except Exception:  # a failed close must not lose the episode
+            log.warning("episode %s: close failed", traj.episode_id, exc_info=True)
 
     async def _play(
         self,
@@ -126,55 +146,151 @@ class Agent:
         env_config: Mapping[str, Any],
     ) -> None:
         tok, cfg = self.tokenizer, self.config
-        try:
-            reset = await env.reset(traj.episode_id, env_seed, env_config)
-        except Exception as exc:
-            raise _EnvFailed from exc
+        started = time.monotonic()
+        reset = await self._env_call(
+            traj, "reset", env.reset(traj.episode_id, env_seed, env_config)
+        )
         messages: list[Message] = list(reset.messages)
         if cfg.system_prompt and not any(m.get("role") == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": cfg.system_prompt})
-        traj.append_observation(tok.render_messages(messages) + tok.assistant_prefix())
         traj.info.update(reset.info)
+        prompt = tok.render_messages(messages) + tok.assistant_prefix()
+        if len(prompt) >= cfg.max_context:
+            traj.end("truncated", "max_context")
+            return
+        traj.sample.append_observation(prompt)
 
         while True:
             if traj.turns >= cfg.max_turns:
-                traj.end_state = "truncated"
-                return
-            budget = min(cfg.max_new_tokens, cfg.max_context - len(traj.tokens))
-            if budget < 1:
-                traj.end_state = "truncated"
-                return
-            seed = (sample_seed * 1_000_003 + traj.turns) % (1 << 31)
-            (completion,) = await self.engine.generate(
-                [traj.tokens], max_new_tokens=budget, sampling=self.sampling, seeds=[seed]
+                return traj.end("truncated", "max_turns")
+            if cfg.max_episode_s is not None and time.monotonic() - started >= cfg.max_episode_s:
+                return traj.end("truncated", "max_episode_s")
+            left = cfg.max_context - len(traj.sample.tokens)
+            episode_left = (
+                cfg.max_episode_tokens - traj.model_tokens
+                if cfg.max_episode_tokens is not None
+                else cfg.max_new_tokens
             )
-            if traj.turns == 0:
-                traj.policy_version = completion.policy_version
-            traj.append_model(completion.tokens, completion.logprobs)
+            budget = min(cfg.max_new_tokens, left, episode_left)
+            if budget < 1:
+                return traj.end("truncated", _budget_reason(cfg, left, episode_left))
+            completion = await self._model_call(traj, budget, sample_seed)
+            if completion is None:
+                return traj.end("truncated", "turn_timeout_s")
+            traj.sample.append_model(completion.tokens, completion.logprobs)
             traj.turns += 1
             if completion.finish_reason != "stop":
                 # The turn never ended; its text is not a finished answer to act on.
-                traj.end_state = "truncated"
-                return
-            action = Action(content=tok.decode(completion.tokens[:-1]))
-            try:
-                result = await env.step(traj.episode_id, traj.turns, action)
-            except Exception as exc:
-                raise _EnvFailed from exc
+                return traj.end("truncated", _budget_reason(cfg, left, episode_left, budget))
+            text = tok.decode(completion.tokens[:-1])
+            action, notes = self._parse(text, traj.turns)
+            result = await self._env_call(
+                traj, "step", env.step(traj.episode_id, traj.turns, action), turn=traj.turns
+            )
             traj.reward += float(result.reward)
             traj.info.update(result.info)
             if result.done:
-                traj.end_state = "done"
-                return
-            observation = tok.render_messages(result.messages) + tok.assistant_prefix()
-            if len(traj.tokens) + len(observation) >= cfg.max_context:
-                traj.end_state = "truncated"
-                return
-            traj.append_observation(observation)
+                with self._span("reward", traj, turn=traj.turns):
+                    traj.info["env_reward"] = traj.reward
+                return traj.end("done", "env_done")
+            spoken = [*messages, {"role": "assistant", "content": text}]
+            messages = [*spoken, *notes, *result.messages]
+            if not self._extend(traj, tok.render_messages(spoken), prompt, messages):
+                return traj.end("truncated", "max_context")
+            prompt = tok.render_messages(messages) + tok.assistant_prefix()
+
+    def _extend(
+        self, traj: Trajectory, spoken: list[int], prompt: list[int], messages: list[Message]
+    ) -> bool:
+        """Append the observation to the ledger, or start a new sample; False past max_context."""
+        tok = self.tokenizer
+        following = tok.render_messages(messages) + tok.assistant_prefix()
+        extends = spoken[: len(prompt)] == prompt and following[: len(spoken)] == spoken
+        if extends:
+            observation = following[len(spoken) :]
+            if len(traj.sample.tokens) + len(observation) >= self.config.max_context:
+                return False
+            traj.sample.append_observation(observation)
+            return True
+        # The template rewrote history: the model's next context is a new sequence.
+        if len(following) >= self.config.max_context:
+            return False
+        traj.samples.append(Sample())
+        traj.sample.append_observation(following)
+        return True
+
+    def _parse(self, text: str, turn: int) -> tuple[Action, list[Message]]:
+        if self.config.tool_call_format == "none":
+            return Action(content=text), []
+        parsed = parse_tool_calls(text, id_prefix=f"t{turn}")
+        return parsed.to_action(), parsed.error_messages()
+
+    async def _model_call(
+        self, traj: Trajectory, budget: int, sample_seed: int
+    ) -> Completion | None:
+        seed = (sample_seed * 1_000_003 + traj.turns) % (1 << 31)
+        traj.enter("model_call")
+        with self._span("model_call", traj, turn=traj.turns + 1) as args:
+            try:
+                async with asyncio.timeout(self.config.turn_timeout_s):
+                    (completion,) = await self.engine.generate(
+                        [traj.sample.tokens],
+                        max_new_tokens=budget,
+                        sampling=self.sampling,
+                        seeds=[seed],
+                    )
+            except TimeoutError:
+                args["timed_out"] = True
+                return None
+            args["tokens"] = len(completion.tokens)
+        if traj.turns == 0:
+            traj.policy_version = completion.policy_version
+        return completion
+
+    async def _env_call(self, traj: Trajectory, call: str, aw: Any, *, turn: int = 0) -> Any:
+        traj.enter("env_step")
+        with self._span("env_step", traj, call=call, turn=turn):
+            try:
+                async with asyncio.timeout(self.config.env_timeout_s):
+                    return await aw
+            except TimeoutError as exc:
+                late = _EnvTimedOut(
+                    f"environment {call} took longer than env_timeout_s="
+                    f"{self.config.env_timeout_s}; raise agent.env_timeout_s"
+                )
+                late.__cause__ = exc
+                raise _EnvFailed(f"env_{call}") from late
+            except Exception as exc:
+                raise _EnvFailed(f"env_{call}") from exc
+
+    def _span(self, name: str, traj: Trajectory, **args: Any) -> Any:
+        return self.recorder.span(
+            name, track=f"episode/{traj.episode_id}", step=traj.policy_version, **args
+        )
+
+
+def _budget_reason(
+    cfg: AgentConfig, context_left: int, episode_left: int, budget: int | None = None
+) -> str:
+    """Which limit bound the turn's token budget (the one that ended the episode)."""
+    bound = min(cfg.max_new_tokens, context_left, episode_left) if budget is None else budget
+    if bound == context_left and context_left < cfg.max_new_tokens:
+        return "max_context"
+    if cfg.max_episode_tokens is not None and bound == episode_left < cfg.max_new_tokens:
+        return "max_episode_tokens"
+    return "max_new_tokens"
 
 
 class _EnvFailed(Exception):
-    """Internal marker: the environment (not the agent or engine) raised."""
+    """Internal marker: the environment (not the agent or engine) failed; ``call`` says where."""
+
+    def __init__(self, call: str) -> None:
+        super().__init__(call)
+        self.call = call
 
 
-__all__ = ["END_STATES", "Agent", "AgentConfig", "EndState", "Trajectory"]
+class _EnvTimedOut(Exception):
+    pass
+
+
+__all__ = ["END_STATES", "Agent", "AgentConfig", "Trajectory"]

@@ -1,31 +1,28 @@
 """Run a whole training job from its spec: the entry point of the worker and the CLI.
 
-One step, top to bottom::
+`train` builds the parts a spec names (environment, model and tokenizer,
+device thread, rollout engine, trainer, agent, collector) and runs the
+pipeline of `rl_core.pipeline.pipeline` on its own event loop until
+``train.steps`` steps are done or the host asks it to stop.
 
-    collect   batch_groups x group_size episodes, concurrently (asyncio)
-    score     group-relative advantages (GRPO)
-    train     one optimiser update per mini-batch, in the device thread
-    sync      push the new weights to the rollout engine (policy version = step)
-    report    sink.on_step(step, metrics)
-
-This is the synchronous baseline: every episode of a step is played by the
-policy of the step before, so staleness is 0 whatever ``staleness.mode`` says.
-The asynchronous pipeline (collection overlapping training) replaces the
-collect/train alternation later; the metrics and the sink stay the same.
+Importing this module starts no JAX (the CLI imports it for ``--help``); the
+heavy parts are imported inside `train`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from rl_core.control import RunControl
 from rl_core.errors import UnsupportedSpec
+from rl_core.records import CheckpointRecord, Span, TrajectoryRecord
+from rl_core.sinks import NullSink, RunSink
 from rl_core.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -54,40 +51,132 @@ class JsonlSink:
         with self.path.open("a", encoding="utf-8") as f:
             f.write(line + "\n")
 
+    def on_spans(self, spans: Sequence[Span]) -> None:
+        pass
 
-class MemorySink:
-    """Keeps every step in memory: the sink of tests and notebooks."""
+    def on_trajectories(self, records: Sequence[TrajectoryRecord]) -> None:
+        pass
 
-    def __init__(self) -> None:
-        self.steps: list[tuple[int, dict[str, float]]] = []
-
-    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
-        self.steps.append((step, dict(metrics)))
+    def on_checkpoint(self, record: CheckpointRecord) -> None:
+        pass
 
 
 def train(
     spec: JobSpec,
     *,
-    sink: StepSink,
-    should_stop: Callable[[], bool] = lambda: False,
+    sink: RunSink | StepSink,
+    control: RunControl | None = None,
+    artifacts_dir: Path | None = None,
+    resume_from: str | None = None,
+    episode_prefix: str = "",
+    webhooks: Mapping[str, Any] | None = None,
+    callbacks: Any = None,
+    should_stop: Callable[[], bool] | None = None,
     start_step: int = 0,
 ) -> TrainResult:
-    """Train ``spec`` for steps ``start_step + 1 .. spec.train.steps``, reporting each to ``sink``.
+    """Train ``spec`` to ``train.steps`` steps, reporting to ``sink``; see the module docstring.
 
-    ``should_stop`` is polled between steps (a cancel stops at a step
-    boundary). ``start_step`` continues the step count of an earlier attempt;
-    until checkpoints exist the weights restart from their initial values.
+    ``control`` is the host's handle (stop at a step boundary, profile, read
+    what is in flight). ``artifacts_dir`` receives checkpoints (every
+    ``train.checkpoint_interval`` steps, at the end and on a stop) and profiles.
+    ``resume_from`` is a checkpoint written by an earlier attempt: the run
+    continues after its step, with the collector where it stood. Episode ids
+    are ``f"{episode_prefix}g<task>-e<member>"``. ``webhooks``/``callbacks``
+    reach `rl_core.envs.build_environment` for ``env_<id>`` environments.
+
+    ``should_stop`` and ``start_step`` are the worker's older interface, kept
+    until it moves to ``control`` and ``resume_from``: ``should_stop`` is polled
+    like ``control.stop_requested``; ``start_step`` continues the step count
+    of an attempt that left no checkpoint (the weights start afresh).
     Must be called from synchronous code (it runs its own event loop).
     """
     _check_supported(spec)
-    # Imported here: importing rl_core.runner (the CLI does, for --help) must not start JAX.
-    from rl_core.loop import TrainingLoop
+    # Imported here: importing rl_core.runner must not start JAX.
+    from rl_core.pipeline.build import build_pipeline
 
-    loop = TrainingLoop(spec)
+    control = control or RunControl()
+    if should_stop is not None:
+        control = _PolledControl(control, should_stop)
+    pipeline, close = build_pipeline(
+        spec,
+        sink=_complete(sink),
+        control=control,
+        artifacts_dir=artifacts_dir,
+        resume_from=resume_from,
+        episode_prefix=episode_prefix,
+        webhooks=webhooks,
+        callbacks=callbacks,
+        start_step=start_step,
+    )
     try:
-        return asyncio.run(loop.run(sink=sink, should_stop=should_stop, start_step=start_step))
+        return asyncio.run(pipeline.run())
     finally:
-        loop.close()
+        close()
+
+
+def train_to_folder(spec: JobSpec, out: Path, *, resume: bool = False) -> TrainResult:
+    """`train` with the files of ``rlaas train --out DIR`` (`rl_core.pipeline.files.RunFiles`).
+
+    Checkpoints go to ``out/checkpoints``; ``resume`` continues from the newest.
+    The first Ctrl-C asks for a stop at the next step boundary (with a final
+    checkpoint); a second one interrupts at once.
+    """
+    import signal
+
+    from rl_core.pipeline.files import RunFiles
+
+    out = Path(out)
+    resume_from = None
+    if resume:
+        from rl_core.checkpointing import latest_checkpoint
+
+        newest = latest_checkpoint(out)
+        resume_from = newest.uri if newest else None
+    files = RunFiles(out, append=resume_from is not None)
+    control = RunControl()
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, previous)
+        log.warning("stopping at the next step boundary (Ctrl-C again to interrupt)")
+        control.request_stop()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        return train(spec, sink=files, control=control, artifacts_dir=out, resume_from=resume_from)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        files.close()
+
+
+class _PolledControl(RunControl):
+    """A `RunControl` whose stop also comes from a legacy ``should_stop`` callable."""
+
+    def __init__(self, inner: RunControl, should_stop: Callable[[], bool]) -> None:
+        super().__init__()
+        self._inner, self._should_stop = inner, should_stop
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._inner.stop_requested or self._should_stop()
+
+    def take_profile_request(self) -> int:
+        return self._inner.take_profile_request()
+
+    def publish_inflight(self, snapshot: Any) -> None:
+        self._inner.publish_inflight(snapshot)
+
+
+def _complete(sink: RunSink | StepSink) -> RunSink:
+    """A sink that only takes steps (an older host's) gets no-op handlers for the rest."""
+    if all(hasattr(sink, name) for name in ("on_spans", "on_trajectories", "on_checkpoint")):
+        return sink  # type: ignore[return-value]
+    steps_only = sink
+
+    class _StepsOnly(NullSink):
+        def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+            steps_only.on_step(step, metrics)
+
+    return _StepsOnly()
 
 
 def _check_supported(spec: JobSpec) -> None:
@@ -101,10 +190,4 @@ def _check_supported(spec: JobSpec) -> None:
         raise UnsupportedSpec("algorithm.name", f"{spec.algorithm.name!r} is not supported yet")
 
 
-def derive_seed(*parts: object) -> int:
-    """A stable 31-bit seed from any parts (same parts, same seed, on every machine)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
-
-
-__all__ = ["JsonlSink", "MemorySink", "StepSink", "TrainResult", "derive_seed", "train"]
+__all__ = ["JsonlSink", "StepSink", "TrainResult", "train", "train_to_folder"]

@@ -14,6 +14,7 @@ a message without one is told to answer with a number and still uses a turn.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import re
 from collections.abc import Mapping
@@ -49,6 +50,35 @@ class GuessNumberConfig:
                 f"guess_number: unknown config keys {unknown}; known keys are {sorted(known)}"
             )
         return cls(**dict(config))
+
+
+def best_expected_reward(config: GuessNumberConfig) -> float:
+    """The expected episode reward of the optimal policy, targets uniform over [low, high].
+
+    What "learned the game" is measured against: no policy does better on
+    average. Dynamic programming over the interval the hints leave open and
+    the turns used; an optimal guess is always inside that interval.
+    """
+    cfg, per_guess = config, config.format_reward / config.max_turns
+
+    @functools.cache
+    def value(lo: int, hi: int, used: int) -> float:
+        if lo > hi or used >= cfg.max_turns:
+            return 0.0
+        n = hi - lo + 1
+        solved = max(0.0, cfg.correct_reward - cfg.turn_penalty * used)
+        return max(
+            per_guess
+            + (
+                solved
+                + (g - lo) * value(lo, g - 1, used + 1)
+                + (hi - g) * value(g + 1, hi, used + 1)
+            )
+            / n
+            for g in range(lo, hi + 1)
+        )
+
+    return value(cfg.low, cfg.high, 0)
 
 
 @dataclasses.dataclass

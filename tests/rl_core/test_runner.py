@@ -1,4 +1,4 @@
-"""`runner.train` end to end on the tiny model, and its typed errors."""
+"""`runner.train` end to end on the tiny model: metrics, files, profiles, exact resume, errors."""
 
 from __future__ import annotations
 
@@ -6,13 +6,16 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rl_core.control import RunControl
 from rl_core.errors import UnknownEnvironment, UnsupportedModelSource, UnsupportedSpec
-from rl_core.runner import JsonlSink, MemorySink, TrainResult, train
+from rl_core.runner import TrainResult, train, train_to_folder
+from rl_core.sinks import MemorySink
 from rl_core.spec import JobSpec, parse_spec
 
 REQUIRED = {
@@ -28,11 +31,15 @@ REQUIRED = {
     "episode/turns_mean",
     "episode/length_mean",
     "tokens_per_s",
+    "trajectories_per_s",
     "step_time_s",
-    "episode/done",
-    "episode/truncated",
-    "episode/timeout",
-    "episode/env_error",
+    "queue/depth",
+    "staleness/mean",
+    "staleness/bucket_0",
+    "engine/busy_frac",
+    "trainer/busy_frac",
+    "time/train_step_s",
+    *(f"episode/{s}" for s in ("done", "truncated", "timeout", "env_error", "cancelled")),
 }
 
 
@@ -42,6 +49,7 @@ def small_spec(**patch: Any) -> JobSpec:
         "agent": {"max_turns": 2, "max_new_tokens": 8, "max_context": 64},
         "rollout": {"group_size": 4, "concurrency": 8},
         "algorithm": {"batch_groups": 2, "learning_rate": 1e-3},
+        "staleness": {"mode": "sync"},
         "train": {"steps": 2, "seed": 0},
     }
     for section, values in patch.items():
@@ -49,44 +57,89 @@ def small_spec(**patch: Any) -> JobSpec:
     return parse_spec(data)
 
 
-def test_two_steps_report_every_metric(tmp_path: Path) -> None:
+def test_two_steps_report_every_metric_and_the_files(tmp_path: Path) -> None:
     sink = MemorySink()
-    result = train(small_spec(), sink=sink)
+    control = RunControl()
+    control.request_profile(1)
+    result = train(small_spec(), sink=sink, control=control, artifacts_dir=tmp_path / "a")
     assert isinstance(result, TrainResult)
     assert result.steps_completed == 2 and not result.stopped_early
     assert [step for step, _ in sink.steps] == [1, 2]
     for _, metrics in sink.steps:
         assert set(metrics) >= REQUIRED, REQUIRED - set(metrics)
         assert all(math.isfinite(v) for v in metrics.values())
-        ends = sum(metrics[f"episode/{s}"] for s in ("done", "truncated", "timeout", "env_error"))
-        assert ends == 8  # batch_groups x group_size
         assert metrics["reward/min"] <= metrics["reward/mean"] <= metrics["reward/max"]
-        assert metrics["mismatch_kl"] == pytest.approx(0.0, abs=1e-4)  # temperature 1, no top-p
+        assert metrics["mismatch_kl"] == pytest.approx(0.0, abs=0.05)
         assert metrics["learning_rate"] == pytest.approx(1e-3)
+        assert metrics["staleness/max"] == 0.0  # sync mode
     assert result.final_metrics == sink.steps[-1][1]
+    assert {s.name for s in sink.spans} >= {"rollout", "model_call", "train_step", "engine_batch"}
+    assert sink.trajectories and sink.trajectories[0].segments
+    assert [c.step for c in sink.checkpoints] == [2]
+    profiles = list((tmp_path / "a" / "profiles").rglob("*.xplane.pb"))
+    assert profiles, "a requested profile writes an XProf trace under artifacts_dir/profiles"
 
-    # Same spec, same seed: the same episodes and the same numbers.
-    path = tmp_path / "m.jsonl"
-    again = train(small_spec(train={"steps": 1}), sink=JsonlSink(path))
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    # Same spec, same seed, through the CLI's files: the same numbers.
+    out = tmp_path / "out"
+    again = train_to_folder(small_spec(train={"steps": 1}), out)
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert again.steps_completed == 1 and [line["step"] for line in lines] == [1]
     for name in ("reward/mean", "loss", "episode/length_mean"):
         assert lines[0][name] == pytest.approx(sink.steps[0][1][name], rel=1e-5), name
+    timeline = json.loads((out / "timeline.json").read_text())
+    assert {e["name"] for e in timeline["traceEvents"] if e["ph"] == "X"} >= {"train_step"}
+    assert any(e["ph"] == "M" for e in timeline["traceEvents"])
+    records = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert records and records[0]["step"] == 1 and records[0]["segments"]
+    assert (out / "checkpoints" / "step-00000001").is_dir()
 
 
-def test_start_step_continues_the_count() -> None:
-    sink = MemorySink()
-    result = train(small_spec(train={"steps": 3}), sink=sink, start_step=2)
-    assert result.steps_completed == 1 and [step for step, _ in sink.steps] == [3]
-    assert sink.steps[0][1]["policy_version"] == 3
+class StopAfter(MemorySink):
+    def __init__(self, control: RunControl, step: int) -> None:
+        super().__init__()
+        self.control, self.step = control, step
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        super().on_step(step, metrics)
+        if step == self.step:
+            self.control.request_stop()
 
 
-def test_should_stop_is_checked_between_steps() -> None:
-    sink = MemorySink()
-    calls = iter([False, True])
-    result = train(small_spec(train={"steps": 5}), sink=sink, should_stop=lambda: next(calls))
-    assert result.stopped_early and result.steps_completed == 1
-    assert [step for step, _ in sink.steps] == [1]
+def test_a_stopped_run_resumes_exactly_where_it_left_off(tmp_path: Path) -> None:
+    spec = small_spec(train={"steps": 3})
+    whole = MemorySink()
+    train(spec, sink=whole)
+
+    control = RunControl()
+    first = StopAfter(control, 2)
+    stopped = train(spec, sink=first, control=control, artifacts_dir=tmp_path)
+    assert stopped.stopped_early and stopped.steps_completed == 2
+    assert [c.step for c in first.checkpoints] == [2]  # the stop wrote a final checkpoint
+
+    rest = MemorySink()
+    resumed = train(spec, sink=rest, artifacts_dir=tmp_path, resume_from=first.checkpoints[0].uri)
+    assert resumed.steps_completed == 1 and [s for s, _ in rest.steps] == [3]
+    for name in ("reward/mean", "loss", "grad_norm", "episode/length_mean"):
+        assert rest.steps[0][1][name] == pytest.approx(whole.steps[2][1][name], rel=1e-4), name
+    ids = {t.episode_id for t in rest.trajectories}
+    assert ids == {t.episode_id for t in whole.trajectories if t.step == 3}
+
+
+def test_the_older_worker_interface_still_works() -> None:
+    steps: list[int] = []
+
+    class Steps:
+        def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+            steps.append(step)
+
+    result = train(
+        small_spec(train={"steps": 5}),
+        sink=Steps(),  # only on_step, like the worker's sink before RunSink
+        should_stop=lambda: len(steps) >= 1,
+        start_step=2,
+    )
+    assert result.stopped_early and result.steps_completed == 1 and steps == [3]
+    assert result.final_metrics["policy_version"] == 3
 
 
 def test_unknown_environment_is_typed() -> None:
@@ -94,17 +147,9 @@ def test_unknown_environment_is_typed() -> None:
         train(small_spec(environment={"name": "tic_tac_toe"}), sink=MemorySink())
 
 
-@pytest.mark.parametrize(
-    ("source", "message"),
-    [
-        ("gguf:/models/x.gguf", "model source kind 'gguf' is not supported yet"),
-        ("hf:/models/qwen", "model source kind 'hf' is not supported yet"),
-        ("builtin:huge", "unknown builtin preset 'huge'"),
-    ],
-)
-def test_unsupported_model_sources_are_typed(source: str, message: str) -> None:
-    with pytest.raises(UnsupportedModelSource, match=message):
-        train(small_spec(model={"source": source}), sink=MemorySink())
+def test_unsupported_model_sources_are_typed() -> None:
+    with pytest.raises(UnsupportedModelSource, match="unknown builtin preset 'huge'"):
+        train(small_spec(model={"source": "builtin:huge"}), sink=MemorySink())
 
 
 def test_unsupported_features_are_typed() -> None:

@@ -1,0 +1,53 @@
+"""From consumed groups to the trainer's padded `TrainBatch` (runs in the device thread).
+
+Advantages are GRPO's, over each group's surviving episodes. Every training
+sample of an episode (more than one when the template rewrote history) gets
+the episode's advantage. Rows come in multiples of the run's batch size, so
+the train step compiles once per length bucket, not once per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from rl_core.algorithms.grpo import group_advantages
+from rl_core.pipeline.queue import Group
+from rl_core.trainer import TrainBatch
+
+
+def build_batch(
+    groups: Sequence[Group],
+    *,
+    group_size: int,
+    rows: int,
+    pad_id: int,
+    scale_rewards: bool,
+) -> TrainBatch:
+    ordered = sorted(groups, key=lambda g: g.task)  # completion order must not change the math
+    rewards = np.zeros((len(ordered), group_size), np.float32)
+    valid = np.zeros((len(ordered), group_size), bool)
+    for i, group in enumerate(ordered):
+        for t in group.trajectories:
+            rewards[i, t.member], valid[i, t.member] = t.reward, t.kept
+    advantages = np.asarray(
+        group_advantages(jnp.asarray(rewards), jnp.asarray(valid), scale_rewards)
+    )
+    tokens: list[list[int]] = []
+    masks: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    advs: list[float] = []
+    for i, group in enumerate(ordered):
+        for t in sorted(group.kept, key=lambda t: t.member):
+            for sample in t.samples:
+                tokens.append(sample.tokens)
+                masks.append(sample.loss_mask)
+                logprobs.append(sample.logprobs)
+                advs.append(float(advantages[i, t.member]))
+    n_rows = rows * max(1, -(-len(tokens) // rows))
+    return TrainBatch.pack(tokens, masks, logprobs, advs, rows=n_rows, pad_id=pad_id)
+
+
+__all__ = ["build_batch"]

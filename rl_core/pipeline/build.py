@@ -1,0 +1,189 @@
+"""Build a `Pipeline` from a job spec, with the real parts: model, JAX engine, trainer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from rl_core.agent import Agent, AgentConfig
+from rl_core.algorithms.grpo import GrpoConfig
+from rl_core.control import RunControl
+from rl_core.envs import build_environment
+from rl_core.models.sources import load_model
+from rl_core.pipeline.batch import build_batch
+from rl_core.pipeline.collector import Collector
+from rl_core.pipeline.device import DeviceThread
+from rl_core.pipeline.pipeline import Pipeline, PipelineConfig
+from rl_core.pipeline.queue import Admission, Group, GroupQueue
+from rl_core.records import CheckpointRecord
+from rl_core.rollout.base import SamplingParams
+from rl_core.rollout.jax_engine import EngineConfig, JaxEngine, next_bucket
+from rl_core.sinks import RunSink
+from rl_core.spec import JobSpec
+from rl_core.telemetry import Profiler, SpanRecorder
+from rl_core.trainer import Trainer, TrainerConfig
+
+log = logging.getLogger(__name__)
+
+
+class OrbaxCheckpointer:
+    """`Checkpointer` over `rl_core.checkpointing`: ``artifacts_dir/checkpoints/step-NNNNNNNN``."""
+
+    def __init__(self, artifacts_dir: Path, trainer: Trainer) -> None:
+        self.artifacts_dir, self.trainer = artifacts_dir, trainer
+
+    def save(self, step: int, extra: Mapping[str, Any]) -> CheckpointRecord:
+        from rl_core.checkpointing import checkpoint_dir, save_checkpoint
+
+        return save_checkpoint(
+            checkpoint_dir(self.artifacts_dir, step), step=step, trainer=self.trainer, extra=extra
+        )
+
+
+def snapshot(params: Any) -> Any:
+    """A detached copy of the pytree's structure (arrays are immutable, so not of the arrays):
+    later in-place updates of the trainer's variables never reach what the engine serves."""
+    return jax.tree.map(lambda x: x, params)
+
+
+def build_pipeline(
+    spec: JobSpec,
+    *,
+    sink: RunSink,
+    control: RunControl,
+    artifacts_dir: Path | None,
+    resume_from: str | None,
+    episode_prefix: str,
+    webhooks: Mapping[str, Any] | None,
+    callbacks: Any,
+    start_step: int = 0,
+) -> tuple[Pipeline, Callable[[], None]]:
+    """The pipeline and a ``close`` to call when it has run (it stops the device thread)."""
+    a, r, ag = spec.algorithm, spec.rollout, spec.agent
+    env = build_environment(spec.environment, webhooks=webhooks or {}, callbacks=callbacks)
+    model, tokenizer = load_model(spec.model, seed=spec.train.seed)
+    recorder = SpanRecorder()
+    device = DeviceThread(recorder)
+    # One fixed row count for generation: as episodes finish, later turns
+    # batch fewer rows, and padding them is cheaper than compiling again.
+    rows = next_bucket(min(r.concurrency, spec.batch_size * (spec.staleness.max_staleness + 1)), 1)
+    engine = JaxEngine(
+        model,
+        config=EngineConfig(
+            stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
+            pad_id=tokenizer.pad_id,
+            batch_buckets=(rows,) if rows <= 64 else (64, rows),
+        ),
+        executor=device,
+    )
+    sampling = SamplingParams(
+        temperature=r.sampling.temperature, top_p=r.sampling.top_p, top_k=r.sampling.top_k
+    )
+    trainer = Trainer(model, _trainer_config(spec, sampling))
+    position: Mapping[str, Any] | None = None
+    if resume_from is not None:
+        from rl_core.checkpointing import restore_checkpoint
+
+        start_step, extra = restore_checkpoint(resume_from, trainer=trainer)
+        position = extra.get("collector")
+        log.info("resumed from %s at step %d", resume_from, start_step)
+    agent = Agent(
+        engine=engine,
+        tokenizer=tokenizer,
+        config=AgentConfig(
+            max_turns=ag.max_turns,
+            max_new_tokens=ag.max_new_tokens,
+            max_context=ag.max_context,
+            system_prompt=ag.system_prompt,
+            tool_call_format=ag.tool_call_format,
+            max_episode_tokens=ag.max_episode_tokens,
+            max_episode_s=ag.max_episode_s,
+            turn_timeout_s=ag.turn_timeout_s,
+            env_timeout_s=ag.env_timeout_s,
+        ),
+        sampling=sampling,
+        recorder=recorder,
+    )
+
+    def collector(admission: Admission, queue: GroupQueue) -> Collector:
+        return Collector(
+            agent=agent,
+            env=env,
+            admission=admission,
+            queue=queue,
+            group_size=r.group_size,
+            concurrency=r.concurrency,
+            seed=spec.train.seed,
+            env_config=spec.environment.config,
+            episode_timeout_s=r.episode_timeout_s,
+            episode_prefix=episode_prefix,
+            position=position,
+        )
+
+    def batch(groups: list[Group]) -> Any:
+        return build_batch(
+            groups,
+            group_size=r.group_size,
+            rows=spec.batch_size,
+            pad_id=tokenizer.pad_id,
+            scale_rewards=a.scale_rewards,
+        )
+
+    pipeline = Pipeline(
+        config=PipelineConfig(
+            steps=spec.train.steps,
+            batch_groups=a.batch_groups,
+            group_size=r.group_size,
+            mode=spec.staleness.mode,
+            max_staleness=spec.staleness.max_staleness,
+            stale_policy=spec.staleness.policy,
+            checkpoint_interval=spec.train.checkpoint_interval,
+            trajectories_per_step=spec.train.trajectories_per_step,
+        ),
+        collector_factory=collector,
+        engine=engine,
+        trainer=trainer,
+        build_batch=batch,
+        snapshot=snapshot,
+        tokenizer=tokenizer,
+        device=device,
+        recorder=recorder,
+        sink=sink,
+        control=control,
+        profiler=Profiler(artifacts_dir / "profiles" if artifacts_dir else None),
+        checkpointer=OrbaxCheckpointer(artifacts_dir, trainer) if artifacts_dir else None,
+        start_step=start_step,
+    )
+    return pipeline, lambda: device.shutdown(wait=True)
+
+
+def _trainer_config(spec: JobSpec, sampling: SamplingParams) -> TrainerConfig:
+    a, ag = spec.algorithm, spec.agent
+    return TrainerConfig(
+        learning_rate=a.learning_rate,
+        lr_schedule=a.lr_schedule,
+        warmup_steps=a.warmup_steps * a.mini_batches,
+        total_steps=spec.train.steps * a.mini_batches,
+        max_grad_norm=a.max_grad_norm,
+        weight_decay=a.weight_decay,
+        mini_batches=a.mini_batches,
+        temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
+        seed=spec.train.seed,
+        grpo=GrpoConfig(
+            clip_eps=a.clip_eps,
+            clip_eps_high=a.clip_eps_high,
+            kl_coef=a.kl_coef,
+            entropy_coef=a.entropy_coef,
+            aggregation=a.loss_aggregation,
+            importance_correction=a.importance_correction,
+            importance_cap=a.importance_cap,
+            norm_tokens=ag.max_turns * ag.max_new_tokens,
+        ),
+    )
+
+
+__all__ = ["OrbaxCheckpointer", "build_pipeline", "snapshot"]

@@ -1,0 +1,157 @@
+"""The collector: many episodes in flight on one event loop, released to the queue by group.
+
+Work is a sequence of tasks (`GroupTask`), numbered from 0; task ``i`` is a
+GRPO group of ``group_size`` episodes sharing the environment seed of ``i``.
+Seeds come from (run seed, task index, member), never from a clock or from
+the order episodes finish, so a task played twice plays the same game.
+
+The collector's position is ``next_index`` plus the tasks started but not
+consumed (in flight, queued, or requeued). A checkpoint stores it; a resumed
+run replays those tasks first, so no task is skipped and none is trained twice.
+
+Group rule, on failures: episodes that ended ``timeout``, ``env_error`` or
+``cancelled`` are removed from their group (and counted by reason), never
+scored 0. A group keeps training with the rest if at least two episodes remain
+(one if ``group_size`` is 1): GRPO's advantages are then taken over the
+survivors. Fewer than that and the whole group is dropped: a lone episode has
+no group baseline. Either way the trainer never sees a partial group by
+accident: a group reaches the queue only when its last episode has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from rl_core.agent import Agent
+from rl_core.envs.base import Environment
+from rl_core.pipeline.ledger import Trajectory
+from rl_core.pipeline.queue import Admission, Group, GroupQueue, GroupTask
+
+log = logging.getLogger(__name__)
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any parts (same parts, same seed, on every machine)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
+class Collector:
+    def __init__(
+        self,
+        *,
+        agent: Agent,
+        env: Environment,
+        admission: Admission,
+        queue: GroupQueue,
+        group_size: int,
+        concurrency: int,
+        seed: int,
+        env_config: Mapping[str, Any],
+        episode_timeout_s: float | None,
+        episode_prefix: str = "",
+        position: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.env = env
+        self.admission = admission
+        self.queue = queue
+        self.group_size = group_size
+        self.seed = seed
+        self.env_config = dict(env_config)
+        self.episode_timeout_s = episode_timeout_s
+        self.episode_prefix = episode_prefix
+        self._limit = asyncio.Semaphore(concurrency)
+        position = position or {}
+        self.next_index: int = int(position.get("next_index", 0))
+        # Replayed before any new task: unconsumed work of an earlier attempt, and requeues.
+        self._replay: collections.deque[GroupTask] = collections.deque(
+            GroupTask(int(i), int(a)) for i, a in position.get("pending", [])
+        )
+        self._wake = asyncio.Event()
+        self.inflight: dict[str, Trajectory] = {}
+        self._started: dict[GroupTask, None] = {}  # tasks in flight (ordered set)
+        self.finished: list[Trajectory] = []  # every ended episode, drained each step
+        self.cancelled: list[Trajectory] = []
+        self.dropped_groups = 0  # too few survivors
+        self.first_error: str | None = None
+
+    def min_survivors(self) -> int:
+        return min(2, self.group_size)
+
+    def position(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume exactly: see the module docstring."""
+        pending = sorted({*self._started, *self.queue.pending(), *self._replay})
+        return {"next_index": self.next_index, "pending": [[t.index, t.attempt] for t in pending]}
+
+    def requeue(self, task: GroupTask) -> None:
+        self._replay.append(task)
+
+    def unconsume(self, tasks: list[GroupTask]) -> None:
+        """Tasks taken into a batch that was abandoned: they are replayed on resume."""
+        self._replay.extendleft(reversed(tasks))
+
+    def drain_finished(self) -> list[Trajectory]:
+        out, self.finished = self.finished, []
+        return out
+
+    async def run(self) -> None:
+        """Start groups as admission allows, until cancelled (in-flight ones end ``cancelled``)."""
+        async with asyncio.TaskGroup() as tg:
+            while True:
+                await self.admission.acquire()
+                task = self._replay.popleft() if self._replay else self._new_task()
+                self._started[task] = None
+                tg.create_task(self._play_group(task), name=f"group-{task.index}")
+
+    def _new_task(self) -> GroupTask:
+        task = GroupTask(self.next_index)
+        self.next_index += 1
+        return task
+
+    async def _play_group(self, task: GroupTask) -> None:
+        async with asyncio.TaskGroup() as tg:
+            episodes = [tg.create_task(self._episode(task, k)) for k in range(self.group_size)]
+        group = Group(task=task, trajectories=[e.result() for e in episodes])
+        del self._started[task]
+        if len(group.kept) < self.min_survivors():
+            self.dropped_groups += 1
+            self.admission.release()
+            return
+        await self.queue.put(group)
+
+    async def _episode(self, task: GroupTask, member: int) -> Trajectory:
+        suffix = f"-r{task.attempt}" if task.attempt else ""
+        episode_id = f"{self.episode_prefix}g{task.index}-e{member}{suffix}"
+        traj = Trajectory(episode_id=episode_id, group=task.index, member=member)
+        self.inflight[episode_id] = traj
+        try:
+            async with self._limit:
+                await self.agent.run_episode(
+                    self.env,
+                    episode_id=episode_id,
+                    env_seed=derive_seed(self.seed, "env", task.index),
+                    sample_seed=derive_seed(self.seed, "sample", task.index, member, task.attempt),
+                    env_config=self.env_config,
+                    timeout_s=self.episode_timeout_s,
+                    into=traj,
+                )
+        except asyncio.CancelledError:
+            if traj.end_state != "cancelled":  # cancelled while waiting for a slot
+                traj.end("cancelled", "cancelled")
+            self.cancelled.append(traj)
+            raise
+        finally:
+            del self.inflight[episode_id]
+        if traj.error and self.first_error is None:
+            self.first_error = f"{traj.end_reason}: {traj.error}"
+        self.finished.append(traj)
+        return traj
+
+
+__all__ = ["Collector", "derive_seed"]

@@ -1,0 +1,96 @@
+"""The files of ``rlaas train --out DIR``: a `RunSink` that writes a run's reports to a folder.
+
+- ``metrics.jsonl``: one object per step, ``{"step": n, <metric>: value, ...}``;
+- ``timeline.json``: Chrome trace events of every span (open it in Perfetto);
+  rewritten at each checkpoint and on close, since a JSON object cannot be appended to;
+- ``trajectories.jsonl``: the sampled `TrajectoryRecord`s, one per line;
+- ``checkpoints.jsonl``: one `CheckpointRecord` per checkpoint written (the
+  checkpoints themselves go to ``DIR/checkpoints/`` when DIR is the run's artifacts_dir).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rl_core.records import CheckpointRecord, Span, TrajectoryRecord
+from rl_core.telemetry import chrome_trace
+
+MAX_TIMELINE_SPANS = 1_000_000  # past this the oldest are left out of timeline.json
+
+
+class RunFiles:
+    def __init__(self, directory: Path, *, append: bool = False) -> None:
+        """``append``: a resumed run adds to the files of the attempt before it."""
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._spans: list[Span] = []
+        if append and (self.directory / "timeline.json").is_file():
+            self._spans = _read_timeline(self.directory / "timeline.json")
+        for name in ("metrics.jsonl", "trajectories.jsonl", "checkpoints.jsonl"):
+            path = self.directory / name
+            if not append or not path.exists():
+                path.write_text("", encoding="utf-8")
+        self.write_timeline()
+
+    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+        # JSON has no NaN/inf: a non-finite value is written as null.
+        row = {k: (float(v) if math.isfinite(v) else None) for k, v in metrics.items()}
+        self._append("metrics.jsonl", {"step": step, **row})
+
+    def on_spans(self, spans: Sequence[Span]) -> None:
+        self._spans.extend(spans)
+        if len(self._spans) > MAX_TIMELINE_SPANS:
+            del self._spans[: len(self._spans) - MAX_TIMELINE_SPANS]
+
+    def on_trajectories(self, records: Sequence[TrajectoryRecord]) -> None:
+        with (self.directory / "trajectories.jsonl").open("a", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record.to_json()) + "\n")
+
+    def on_checkpoint(self, record: CheckpointRecord) -> None:
+        self._append("checkpoints.jsonl", record.to_json())
+        self.write_timeline()
+
+    def write_timeline(self) -> None:
+        path = self.directory / "timeline.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(chrome_trace(self._spans)), encoding="utf-8")
+        tmp.replace(path)
+
+    def close(self) -> None:
+        self.write_timeline()
+
+    def _append(self, name: str, row: dict[str, Any]) -> None:
+        with (self.directory / name).open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _read_timeline(path: Path) -> list[Span]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    tracks = {
+        e["tid"]: e["args"]["name"] for e in data.get("traceEvents", []) if e.get("ph") == "M"
+    }
+    spans = []
+    for e in data.get("traceEvents", []):
+        if e.get("ph") != "X":
+            continue
+        args = dict(e.get("args") or {})
+        step = int(args.pop("step", 0))
+        spans.append(
+            Span(
+                name=e["name"],
+                start_us=int(e["ts"]),
+                dur_us=int(e["dur"]),
+                track=tracks.get(e["tid"], str(e["tid"])),
+                step=step,
+                args=args or None,
+            )
+        )
+    return spans
+
+
+__all__ = ["RunFiles"]

@@ -1,0 +1,134 @@
+"""Per-step scalars: what one training step consumed, and how the pipeline spent its time.
+
+Counters that run for the whole pipeline (stage totals, engine time, gate
+counts) are reported as per-step deltas; `StepMeter` keeps the previous
+reading. Names, all floats:
+
+- ``reward/{mean,std,min,max}``, ``episode/*``: over the trajectories trained on;
+  ``episode/<end state>`` counts every episode that ended during the step.
+- ``failures/<reason>``: episodes removed from the batch (not the policy's
+  doing), by end reason; ``groups/{dropped_failed,dropped_stale,requeued}``.
+- ``staleness/{mean,max}`` and ``staleness/bucket_<k>`` for k = 0..max_staleness:
+  the histogram of the groups consumed (see `rl_core.pipeline.queue`).
+- ``tokens_per_s``, ``trajectories_per_s``: model tokens and finished
+  episodes over the step's wall time; ``queue/depth``.
+- ``trainer/{busy,blocked,idle}_frac``: computing (train step, weight sync) /
+  waiting for trajectories or for the device / anything else;
+  ``engine/{busy,blocked,idle}_frac``: running a batch / a batch waiting for
+  the device thread / nothing asked of it.
+- ``time/<stage>_s``: seconds in each stage (episode stages summed over episodes).
+- ``loop/lag_ms_{mean,max}``: how late the event loop wakes a sleeper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from rl_core.pipeline.ledger import END_STATES, Trajectory
+from rl_core.pipeline.queue import GateCounts, Group
+from rl_core.records import STAGES
+from rl_core.telemetry import fractions
+
+
+@dataclasses.dataclass
+class Readings:
+    """Monotonic counters read once per step."""
+
+    stages: dict[str, float]
+    engine_busy_s: float
+    engine_blocked_s: float
+    dropped_failed: int
+    gate: GateCounts
+
+
+class StepMeter:
+    def __init__(self, first: Readings) -> None:
+        self._last = first
+
+    def measure(
+        self,
+        *,
+        groups: Sequence[Group],
+        finished: Sequence[Trajectory],
+        staleness: Sequence[int],
+        max_staleness: int,
+        train: Mapping[str, float],
+        readings: Readings,
+        wall_s: float,
+        trainer_busy_s: float,
+        trainer_blocked_s: float,
+        queue_depth: int,
+        lag_s: Sequence[float],
+        policy_version: int,
+    ) -> dict[str, float]:
+        last, self._last = self._last, readings
+        used = [t for g in groups for t in g.kept]
+        rewards = np.array([t.reward for t in used] or [0.0], np.float64)
+        ends = Counter(t.end_state for t in finished)
+        failures = Counter(t.end_reason or t.end_state for t in finished if not t.kept)
+        stale = np.array(staleness or [0], np.float64)
+        hist = Counter(staleness)
+        t_busy, t_blocked, t_idle = fractions(trainer_busy_s, trainer_blocked_s, wall_s)
+        e_busy, e_blocked, e_idle = fractions(
+            readings.engine_busy_s - last.engine_busy_s,
+            readings.engine_blocked_s - last.engine_blocked_s,
+            wall_s,
+        )
+        out: dict[str, float] = {name: float(v) for name, v in train.items()}
+        out.update(
+            {
+                "reward/mean": float(rewards.mean()),
+                "reward/std": float(rewards.std()),
+                "reward/min": float(rewards.min()),
+                "reward/max": float(rewards.max()),
+                "episode/trained": float(len(used)),
+                "episode/turns_mean": _mean([t.turns for t in used]),
+                "episode/length_mean": _mean([t.total_tokens for t in used]),
+                "episode/model_tokens_mean": _mean([t.model_tokens for t in used]),
+                "episode/samples_mean": _mean([len(t.samples) for t in used]),
+                "episode/duration_s_mean": _mean([t.duration_s for t in used]),
+                **{f"episode/{state}": float(ends.get(state, 0)) for state in END_STATES},
+                **{f"failures/{reason}": float(n) for reason, n in sorted(failures.items())},
+                "failures/total": float(sum(failures.values())),
+                "groups/trained": float(len(groups)),
+                "groups/dropped_failed": float(readings.dropped_failed - last.dropped_failed),
+                "groups/dropped_stale": float(
+                    readings.gate.dropped_stale - last.gate.dropped_stale
+                ),
+                "groups/requeued": float(readings.gate.requeued - last.gate.requeued),
+                "staleness/mean": float(stale.mean()),
+                "staleness/max": float(stale.max()),
+                **{
+                    f"staleness/bucket_{k}": float(hist.get(k, 0)) for k in range(max_staleness + 1)
+                },
+                "tokens_per_s": sum(t.model_tokens for t in finished) / max(wall_s, 1e-9),
+                "trajectories_per_s": len(finished) / max(wall_s, 1e-9),
+                "queue/depth": float(queue_depth),
+                "trainer/busy_frac": t_busy,
+                "trainer/blocked_frac": t_blocked,
+                "trainer/idle_frac": t_idle,
+                "engine/busy_frac": e_busy,
+                "engine/blocked_frac": e_blocked,
+                "engine/idle_frac": e_idle,
+                **{
+                    f"time/{stage}_s": readings.stages.get(stage, 0.0) - last.stages.get(stage, 0.0)
+                    for stage in STAGES
+                },
+                "loop/lag_ms_mean": 1e3 * _mean(lag_s),
+                "loop/lag_ms_max": 1e3 * max(lag_s, default=0.0),
+                "policy_version": float(policy_version),
+                "step_time_s": wall_s,
+            }
+        )
+        return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else 0.0
+
+
+__all__ = ["Readings", "StepMeter"]

@@ -1,0 +1,356 @@
+"""The pipeline: collector, queue and trainer wired together, in ``async`` or ``sync`` mode.
+
+One step, as the trainer sees it::
+
+    queue_wait   take B groups from the queue (staleness gate applied)
+    train_step   pack them and update the policy, in the device thread
+    weight_sync  snapshot the new weights and hand them to the engine as version = step
+    report       sink.on_step / on_spans / on_trajectories; checkpoint every N steps
+
+In ``async`` mode the collector runs all the while: episodes of the next
+steps are being played while the trainer computes, up to what
+``staleness.max_staleness`` allows (`rl_core.pipeline.queue`). ``sync`` mode is
+the classic baseline: the collector plays exactly one batch with the current
+policy, the trainer waits for all of it, then trains; implemented as the same
+parts with the staleness bound forced to 0, which is what admission control
+then makes of it (no group starts before the policy it will be trained
+against exists).
+
+Everything below runs on one event loop; device work (engine batches, train
+steps, weight snapshots, checkpoints) runs in the `DeviceThread`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from rl_core.control import RunControl
+from rl_core.errors import EnvironmentFailure, NoTrajectories
+from rl_core.pipeline.collector import Collector
+from rl_core.pipeline.device import DeviceThread
+from rl_core.pipeline.ledger import Trajectory
+from rl_core.pipeline.metrics import Readings, StepMeter
+from rl_core.pipeline.queue import Admission, Group, GroupQueue
+from rl_core.records import CheckpointRecord, InflightEpisode, InflightSnapshot
+from rl_core.runner import TrainResult
+from rl_core.sinks import RunSink
+from rl_core.telemetry import Profiler, SpanRecorder
+from rl_core.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+INFLIGHT_INTERVAL_S = 1.0
+LAG_INTERVAL_S = 0.05
+STOP_POLL_S = 0.25
+INFLIGHT_EPISODES_MAX = 200
+
+
+class TrainerLike(Protocol):
+    def train_step(self, batch: Any) -> dict[str, float]: ...
+
+    def params(self) -> Any: ...
+
+
+class Checkpointer(Protocol):
+    def save(self, step: int, extra: Mapping[str, Any]) -> CheckpointRecord: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    steps: int
+    batch_groups: int
+    group_size: int
+    mode: str = "async"
+    max_staleness: int = 1
+    stale_policy: str = "drop"
+    checkpoint_interval: int = 0
+    trajectories_per_step: int = 4
+
+
+class Pipeline:
+    def __init__(
+        self,
+        *,
+        config: PipelineConfig,
+        collector_factory: Callable[[Admission, GroupQueue], Collector],
+        engine: Any,
+        trainer: TrainerLike,
+        build_batch: Callable[[list[Group]], Any],
+        snapshot: Callable[[Any], Any],
+        tokenizer: Tokenizer,
+        device: DeviceThread,
+        recorder: SpanRecorder,
+        sink: RunSink,
+        control: RunControl,
+        profiler: Profiler,
+        checkpointer: Checkpointer | None = None,
+        start_step: int = 0,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.trainer = trainer
+        self.build_batch = build_batch
+        self.snapshot = snapshot
+        self.tokenizer = tokenizer
+        self.device = device
+        self.recorder = recorder
+        self.sink = sink
+        self.control = control
+        self.profiler = profiler
+        self.checkpointer = checkpointer
+        self.start_step = start_step
+        bound = 0 if config.mode == "sync" else config.max_staleness
+        self.admission = Admission(
+            batch_groups=config.batch_groups, max_staleness=bound, version=start_step
+        )
+        self.queue = GroupQueue(
+            admission=self.admission,
+            policy="requeue" if config.stale_policy == "requeue" else "drop",
+            requeue=lambda task: self.collector.requeue(task),
+            maxsize=(bound + 1) * config.batch_groups,
+        )
+        self.collector = collector_factory(self.admission, self.queue)
+        self.trainer_state, self.trainer_since = "idle", time.monotonic()
+        self.step = start_step
+        self._lags: list[float] = []
+        self._saved_step = start_step  # a resumed run's own checkpoint is not written again
+
+    # --- the run ---------------------------------------------------------------
+
+    async def run(self) -> TrainResult:
+        self.engine.update_weights(
+            await self.device.run_trainer(lambda: self.snapshot(self.trainer.params())),
+            version=self.start_step,
+        )
+        serving = getattr(self.engine, "serving", None)
+        try:
+            # The engine serves (batches requests) for as long as episodes may ask.
+            async with (
+                serving() if serving else contextlib.nullcontext(),
+                asyncio.TaskGroup() as tg,
+            ):
+                helpers = [
+                    tg.create_task(self.collector.run(), name="collector"),
+                    tg.create_task(self._publish_inflight(), name="inflight"),
+                    tg.create_task(self._watch_lag(), name="loop-lag"),
+                ]
+                try:
+                    result = await self._train_loop()
+                finally:
+                    for task in helpers:
+                        task.cancel()
+        except ExceptionGroup as group:
+            # Raise the first cause itself, so the run's error reads as what went wrong.
+            raise _first_leaf(group) from group
+        finally:
+            self._report_cancelled()
+        self.profiler.stop()
+        return result
+
+    async def _train_loop(self) -> TrainResult:
+        cfg = self.config
+        meter = StepMeter(self._readings())
+        done, final, stopped = 0, {}, False
+        for step in range(self.start_step + 1, cfg.steps + 1):
+            if self.control.stop_requested:
+                stopped = True
+                break
+            self.step = self.device.step = step
+            self.profiler.begin_step(step, self.control.take_profile_request())
+            started = time.perf_counter()
+            groups, waited = await self._gather(step)
+            if groups is None:
+                stopped = True
+                break
+            metrics, busy, blocked = await self._train(step, groups)
+            finished = self.collector.drain_finished()
+            self.admission.set_version(step)  # only now may groups of the new policy start
+            self.profiler.end_step()
+            wall = time.perf_counter() - started
+            final = meter.measure(
+                groups=groups,
+                finished=finished,
+                staleness=self.queue.drain_staleness(),
+                max_staleness=self.admission.max_staleness,
+                train=metrics,
+                readings=self._readings(),
+                wall_s=wall,
+                trainer_busy_s=busy,
+                trainer_blocked_s=waited + blocked,
+                queue_depth=self.queue.depth,
+                lag_s=self._take_lags(),
+                policy_version=step,
+            )
+            self._report(step, final, groups, finished)
+            done += 1
+            log.info("step %d: reward %.3f (%.2fs)", step, final["reward/mean"], wall)
+            if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0:
+                await self._checkpoint(step)
+        last = self.start_step + done
+        if last > self.start_step or stopped:
+            await self._checkpoint(last)
+        self._set_trainer("idle")
+        return TrainResult(steps_completed=done, stopped_early=stopped, final_metrics=final)
+
+    async def _gather(self, step: int) -> tuple[list[Group] | None, float]:
+        """B groups for this step, or None when a stop arrives first (they are given back)."""
+        self._set_trainer("waiting_for_trajectories")
+        groups: list[Group] = []
+        failed_before = self.collector.dropped_groups
+        started = time.perf_counter()
+        with self.recorder.span("queue_wait", track="trainer", step=step) as args:
+            while len(groups) < self.config.batch_groups:
+                try:
+                    groups.append(await asyncio.wait_for(self.queue.take(), STOP_POLL_S))
+                except TimeoutError:
+                    if self.control.stop_requested:
+                        self.admission.unconsume(len(groups))
+                        self.collector.unconsume([g.task for g in groups])
+                        args["stopped"] = True
+                        return None, time.perf_counter() - started
+                    self._check_stall(self.collector.dropped_groups - failed_before)
+            args["groups"] = len(groups)
+        return groups, time.perf_counter() - started
+
+    def _check_stall(self, failed_groups: int) -> None:
+        # A step that has lost twice its batch to failures is not going to
+        # recover by waiting: the environment (or the engine) is broken.
+        if failed_groups < 2 * self.config.batch_groups:
+            return
+        error = self.collector.first_error
+        if error:
+            raise EnvironmentFailure(
+                f"step {self.step}: {failed_groups} groups lost to failed episodes; first: {error}"
+            )
+        raise NoTrajectories(
+            f"step {self.step}: {failed_groups} groups lost to episodes that timed out or were "
+            "cancelled; raise rollout.episode_timeout_s or agent.env_timeout_s"
+        )
+
+    async def _train(self, step: int, groups: list[Group]) -> tuple[dict[str, float], float, float]:
+        """Train and sync weights; returns the trainer's metrics, busy and device-wait seconds."""
+        self._set_trainer("training")
+        submitted = time.perf_counter()
+        timing: dict[str, float] = {}
+
+        def on_device() -> dict[str, float]:
+            timing["start"] = time.perf_counter()
+            with self.recorder.span("train_step", track="trainer", step=step, annotate=True):
+                metrics = self.trainer.train_step(self.build_batch(groups))
+            self._set_trainer("syncing_weights")
+            with self.recorder.span("weight_sync", track="trainer", step=step, annotate=True):
+                params = self.snapshot(self.trainer.params())
+                self.engine.update_weights(params, version=step)
+            timing["end"] = time.perf_counter()
+            return metrics
+
+        metrics = await self.device.run_trainer(on_device)
+        self._set_trainer("idle")
+        return metrics, timing["end"] - timing["start"], timing["start"] - submitted
+
+    async def _checkpoint(self, step: int) -> None:
+        if self.checkpointer is None or step == self._saved_step:
+            return
+        checkpointer = self.checkpointer
+        extra = {"collector": self.collector.position(), "step": step}
+
+        def save() -> CheckpointRecord:
+            with self.recorder.span("checkpoint", track="trainer", step=step, annotate=True):
+                return checkpointer.save(step, extra)
+
+        record = await self.device.run_trainer(save)
+        self._saved_step = step
+        self.sink.on_checkpoint(record)
+        self._flush_spans()
+
+    # --- reporting -------------------------------------------------------------
+
+    def _report(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        groups: list[Group],
+        finished: list[Trajectory],
+    ) -> None:
+        self.sink.on_step(step, metrics)
+        self._flush_spans()
+        n = self.config.trajectories_per_step
+        if n:
+            trained = [g.kept[0] for g in sorted(groups, key=lambda g: g.task)][:n]
+            failed = [t for t in finished if not t.kept][:n]
+            records = [t.to_record(self.tokenizer, step=step) for t in trained]
+            records += [t.to_record(self.tokenizer, step=0) for t in failed]
+            self.sink.on_trajectories(records)
+
+    def _report_cancelled(self) -> None:
+        cancelled = self.collector.cancelled
+        n = self.config.trajectories_per_step
+        if cancelled and n:
+            self.sink.on_trajectories([t.to_record(self.tokenizer, step=0) for t in cancelled[:n]])
+        self._flush_spans()
+
+    def _flush_spans(self) -> None:
+        spans = self.recorder.drain()
+        if spans:
+            self.sink.on_spans(spans)
+
+    def _readings(self) -> Readings:
+        busy, blocked, _ = self.device.engine_counters()
+        return Readings(
+            stages=self.recorder.totals(),
+            engine_busy_s=busy,
+            engine_blocked_s=blocked,
+            dropped_failed=self.collector.dropped_groups,
+            gate=dataclasses.replace(self.queue.counts),
+        )
+
+    def _set_trainer(self, state: str) -> None:
+        self.trainer_state, self.trainer_since = state, time.monotonic()
+
+    def snapshot_inflight(self) -> InflightSnapshot:
+        now = time.monotonic()
+        live = sorted(self.collector.inflight.values(), key=lambda t: t.stage_since)
+        return InflightSnapshot(
+            step=self.step,
+            trainer=self.trainer_state,
+            trainer_since_s=round(now - self.trainer_since, 3),
+            queue_depth=self.queue.depth,
+            episodes=tuple(
+                InflightEpisode(
+                    episode_id=t.episode_id,
+                    stage=t.stage,
+                    since_s=round(now - t.stage_since, 3),
+                    turn=t.turns,
+                )
+                for t in live[:INFLIGHT_EPISODES_MAX]
+            ),
+        )
+
+    async def _publish_inflight(self) -> None:
+        while True:
+            self.control.publish_inflight(self.snapshot_inflight())
+            await asyncio.sleep(INFLIGHT_INTERVAL_S)
+
+    async def _watch_lag(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(LAG_INTERVAL_S)
+            self._lags.append(max(0.0, time.perf_counter() - before - LAG_INTERVAL_S))
+
+    def _take_lags(self) -> list[float]:
+        lags, self._lags = self._lags, []
+        return lags
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+__all__ = ["Checkpointer", "Pipeline", "PipelineConfig", "TrainerLike"]
