@@ -9,6 +9,7 @@ from flax import nnx
 from rl_core.models.config import ModelConfig
 from rl_core.models.kv_cache import KVCache
 from rl_core.models.layers import Block, RMSNorm
+from rl_core.sharding import constrain
 
 
 class Model(nnx.Module):
@@ -63,11 +64,12 @@ class Model(nnx.Module):
             query_slot = start[:, None] + jnp.arange(t)[None, :]  # [B, T]
             mask = jnp.arange(cache.length)[None, None, :] <= query_slot[:, :, None]  # [B, T, S]
 
-        x = self.embed(tokens)  # [B, T, D]
+        x = constrain(self.embed(tokens))  # [B, T, D], rows split over data and fsdp
         new_keys, new_values = [], []
         for i, block in enumerate(self.blocks):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
             x, kv = block(x, positions, mask, kv, start)
+            x = constrain(x)
             if kv is not None:
                 new_keys.append(kv[0])
                 new_values.append(kv[1])
