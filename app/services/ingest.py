@@ -5,15 +5,16 @@ its rows commit together or not at all, so a batch that fails leaves nothing
 behind and its retry is stored, not skipped as a duplicate.
 
 Why the bulk path looks like this: on Postgres every batch is one ``INSERT ...
-SELECT FROM unnest(array, array, ...)`` statement, whatever its size: one
-parse, one plan, a few array parameters, instead of thousands of bound values
-(B8 in ``bench/`` measures it). SQLite (embedded) takes an executemany.
+SELECT FROM json_to_recordset(document)`` statement, whatever its size: one
+parse, one plan, one parameter, instead of thousands of bound values (B8 in
+``bench/`` measures it). SQLite (embedded) takes an executemany.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Table, select, text
@@ -69,16 +70,26 @@ async def bulk_insert(
         await session.execute(insert, list(rows))
         return
     dialect = session.bind.dialect
-    arrays = ", ".join(
-        f"CAST(:{c} AS {table.c[c].type.compile(dialect=dialect)}[])" for c in columns
+    # The whole batch travels as one JSON document that Postgres unpacks into typed
+    # rows: json.dumps is C, where binding per-column arrays escapes every string in Python.
+    record = ", ".join(f'"{c}" {table.c[c].type.compile(dialect=dialect)}' for c in columns)
+    names = ", ".join(columns)
+    sql = (
+        f"INSERT INTO {table.name} ({names}) SELECT {names} "
+        f"FROM json_to_recordset(CAST(:rows AS json)) AS x({record})"
     )
-    sql = f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})"
     if upsert is not None:
         keys, overwrite = upsert
         sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in overwrite)
         sql += f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
-    params = {c: [row[c] for row in rows] for c in columns}
-    await session.execute(text(sql), params)
+    document = json.dumps(list(rows), default=_iso, separators=(",", ":"))
+    await session.execute(text(sql), {"rows": document})
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 async def store_points(
@@ -100,7 +111,6 @@ async def store_points(
 
 
 async def store_spans(session: AsyncSession, run_id: str, spans: Sequence[SpanIn]) -> None:
-    postgres = _postgres(session)
     rows = [
         {
             "run_id": run_id,
@@ -109,8 +119,7 @@ async def store_spans(session: AsyncSession, run_id: str, spans: Sequence[SpanIn
             "step": s.step,
             "start_us": s.start_us,
             "dur_us": s.dur_us,
-            # The unnest path casts text to json; the executemany path binds JSON itself.
-            "args": (json.dumps(s.args) if postgres else s.args) if s.args else None,
+            "args": s.args or None,
         }
         for s in spans
     ]
@@ -120,7 +129,6 @@ async def store_spans(session: AsyncSession, run_id: str, spans: Sequence[SpanIn
 async def store_trajectories(
     session: AsyncSession, run_id: str, trajectories: Sequence[TrajectoryIn]
 ) -> None:
-    postgres = _postgres(session)
     now = utcnow()
     rows = []
     for t in trajectories:
@@ -133,7 +141,7 @@ async def store_trajectories(
                 "policy_version": t.policy_version,
                 "reward": t.reward,
                 "end_state": t.end_state,
-                "record": json.dumps(record) if postgres else record,
+                "record": record,
                 "created_at": now,
             }
         )
