@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from app import openapi
 from app.api import (
     callbacks,
     dashboard,
@@ -107,6 +108,7 @@ def create_app(
     app.state.observability = Observability()
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(ObservabilityMiddleware, observability=app.state.observability)
+    openapi.install(app)  # errors documented (and rendered) in the one shape
     return app
 
 

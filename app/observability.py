@@ -147,6 +147,15 @@ def _incoming_id(scope: Any) -> str | None:
 _FIELDS = ("method", "route", "path", "status", "duration_ms", "tenant_id")
 
 
+class RequestIdFilter(logging.Filter):
+    """Stamps each record with the request id of the context that logged it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "request_id", None) is None:
+            record.request_id = request_id.get()
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, request id, and known extras."""
 
@@ -156,7 +165,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
-            "request_id": request_id.get(),
+            "request_id": getattr(record, "request_id", None) or request_id.get(),
         }
         for name in _FIELDS:
             if hasattr(record, name):
@@ -173,6 +182,7 @@ def configure_logging(level: int = logging.INFO) -> None:
         return
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(RequestIdFilter())
     handler._rlaas_json = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(level)

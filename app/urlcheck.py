@@ -59,6 +59,10 @@ class UrlRefused(ValueError):
     """The URL is malformed or points where environments may not be; the message says why."""
 
 
+class UrlUnresolvable(UrlRefused):
+    """The URL's host name does not resolve (now): a DNS problem, not a policy one."""
+
+
 @dataclass(frozen=True)
 class Allowlist:
     classes: frozenset[str]
@@ -153,7 +157,9 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
             loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_S
         )
     except (OSError, TimeoutError) as exc:
-        raise UrlRefused(f"host {host!r} does not resolve: {exc or 'timed out'}") from None
+        raise UrlUnresolvable(
+            f"host {host!r} does not resolve (DNS): {exc or 'timed out'}"
+        ) from None
     return sorted(
         {ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos}, key=str
     )

@@ -9,7 +9,7 @@ from app.errors import Unprocessable
 from app.schemas.environments import CheckRead, EnvironmentCreate, EnvironmentPage, EnvironmentRead
 from app.services import env_check
 from app.services import environments as service
-from app.urlcheck import UrlRefused, check_url
+from app.urlcheck import UrlRefused, UrlUnresolvable, check_url
 
 router = APIRouter(prefix="/v1/environments", tags=["environments"])
 
@@ -54,6 +54,8 @@ async def check_environment(
     try:
         # Again now: the name may point somewhere else than when it was registered.
         url = await check_url(env.url, app_state.env_allowlist)
+    except UrlUnresolvable as exc:
+        return CheckRead(ok=False, error=str(exc), calls=[])
     except UrlRefused as exc:
         raise Unprocessable(str(exc), field="url") from None
     secret = app_state.secrets.decrypt(env.secret_encrypted, context=env.id)

@@ -1,0 +1,86 @@
+"""The OpenAPI document says what errors look like, because the API answers them in one shape.
+
+FastAPI documents only its own 422 (``HTTPValidationError``: ``{"detail": [...]}``),
+which is not what this API sends. Every operation here instead documents
+``4XX`` (and its 422) as ``Error``: ``{"error": {"code", "message", "field",
+...}}``, the shape of ``app.main``'s handlers. Schemathesis (tests/app/test_fuzz.py)
+holds the answers to this document. Starlette's own HTTP errors (unknown path,
+wrong method) are rendered in the same shape by `render_http_error`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "Error",
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "field"],
+            "properties": {
+                "code": {"type": "string", "description": "Machine-readable: not_found, ..."},
+                "message": {"type": "string", "description": "What is wrong and what to change"},
+                "field": {
+                    "anyOf": [{"type": "string"}, {"type": "null"}],
+                    "description": "The body field, query parameter or header at fault",
+                },
+            },
+            "additionalProperties": True,  # e.g. problems, quota, retry_after_s, limit_bytes
+        }
+    },
+}
+_ERROR_RESPONSE = {
+    "description": "A typed error (see Error); 429 also sends Retry-After",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
+
+
+def install(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, routes=app.routes, description=app.description
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.pop("HTTPValidationError", None)
+            components.pop("ValidationError", None)
+            components["Error"] = ERROR_SCHEMA
+            for path_item in schema.get("paths", {}).values():
+                for operation in path_item.values():
+                    responses = operation.setdefault("responses", {})
+                    if "422" in responses:
+                        responses["422"] = {**_ERROR_RESPONSE, "description": "Invalid input"}
+                    responses.setdefault("4XX", _ERROR_RESPONSE)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    app.add_exception_handler(HTTPException, render_http_error)  # type: ignore[arg-type]
+
+
+async def render_http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    message = str(exc.detail)
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}; see /docs for the API"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}; see /docs"
+    return JSONResponse(
+        {
+            "error": {
+                "code": codes.get(exc.status_code, "http_error"),
+                "message": message,
+                "field": None,
+            }
+        },
+        status_code=exc.status_code,
+        headers=getattr(exc, "headers", None),
+    )

@@ -1,0 +1,184 @@
+"""Deferred step results on real Postgres: signed posts, replays, and the worker's long-poll."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app.db.models import EnvCallback
+from rl_core.protocol.signing import HEADER, sign
+from tests.app.conftest import WORKER, Api, running_api
+
+pytestmark = pytest.mark.anyio
+SECRET = "callback-secret-0123456789abcdef"
+RESULT = {"messages": [{"role": "user", "content": "too low"}], "reward": 0.0, "done": False}
+
+
+@dataclass
+class Episode:
+    run_id: str
+    episode_id: str
+    auth: dict[str, str]
+
+
+async def running_episode(api: Api) -> Episode:
+    auth = await api.tenant()
+    r = await api.client.post(
+        "/v1/environments",
+        json={"name": "deferred", "url": "http://127.0.0.1:9/env", "secret": SECRET},
+        headers=auth,
+    )
+    assert r.status_code == 201, r.text
+    run_id = await api.submit(auth, environment={"name": r.json()["id"]})
+    assert (await api.internal(run_id, "claim", worker_id="w1")).status_code == 200
+    return Episode(run_id, f"{run_id}~s0-g0-e1", auth)
+
+
+@pytest.fixture
+async def local(app_database: str) -> Any:
+    async with running_api(app_database, env_url_allowlist="loopback") as api:
+        yield api
+
+
+async def post(api: Api, episode_id: str, step: int, body: Any = RESULT, **sign_kw: Any) -> Any:
+    raw = json.dumps(body).encode() if not isinstance(body, bytes) else body
+    secret = sign_kw.pop("secret", SECRET)
+    headers = {"Content-Type": "application/json"}
+    header = sign_kw.pop("header") if "header" in sign_kw else sign(secret, raw, **sign_kw)
+    if header is not None:
+        headers[HEADER] = header
+    return await api.client.post(
+        f"/v1/env-callbacks/{episode_id}/{step}", content=raw, headers=headers
+    )
+
+
+async def poll(api: Api, run_id: str, episode_id: str, step: int, wait_s: float) -> Any:
+    return await api.client.get(
+        f"/internal/runs/{run_id}/env-callbacks/{episode_id}/{step}",
+        params={"wait_s": wait_s},
+        headers=WORKER,
+    )
+
+
+async def test_a_signed_result_is_stored_once_and_relayed(local: Api) -> None:
+    ep = await running_episode(local)
+    r = await post(local, ep.episode_id, 3)
+    assert r.status_code == 202 and r.json() == {"accepted": True}
+    replay = await post(local, ep.episode_id, 3)
+    assert replay.status_code == 409 and replay.json()["error"]["field"] == "step"
+    assert (await post(local, ep.episode_id, 4)).status_code == 202  # the next step is new
+
+    got = await poll(local, ep.run_id, ep.episode_id, 3, wait_s=0)
+    assert got.status_code == 200 and got.json() == {"body": RESULT}
+    rows = await local.db(lambda s: s.scalars(select(EnvCallback).order_by(EnvCallback.step)))
+    delivered = [(row.step, row.delivered_at is not None) for row in rows]
+    assert delivered == [(3, True), (4, False)]
+    # Fetched again (the worker lost the answer): the same body, at least once.
+    assert (await poll(local, ep.run_id, ep.episode_id, 3, wait_s=0)).json() == {"body": RESULT}
+
+
+async def test_nothing_yet_is_204_after_wait_s(local: Api) -> None:
+    ep = await running_episode(local)
+    r = await poll(local, ep.run_id, ep.episode_id, 1, wait_s=0.2)
+    assert r.status_code == 204 and r.content == b""
+
+
+async def test_a_waiting_poll_is_woken_in_process(app_database: str) -> None:
+    # DB polling every 60 s: only the in-process wake-up can answer within the 10 s below.
+    async with running_api(app_database, env_url_allowlist="loopback", callback_poll_s=60) as api:
+        ep = await running_episode(api)
+        waiting = asyncio.create_task(poll(api, ep.run_id, ep.episode_id, 2, wait_s=50))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        assert (await post(api, ep.episode_id, 2)).status_code == 202
+        got = await asyncio.wait_for(waiting, timeout=10)
+        assert got.status_code == 200 and got.json() == {"body": RESULT}
+
+
+async def test_a_result_posted_to_another_api_process_reaches_the_poll(app_database: str) -> None:
+    async with (
+        running_api(app_database, env_url_allowlist="loopback") as taker,
+        running_api(app_database, env_url_allowlist="loopback", callback_poll_s=0.1) as waiter,
+    ):
+        ep = await running_episode(taker)
+        waiting = asyncio.create_task(poll(waiter, ep.run_id, ep.episode_id, 5, wait_s=20))
+        await asyncio.sleep(0.2)
+        assert (await post(taker, ep.episode_id, 5)).status_code == 202
+        got = await asyncio.wait_for(waiting, timeout=10)
+        assert got.status_code == 200 and got.json() == {"body": RESULT}
+
+
+@pytest.mark.parametrize(
+    ("how", "words"),
+    [
+        ({"header": None}, f"missing {HEADER} header"),
+        ({"secret": "not-the-registered-secret"}, "does not match"),
+        ({"timestamp": int(time.time()) - 3600}, "window is 300s"),
+        ({"header": "v1=abc"}, "must carry t="),
+        ({"header": "garbage"}, "is not key=value"),
+    ],
+)
+async def test_bad_signatures_are_401_naming_the_header(
+    local: Api, how: dict[str, Any], words: str
+) -> None:
+    ep = await running_episode(local)
+    r = await post(local, ep.episode_id, 1, **how)
+    assert r.status_code == 401, r.text
+    error = r.json()["error"]
+    assert error["field"] == HEADER and words in error["message"]
+    rows = await local.db(lambda s: s.scalars(select(EnvCallback)))
+    assert list(rows) == []
+
+
+async def test_a_tampered_body_does_not_verify(local: Api) -> None:
+    ep = await running_episode(local)
+    header = sign(SECRET, json.dumps(RESULT).encode())
+    tampered = {**RESULT, "reward": 1.0}
+    r = await post(local, ep.episode_id, 1, tampered, header=header)
+    assert r.status_code == 401 and "does not match" in r.json()["error"]["message"]
+
+
+async def test_unknown_runs_and_episodes_are_404(local: Api) -> None:
+    ep = await running_episode(local)
+    for episode_id in ("no-tilde-here", "run_doesnotexist~e1", "~e1"):
+        r = await post(local, episode_id, 1)
+        assert r.status_code == 404, episode_id
+        assert r.json()["error"]["field"] == "episode_id"
+    builtin_run = await local.submit(ep.auth)  # guess_number: no registered environment
+    await local.internal(builtin_run, "claim", worker_id="w2")
+    r = await post(local, f"{builtin_run}~e1", 1)
+    assert r.status_code == 404 and "registered environment" in r.json()["error"]["message"]
+
+
+async def test_a_finished_run_takes_no_results(local: Api) -> None:
+    ep = await running_episode(local)
+    await local.internal(ep.run_id, "status", worker_id="w1", status="running")
+    await local.internal(ep.run_id, "status", worker_id="w1", status="failed", error="x")
+    r = await post(local, ep.episode_id, 1)
+    assert r.status_code == 409 and "failed" in r.json()["error"]["message"]
+
+
+async def test_a_signed_body_that_is_not_a_json_object_is_422(local: Api) -> None:
+    ep = await running_episode(local)
+    for raw in (b"not json", b"[1, 2]"):
+        r = await post(local, ep.episode_id, 1, raw)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "body"
+
+
+async def test_the_long_poll_needs_the_worker_token_and_a_matching_run(local: Api) -> None:
+    ep = await running_episode(local)
+    url = f"/internal/runs/{ep.run_id}/env-callbacks/{ep.episode_id}/1"
+    for headers in ({}, ep.auth):
+        assert (await local.client.get(url, headers=headers)).status_code == 401
+    other = await poll(local, "run_other", ep.episode_id, 1, wait_s=0)
+    assert other.status_code == 404 and other.json()["error"]["field"] == "episode_id"
+    missing = await poll(local, "run_nope", "run_nope~e1", 1, wait_s=0)
+    assert missing.status_code == 404 and missing.json()["error"]["field"] == "run_id"
+    too_long = await poll(local, ep.run_id, ep.episode_id, 1, wait_s=61)
+    assert too_long.status_code == 422 and too_long.json()["error"]["field"] == "wait_s"
