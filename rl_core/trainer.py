@@ -181,6 +181,11 @@ class Trainer:
             self._params_cache = (self.updates, nnx.merge_state(policy, self._rest))
         return self._params_cache[1]
 
+    def policy_model(self) -> Model:
+        """A `Model` holding the current policy (LoRA merged): what `rl_core.export` writes."""
+        model: Model = nnx.merge(self._graphdef, self._policy(), self._rest)
+        return model
+
     def logprobs(self, tokens: np.ndarray) -> np.ndarray:  # [B, T] -> [B, T]
         """Logprob of each token given its prefix (0 at position 0), as the trainer sees it."""
         lp, _ = self._score(self._policy(), self._rest, None, jnp.asarray(tokens))
