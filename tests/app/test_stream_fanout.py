@@ -46,10 +46,8 @@ class MemoryReader:
 def parse(chunks: list[bytes]) -> list[tuple[str, dict[str, object]]]:
     """(event name, data) of each event; comments and the retry hint left out."""
     out = []
-    for chunk in chunks:
-        fields = dict(
-            line.split(": ", 1) for line in chunk.decode().strip().splitlines() if ": " in line
-        )
+    for block in b"".join(chunks).decode().split("\n\n"):  # one write may carry several
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
         if "event" in fields:
             out.append((fields["event"], json.loads(fields["data"])))
     return out
