@@ -25,6 +25,7 @@ def build_batch(
     rows: int,
     pad_id: int,
     scale_rewards: bool,
+    min_length: int = 32,
 ) -> TrainBatch:
     ordered = sorted(groups, key=lambda g: g.task)  # completion order must not change the math
     rewards = np.zeros((len(ordered), group_size), np.float32)
@@ -47,7 +48,9 @@ def build_batch(
                 logprobs.append(sample.logprobs)
                 advs.append(float(advantages[i, t.member]))
     n_rows = rows * max(1, -(-len(tokens) // rows))
-    return TrainBatch.pack(tokens, masks, logprobs, advs, rows=n_rows, pad_id=pad_id)
+    return TrainBatch.pack(
+        tokens, masks, logprobs, advs, rows=n_rows, pad_id=pad_id, min_length=min_length
+    )
 
 
 __all__ = ["build_batch"]

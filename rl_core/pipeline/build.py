@@ -29,6 +29,8 @@ from rl_core.trainer import Trainer, TrainerConfig
 
 log = logging.getLogger(__name__)
 
+SINGLE_BUCKET_CONTEXT = 256
+
 
 class OrbaxCheckpointer:
     """`Checkpointer` over `rl_core.checkpointing`: ``artifacts_dir/checkpoints/step-NNNNNNNN``."""
@@ -71,12 +73,16 @@ def build_pipeline(
     # One fixed row count for generation: as episodes finish, later turns
     # batch fewer rows, and padding them is cheaper than compiling again.
     rows = next_bucket(min(r.concurrency, spec.batch_size * (spec.staleness.max_staleness + 1)), 1)
+    # Short contexts get one length bucket: padding a small model's prompts is far
+    # cheaper than compiling again as episodes grow (tens of seconds on a busy CPU).
+    length = next_bucket(ag.max_context, 1) if ag.max_context <= SINGLE_BUCKET_CONTEXT else 32
     engine = JaxEngine(
         model,
         config=EngineConfig(
             stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
             pad_id=tokenizer.pad_id,
             batch_buckets=(rows,) if rows <= 64 else (64, rows),
+            min_prompt_bucket=length,
         ),
         executor=device,
     )
@@ -131,6 +137,7 @@ def build_pipeline(
             rows=spec.batch_size,
             pad_id=tokenizer.pad_id,
             scale_rewards=a.scale_rewards,
+            min_length=length,
         )
 
     pipeline = Pipeline(

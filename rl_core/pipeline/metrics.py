@@ -34,6 +34,10 @@ from rl_core.records import STAGES
 from rl_core.telemetry import fractions
 
 
+# The end reasons of episodes removed from the batch (rl_core.agent), always reported.
+FAILURE_REASONS = ("episode_timeout", "env_timeout", "env_reset", "env_step", "cancelled")
+
+
 @dataclasses.dataclass
 class Readings:
     """Monotonic counters read once per step."""
@@ -92,6 +96,7 @@ class StepMeter:
                 "episode/samples_mean": _mean([len(t.samples) for t in used]),
                 "episode/duration_s_mean": _mean([t.duration_s for t in used]),
                 **{f"episode/{state}": float(ends.get(state, 0)) for state in END_STATES},
+                **{f"failures/{reason}": 0.0 for reason in FAILURE_REASONS},
                 **{f"failures/{reason}": float(n) for reason, n in sorted(failures.items())},
                 "failures/total": float(sum(failures.values())),
                 "groups/trained": float(len(groups)),
