@@ -33,7 +33,6 @@ from rl_core.pipeline.queue import GateCounts, Group
 from rl_core.records import STAGES
 from rl_core.telemetry import fractions
 
-
 # The end reasons of episodes removed from the batch (rl_core.agent), always reported.
 FAILURE_REASONS = ("episode_timeout", "env_timeout", "env_reset", "env_step", "cancelled")
 
