@@ -91,9 +91,11 @@ class Admission:
         self.consumed += 1
 
     def unconsume(self, n: int) -> None:
-        """Groups taken into a batch that will not be trained (a stop mid-batch)."""
+        """Groups taken into a batch that will not be trained (a stop mid-batch).
+
+        Their tasks go back to the collector's replay list, to be admitted again."""
         self.consumed -= n
-        self.outstanding += n
+        self._changed.set()
 
     def set_version(self, version: int) -> None:
         self.version = version
