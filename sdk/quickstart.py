@@ -77,6 +77,9 @@ def run_quickstart(
             run = client.create_run(spec or demo_spec())
             what = "the tiny model learns to guess a number" if spec is None else "your spec"
             console.print(f"submitted run {run.id}: {what}")
+            # The page reads the key from the fragment (never sent to the server), keeps it
+            # in the browser and clears it from the address bar.
+            console.print(f"dashboard: [link]{api_url}/#key={api_key}&run={run.id}[/link]")
             run = follow_run(client, run.id)
         ok = run.status == "succeeded"
         console.print(f"demo run {run.status}" if ok else f"[red]demo run {run.status}[/red]")

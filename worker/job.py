@@ -12,6 +12,7 @@ import traceback
 from typing import Literal
 
 from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
+from worker.callbacks import HttpCallbackSource
 from worker.heartbeat import Heartbeater
 from worker.settings import WorkerSettings
 from worker.sinks import HttpRunSink
@@ -40,10 +41,11 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
         except ClaimRefused as exc:
             log.info("run %s not claimed: %s", run_id, exc)
             return "not_claimed"
+        # Three clients, one per thread: this one, the shipper's and the heartbeat's.
         sink = HttpRunSink(client(), run_id, first_seq=claim.attempt * SEQ_BLOCK)
         try:
             with Heartbeater(client(), run_id, settings.heartbeat_seconds) as beats:
-                return _train_claimed(api, claim, beats, sink, settings)
+                return _train_claimed(api, claim, beats, sink, settings, token)
         finally:
             sink.close()
     finally:
@@ -51,16 +53,46 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
 
 
 def _train_claimed(
-    api: ControlPlane, claim: Claim, beats: Heartbeater, sink: HttpRunSink, settings: WorkerSettings
+    api: ControlPlane,
+    claim: Claim,
+    beats: Heartbeater,
+    sink: HttpRunSink,
+    settings: WorkerSettings,
+    token: str,
 ) -> Outcome:
+    from rl_core.envs.webhook import WebhookTarget
     from rl_core.runner import train
     from rl_core.spec import parse_spec
 
     run_id = claim.run_id
+    webhooks = {}
+    if claim.environment is not None:
+        env = claim.environment
+        webhooks[env["id"]] = WebhookTarget(
+            id=env["id"],
+            url=env["url"],
+            secret=env["secret"],
+            timeout_s=float(env["timeout_s"]),
+            max_concurrency=int(env["max_concurrency"]),
+        )
+    resume_from = None
+    if claim.checkpoint is not None:
+        resume_from = str(claim.checkpoint["uri"])
+        step = claim.checkpoint["step"]
+        log.info("run %s: resuming from step %s (%s)", run_id, step, resume_from)
     try:
         spec = parse_spec(claim.spec)
         api.report_status(run_id, "running")
-        result = train(spec, sink=sink, should_stop=beats.should_stop, start_step=claim.resume_step)
+        result = train(
+            spec,
+            sink=sink,
+            control=beats.control,
+            artifacts_dir=settings.artifacts_dir() / run_id,
+            resume_from=resume_from,
+            episode_prefix=f"{run_id}~",
+            webhooks=webhooks,
+            callbacks=HttpCallbackSource(settings.api_url, token, run_id),
+        )
         # Everything reported must be stored before the run may be called finished.
         sink.flush(timeout_s=settings.api_retry_seconds)
     except LeaseLost as exc:

@@ -33,6 +33,13 @@ class WorkerSettings(BaseSettings):
     # on a report (the API may be restarting).
     api_retry_seconds: float = 120.0
 
+    # Checkpoints and profiles, one folder per run. Workers that may resume each
+    # other's runs must share it (a volume; a bucket path in production).
+    artifacts_path: Path | None = None
+
+    def artifacts_dir(self) -> Path:
+        return self.artifacts_path or self.data_dir / "artifacts"
+
     def resolved_broker_url(self) -> str:
         if self.broker_url:
             return self.broker_url
