@@ -89,7 +89,9 @@ def _train_claimed(
             control=beats.control,
             artifacts_dir=settings.artifacts_dir() / run_id,
             resume_from=resume_from,
-            episode_prefix=f"{run_id}~",
+            # The run id first (the control plane routes callbacks by it), then the attempt,
+            # so a resumed attempt's episodes never collide with the dead one's (replays).
+            episode_prefix=f"{run_id}~a{claim.attempt}-",
             webhooks=webhooks,
             callbacks=HttpCallbackSource(settings.api_url, token, run_id),
         )
