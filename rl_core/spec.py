@@ -183,6 +183,14 @@ class AlgorithmSpec(_Section):
     importance_cap: Annotated[float, Field(ge=1.0)] = 2.0
     max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    # Gradient accumulation: slices per mini-batch (memory only; the update is the same).
+    micro_batches: Annotated[int, Field(ge=1)] = 1
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    # PPO only (name="ppo"): GAE over the model's tokens and the value head's loss.
+    gae_gamma: Annotated[float, Field(ge=0, le=1)] = 1.0
+    gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
+    value_coef: Annotated[float, Field(ge=0)] = 0.5
+    value_clip: Annotated[float, Field(gt=0)] = 0.2
 
     @model_validator(mode="after")
     def _mini_batches_divide(self) -> AlgorithmSpec:

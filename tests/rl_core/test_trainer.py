@@ -14,7 +14,14 @@ from rl_core.algorithms.grpo import GrpoConfig
 from rl_core.algorithms.ppo import PpoConfig
 from rl_core.lora import LoraConfig
 from rl_core.models import Model, ModelConfig
-from rl_core.trainer import TrainBatch, Trainer, TrainerConfig, learning_rate_schedule
+from rl_core.spec import parse_spec
+from rl_core.trainer import (
+    TrainBatch,
+    Trainer,
+    TrainerConfig,
+    learning_rate_schedule,
+    trainer_config_from_spec,
+)
 
 
 def test_pack_pads_to_fixed_rows_and_a_power_of_two() -> None:
@@ -178,3 +185,28 @@ def test_ppo_fits_its_value_head_and_follows_the_reward(tiny_model: Model) -> No
     without = dataclasses.replace(batch, rewards=None)
     with pytest.raises(ValueError, match="rewards"):
         trainer.train_step(without)
+
+
+def test_config_from_spec_maps_every_algorithm_field() -> None:
+    spec = parse_spec(
+        {
+            "environment": {"name": "guess_number"},
+            "model": {"lora": {"rank": 4, "targets": ["q", "up"]}},
+            "algorithm": {
+                "name": "ppo",
+                "mini_batches": 2,
+                "micro_batches": 2,
+                "warmup_steps": 3,
+                "kl_coef": 0.1,
+                "kl_estimator": "k2",
+                "gae_lambda": 0.9,
+            },
+            "rollout": {"sampling": {"temperature": 0.0}},
+            "train": {"steps": 10, "seed": 5},
+        }
+    )
+    cfg = trainer_config_from_spec(spec)
+    assert (cfg.mini_batches, cfg.micro_batches, cfg.warmup_steps, cfg.total_steps) == (2, 2, 6, 20)
+    assert cfg.temperature == 1.0 and cfg.seed == 5 and cfg.grpo.kl_estimator == "k2"
+    assert cfg.ppo is not None and cfg.ppo.gae_lambda == 0.9
+    assert cfg.lora == LoraConfig(rank=4, targets=("q", "up"))
