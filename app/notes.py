@@ -139,7 +139,12 @@ class PostgresListener:
     async def start(self, timeout_s: float = 10.0) -> None:
         self._task = asyncio.create_task(self._run(), name="notes-listener")
         # Wait for the first LISTEN, so a stream opened right after start-up hears everything.
-        await asyncio.wait_for(self.listening.wait(), timeout_s)
+        # A database that is down must not stop the API from starting (/readyz says 503);
+        # the task keeps reconnecting, and the feeds' resync covers what it missed.
+        try:
+            await asyncio.wait_for(self.listening.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("notes listener not connected after %.0fs; still trying", timeout_s)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -156,7 +156,7 @@ async def live_updates(
         listener = notes.PostgresListener(
             conninfo.render_as_string(hide_password=False), hub.deliver, hub.poke_all
         )
-        await listener.start()
+        await listener.start(timeout_s=3.0)
     else:
         notes.install(sessions, deliver_after_commit=hub.deliver)
     try:
