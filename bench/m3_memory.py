@@ -4,7 +4,8 @@ The trainer trains the builtin ``small`` preset (about 1.5M parameters) on rando
 batches whose lengths vary between two buckets, calls ``params()`` every step (as the
 weight sync does) and saves a checkpoint every ``--checkpoint-every`` steps: the things a
 long run repeats. RSS is sampled after every step; the report compares the RSS after
-warm-up (step ``--warmup``: every program compiled, one checkpoint written) with the end, and gives the peak.
+warm-up (step ``--warmup``: every program compiled, one checkpoint written) with the
+end, and gives the peak.
 No growth means end - warm-up stays within noise (a few MB), not proportional to steps.
 
     .venv/bin/python bench/m3_memory.py --quick     # 200 steps
