@@ -35,7 +35,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 AXES = ("data", "fsdp", "tensor")
 ROWS = ("data", "fsdp")  # the axes a batch's rows are split over
 
-P = PartitionSpec
+
+def P(*axes: str | tuple[str, ...] | None) -> PartitionSpec:
+    """`PartitionSpec`, typed (jax leaves its constructor unannotated)."""
+    return PartitionSpec(*axes)  # type: ignore[no-untyped-call]
+
+
 # (last path elements of a parameter) -> spec of its array, in nnx layouts ([in, out]).
 _RULES: dict[tuple[str, ...], PartitionSpec] = {
     # [V, D]: split along D, not V: a gather from a vocabulary-split table makes XLA
@@ -111,4 +116,6 @@ def constrain(x: jax.Array) -> jax.Array:  # [B, ...] -> [B, ...]
     rows = int(np.prod([mesh.shape[a] for a in ROWS]))
     if x.shape[0] % rows:
         return x  # a batch that does not split evenly (one decode row) stays as XLA likes
-    return jax.lax.with_sharding_constraint(x, P(ROWS, *([None] * (x.ndim - 1))))
+    spec = P(ROWS, *([None] * (x.ndim - 1)))
+    constrained: jax.Array = jax.lax.with_sharding_constraint(x, spec)  # type: ignore[no-untyped-call]
+    return constrained

@@ -55,7 +55,7 @@ def _yarn(theta: float, dim: int, s: RopeScaling, max_seq_len: int) -> tuple[np.
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
 
     low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    high: float = min(math.ceil(correction_dim(beta_slow)), dim - 1)
     if low == high:
         high += 0.001  # as transformers: avoid a zero-width ramp
     ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)

@@ -23,7 +23,7 @@ from rl_core.checkpoints.errors import (
 from rl_core.models.config import ModelConfig
 from rl_core.models.decoder import Model
 
-_BLOCK_NAMES = {
+_BLOCK_NAMES: dict[tuple[str, ...], tuple[str, bool]] = {
     ("attn_norm", "scale"): ("input_layernorm.weight", False),
     ("attn", "q", "kernel"): ("self_attn.q_proj.weight", True),
     ("attn", "k", "kernel"): ("self_attn.k_proj.weight", True),
@@ -39,7 +39,7 @@ _BLOCK_NAMES = {
     ("mlp", "up", "kernel"): ("mlp.up_proj.weight", True),
     ("mlp", "down", "kernel"): ("mlp.down_proj.weight", True),
 }
-_TOP_NAMES = {
+_TOP_NAMES: dict[tuple[str, ...], tuple[str, bool]] = {
     ("embed", "embedding"): ("model.embed_tokens.weight", False),
     ("final_norm", "scale"): ("model.norm.weight", False),
     ("lm_head", "kernel"): ("lm_head.weight", True),

@@ -24,12 +24,13 @@ def filter_logits(
     temp = jnp.where(temperature > 0, temperature, 1.0)[:, None]
     scaled = logits / temp
     filtering = jnp.any((top_k > 0) | (top_p < 1.0))
-    return jax.lax.cond(
+    out: jax.Array = jax.lax.cond(
         filtering,
         lambda s: _top_k_top_p(s, top_k, top_p),
         lambda s: jax.nn.log_softmax(s, axis=-1),
         scaled,
     )
+    return out
 
 
 def _top_k_top_p(

@@ -177,7 +177,7 @@ class Scheduler:
         )
         self.stats.decode_steps += 1
         token_h, logprob_h = jax.device_get((token, logprob))
-        return self._record([(i, token_h[i], logprob_h[i]) for i in np.flatnonzero(active)])
+        return self._record([(int(i), token_h[i], logprob_h[i]) for i in np.flatnonzero(active)])
 
     def _record(self, sampled: list[tuple[int, Any, Any]]) -> list[tuple[Request, Completion]]:
         done = []
@@ -240,7 +240,7 @@ def _need(request: Request) -> int:
 
 def _sampling_arrays(
     requests: list[Request] | list[Request | None], rows: int
-) -> tuple[steps.Sampling, np.ndarray]:
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
     temperature = np.ones((rows,), np.float32)
     top_k = np.zeros((rows,), np.int32)
     top_p = np.ones((rows,), np.float32)
