@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from rl_core.envs.base import Action, Environment, Message
+from rl_core.envs.errors import FailureBudgetExhausted
 from rl_core.pipeline.ledger import END_STATES, Sample, Trajectory
 from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
 from rl_core.telemetry import SpanRecorder, now_us
@@ -260,6 +261,8 @@ class Agent:
                 )
                 late.__cause__ = exc
                 raise _EnvFailed(f"env_{call}") from late
+            except FailureBudgetExhausted:
+                raise  # not this episode's failure: the run's, so it must end the run
             except Exception as exc:
                 raise _EnvFailed(f"env_{call}") from exc
 
