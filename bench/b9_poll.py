@@ -62,9 +62,10 @@ def ingest_process(st: Stack, run_ids: list[str], rate: float, duration: float) 
 async def stream_reader(st: Stack, run_id: str, stop: asyncio.Event) -> int:
     """A dashboard's live stream on the busy run, read as fast as it comes."""
     events = 0
-    async with httpx.AsyncClient(base_url=st.base_url, timeout=None) as client, client.stream(
-        "GET", f"/v1/runs/{run_id}/metrics/stream", headers=st.auth
-    ) as response:
+    async with (
+        httpx.AsyncClient(base_url=st.base_url, timeout=None) as client,
+        client.stream("GET", f"/v1/runs/{run_id}/metrics/stream", headers=st.auth) as response,
+    ):
         async for line in response.aiter_lines():
             events += line.startswith("id: ")
             if stop.is_set():
