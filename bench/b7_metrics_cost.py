@@ -56,7 +56,7 @@ def run(quick: bool) -> list[str]:
         cap_s=30 if quick else 120,
         model_delay_s=0.005,
     )
-    pairs = 3 if quick else 6
+    pairs = 6 if quick else 12
     on, off, cover = [], [], []
     spans = 0
     for _ in range(pairs):
@@ -92,7 +92,7 @@ def run(quick: bool) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 on/off pairs of 15 steps")
+    parser.add_argument("--quick", action="store_true", help="6 on/off pairs of 15 steps")
     print("\n".join(run(parser.parse_args().quick)))
 
 
