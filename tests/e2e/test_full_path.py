@@ -36,6 +36,23 @@ def test_tiny_game_run_succeeds_with_reward_per_step(stack: Stack) -> None:
         assert [p["step"] for p in points] == list(range(1, steps + 1))
         assert all(0.0 <= p["value"] <= 1.0 for p in points)
 
+        # The stage timeline, as Chrome trace events: the trainer's steps and the episodes' stages.
+        trace = client.get(f"/v1/runs/{run_id}/timeline", params={"limit": 100_000}).json()
+        spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+        names = {e["name"] for e in spans}
+        assert {"train_step", "weight_sync", "rollout", "model_call", "env_step"} <= names, names
+        assert all(e["dur"] >= 0 for e in spans)
+
+        # Sampled trajectories: the text, with the model's own tokens marked as trained.
+        page = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 50}).json()
+        # (Episodes still in flight when the last step is trained end as "cancelled".)
+        played = [t for t in page["items"] if t["end_state"] in ("done", "truncated")]
+        assert played, f"no played trajectories reached the control plane: {page['items'][:2]}"
+        first = played[0]
+        assert first["step"] >= 1 and first["total_tokens"] > first["model_tokens"] > 0
+        assert any(seg["trained"] for seg in first["segments"])
+        assert any(not seg["trained"] for seg in first["segments"])
+
         events = client.get(f"/v1/runs/{run_id}/events").json()
         statuses = [e["to_status"] for e in events["items"]]
         assert statuses == ["queued", "starting", "running", "succeeded"]
