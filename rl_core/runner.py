@@ -182,11 +182,10 @@ def _complete(sink: RunSink | StepSink) -> RunSink:
 def _check_supported(spec: JobSpec) -> None:
     if spec.rollout.engine != "jax":
         raise UnsupportedSpec("rollout.engine", f"{spec.rollout.engine!r} is not supported yet")
-    if spec.model.lora is not None:
-        raise UnsupportedSpec("model.lora", "LoRA is not supported yet; remove model.lora")
     if spec.agent.chat_template != "model":
         raise UnsupportedSpec("agent.chat_template", "only the model's own template ('model')")
     if spec.algorithm.name != "grpo":
+        # The trainer has PPO (value head, GAE); the pipeline does not yet pass rewards per row.
         raise UnsupportedSpec("algorithm.name", f"{spec.algorithm.name!r} is not supported yet")
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import jax
 
 from rl_core.agent import Agent, AgentConfig
-from rl_core.algorithms.grpo import GrpoConfig
 from rl_core.control import RunControl
 from rl_core.envs import build_environment
 from rl_core.models.sources import load_model
@@ -25,7 +24,7 @@ from rl_core.rollout.jax_engine import EngineConfig, JaxEngine, next_bucket
 from rl_core.sinks import RunSink
 from rl_core.spec import JobSpec
 from rl_core.telemetry import Profiler, SpanRecorder
-from rl_core.trainer import Trainer, TrainerConfig
+from rl_core.trainer import Trainer, trainer_config_from_spec
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +88,7 @@ def build_pipeline(
     sampling = SamplingParams(
         temperature=r.sampling.temperature, top_p=r.sampling.top_p, top_k=r.sampling.top_k
     )
-    trainer = Trainer(model, _trainer_config(spec, sampling))
+    trainer = Trainer(model, trainer_config_from_spec(spec))
     position: Mapping[str, Any] | None = None
     if resume_from is not None:
         from rl_core.checkpointing import restore_checkpoint
@@ -166,31 +165,3 @@ def build_pipeline(
         start_step=start_step,
     )
     return pipeline, lambda: device.shutdown(wait=True)
-
-
-def _trainer_config(spec: JobSpec, sampling: SamplingParams) -> TrainerConfig:
-    a, ag = spec.algorithm, spec.agent
-    return TrainerConfig(
-        learning_rate=a.learning_rate,
-        lr_schedule=a.lr_schedule,
-        warmup_steps=a.warmup_steps * a.mini_batches,
-        total_steps=spec.train.steps * a.mini_batches,
-        max_grad_norm=a.max_grad_norm,
-        weight_decay=a.weight_decay,
-        mini_batches=a.mini_batches,
-        temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
-        seed=spec.train.seed,
-        grpo=GrpoConfig(
-            clip_eps=a.clip_eps,
-            clip_eps_high=a.clip_eps_high,
-            kl_coef=a.kl_coef,
-            entropy_coef=a.entropy_coef,
-            aggregation=a.loss_aggregation,
-            importance_correction=a.importance_correction,
-            importance_cap=a.importance_cap,
-            norm_tokens=ag.max_turns * ag.max_new_tokens,
-        ),
-    )
-
-
-__all__ = ["OrbaxCheckpointer", "build_pipeline", "snapshot"]
