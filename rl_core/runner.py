@@ -84,8 +84,8 @@ def train(
     are ``f"{episode_prefix}g<task>-e<member>"``. ``webhooks``/``callbacks``
     reach `rl_core.envs.build_environment` for ``env_<id>`` environments.
 
-    ``should_stop`` and ``start_step`` are the worker's older interface, kept
-    until it moves to ``control`` and ``resume_from``: ``should_stop`` is polled
+    ``should_stop`` and ``start_step`` are the simpler, older interface (the
+    worker now uses ``control`` and ``resume_from``): ``should_stop`` is polled
     like ``control.stop_requested``; ``start_step`` continues the step count
     of an attempt that left no checkpoint (the weights start afresh).
     Must be called from synchronous code (it runs its own event loop).

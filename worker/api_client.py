@@ -45,7 +45,6 @@ class Claim:
     run_id: str
     spec: dict[str, Any]
     attempt: int
-    resume_step: int
     # The newest checkpoint an earlier attempt recorded: {step, uri, size_bytes}, or None.
     checkpoint: dict[str, Any] | None = None
     # The registered webhook environment the spec names: {id, url, secret, ...}, or None.
@@ -98,7 +97,6 @@ class ControlPlane:
             run_id=data["run_id"],
             spec=data["spec"],
             attempt=int(data.get("attempt", 1)),
-            resume_step=int(data.get("resume_step") or 0),
             checkpoint=data.get("checkpoint"),
             environment=data.get("environment"),
         )

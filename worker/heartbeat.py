@@ -39,9 +39,6 @@ class Heartbeater:
         self._thread.join(timeout=self._interval_s + 15)
         self._api.close()
 
-    def should_stop(self) -> bool:
-        return self.cancel_requested.is_set() or self.lease_lost.is_set()
-
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:

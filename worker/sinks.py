@@ -76,9 +76,6 @@ class HttpRunSink:
 
     # --- the worker's side ----------------------------------------------------
 
-    def record_artifact(self, kind: str, record: Mapping[str, Any]) -> None:
-        self._shipper.add("artifacts", [{"kind": kind, **record}], urgent=True)
-
     def flush(self, timeout_s: float) -> None:
         """Wait until everything is stored; raises ApiUnavailable (or LeaseLost) otherwise."""
         self._shipper.flush(timeout_s)
