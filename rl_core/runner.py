@@ -184,9 +184,6 @@ def _check_supported(spec: JobSpec) -> None:
         raise UnsupportedSpec("rollout.engine", f"{spec.rollout.engine!r} is not supported yet")
     if spec.agent.chat_template != "model":
         raise UnsupportedSpec("agent.chat_template", "only the model's own template ('model')")
-    if spec.algorithm.name != "grpo":
-        # The trainer has PPO (value head, GAE); the pipeline does not yet pass rewards per row.
-        raise UnsupportedSpec("algorithm.name", f"{spec.algorithm.name!r} is not supported yet")
 
 
 __all__ = ["JsonlSink", "StepSink", "TrainResult", "train", "train_to_folder"]

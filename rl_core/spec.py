@@ -179,6 +179,9 @@ class AlgorithmSpec(_Section):
     scale_rewards: bool = True
     batch_groups: Annotated[int, Field(ge=1, le=100_000)] = 8
     mini_batches: Annotated[int, Field(ge=1)] = 1
+    # Passes over each batch (PPO's epochs): more updates per collected episode; the
+    # clipped ratio against the step's starting policy keeps them close to it.
+    epochs: Annotated[int, Field(ge=1, le=64)] = 1
     importance_correction: Literal["none", "truncated"] = "truncated"
     importance_cap: Annotated[float, Field(ge=1.0)] = 2.0
     max_grad_norm: Annotated[float, Field(gt=0)] = 1.0

@@ -9,7 +9,7 @@ One `train_step` is::
     score     pi_old (and V_old for PPO) and pi_ref, without gradients, when needed
     advantage GRPO: given per row; PPO: GAE over the masked tokens
     update    one AdamW update per mini-batch (rows shuffled by the trainer's RNG),
-              each the sum of its micro-batches' gradients
+              each the sum of its micro-batches' gradients; ``epochs`` passes
 
 Logprobs are recomputed here for every token (the sampler's are only used as
 the behaviour policy of the importance weight), and the gap between the two
@@ -48,7 +48,8 @@ class TrainerConfig:
     total_steps: int = 1  # optimiser updates in the run, for the cosine schedule
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    mini_batches: int = 1  # optimiser updates per train_step
+    mini_batches: int = 1  # optimiser updates per pass over the batch
+    epochs: int = 1  # passes over the batch per train_step (rows reshuffled each pass)
     micro_batches: int = 1  # gradient-accumulation slices per update (memory, not maths)
     # Logprobs are taken at the sampling temperature, so at temperature t the
     # trainer's policy is the one the sampler drew from (before top-k/top-p).
@@ -62,8 +63,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0 (greedy sampling trains at 1.0)")
-        if self.mini_batches < 1 or self.micro_batches < 1:
-            raise ValueError("mini_batches and micro_batches must be >= 1")
+        if self.mini_batches < 1 or self.micro_batches < 1 or self.epochs < 1:
+            raise ValueError("mini_batches, micro_batches and epochs must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,11 +131,12 @@ def trainer_config_from_spec(spec: JobSpec, *, norm_tokens: int | None = None) -
     return TrainerConfig(
         learning_rate=a.learning_rate,
         lr_schedule=a.lr_schedule,
-        warmup_steps=a.warmup_steps * a.mini_batches,
-        total_steps=spec.train.steps * a.mini_batches,
+        warmup_steps=a.warmup_steps * a.mini_batches * a.epochs,
+        total_steps=spec.train.steps * a.mini_batches * a.epochs,
         max_grad_norm=a.max_grad_norm,
         weight_decay=a.weight_decay,
         mini_batches=a.mini_batches,
+        epochs=a.epochs,
         micro_batches=a.micro_batches,
         temperature=temperature if temperature > 0 else 1.0,
         grpo=GrpoConfig(
@@ -234,7 +236,7 @@ class Trainer:
         return np.asarray(jnp.pad(lp, ((0, 0), (1, 0))))
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One policy update per mini-batch over ``batch``; returns mean metrics."""
+        """One policy update per mini-batch, ``epochs`` times over ``batch``; mean metrics."""
         cfg = self.config
         rows = batch.tokens.shape[0]
         size = rows // cfg.mini_batches
@@ -244,23 +246,25 @@ class Trainer:
                 f"{cfg.micro_batches} equal micro-batches; change the batch size or the split"
             )
         full = self._prepare(batch)
-        self.rng, key = jax.random.split(self.rng)
-        order = np.asarray(jax.random.permutation(key, rows)) if cfg.mini_batches > 1 else None
         totals: dict[str, float] = {}
-        for i in range(cfg.mini_batches):
-            mb = full
-            if order is not None:
-                idx = jnp.asarray(order[i * size : (i + 1) * size])
-                mb = jax.tree.map(lambda x, idx=idx: x[idx], full)
-            lr = float(self.schedule(self.updates))
-            self.trainable, self.opt_state, metrics = self._update(
-                self.trainable, self.opt_state, self._frozen, self._rest, mb
-            )
-            self.updates += 1
-            for name, value in jax.device_get(metrics).items():
-                totals[name] = totals.get(name, 0.0) + float(value)
-            totals["lr"] = totals.get("lr", 0.0) + lr
-        out = {name: value / cfg.mini_batches for name, value in totals.items()}
+        for _ in range(cfg.epochs):
+            self.rng, key = jax.random.split(self.rng)
+            order = np.asarray(jax.random.permutation(key, rows)) if cfg.mini_batches > 1 else None
+            for i in range(cfg.mini_batches):
+                mb = full
+                if order is not None:
+                    idx = jnp.asarray(order[i * size : (i + 1) * size])
+                    mb = jax.tree.map(lambda x, idx=idx: x[idx], full)
+                lr = float(self.schedule(self.updates))
+                self.trainable, self.opt_state, metrics = self._update(
+                    self.trainable, self.opt_state, self._frozen, self._rest, mb
+                )
+                self.updates += 1
+                for name, value in jax.device_get(metrics).items():
+                    totals[name] = totals.get(name, 0.0) + float(value)
+                totals["lr"] = totals.get("lr", 0.0) + lr
+        n = cfg.mini_batches * cfg.epochs
+        out = {name: value / n for name, value in totals.items()}
         out["learning_rate"] = out["lr"]  # the name of the first metric files, kept
         return out
 
@@ -276,7 +280,7 @@ class Trainer:
         mask = jnp.asarray(batch.loss_mask[:, 1:])
         old = ref = old_values = returns = None
         advantages = jnp.asarray(batch.advantages)
-        needs_old = cfg.mini_batches > 1 or cfg.ppo is not None
+        needs_old = cfg.mini_batches > 1 or cfg.epochs > 1 or cfg.ppo is not None
         if needs_old:
             old, old_values = self._score_chunked(
                 self._policy(), self.trainable.get("value"), tokens

@@ -2,13 +2,21 @@
 
 Multi-turn on purpose: a good policy must read the environment's replies, not
 only format an answer. The reward is shaped so a random-init model can learn
-it from scratch: any well-formed in-range guess earns a little
-(``format_reward`` spread over the turns), and the correct number earns
+it from scratch: a well-formed guess (the message is a number and nothing
+else) that the hints so far allow earns a little (``format_reward`` spread
+over the turns), and the correct number earns
 ``correct_reward``, less ``turn_penalty`` per extra turn used, so fewer
 guesses (a binary search) score higher than guessing through the range.
 
 The answer is the first integer in the assistant's message ("5", "it is 5");
 a message without one is told to answer with a number and still uses a turn.
+Only a bare number earns the format reward: without that pull toward short
+answers a learning policy keeps trailing filler tokens after its guess, its
+entropy stays high, and one bad update can tip it into turns that never end
+(truncated episodes score 0 and carry no learning signal). Only a guess the
+hints allow earns it too: a guess the hints already rule out is wasted, and
+saying so every turn is what teaches a small model to read the hints at all
+(with the solve reward alone it settles on guessing through the range).
 """
 
 from __future__ import annotations
@@ -34,12 +42,17 @@ class GuessNumberConfig:
     correct_reward: float = 1.0
     turn_penalty: float = 0.2  # taken off correct_reward per turn after the first
     format_reward: float = 0.1  # total over the episode for well-formed in-range guesses
+    # "direction": the reply is "higher" or "lower", and the player must keep track of
+    # the interval itself; "interval" adds what is left open ("higher, between 3 and 5").
+    hints: str = "direction"
 
     def __post_init__(self) -> None:
         if self.low > self.high:
             raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
+        if self.hints not in ("direction", "interval"):
+            raise ValueError(f"hints must be 'direction' or 'interval', not {self.hints!r}")
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> GuessNumberConfig:
@@ -56,10 +69,30 @@ def best_expected_reward(config: GuessNumberConfig) -> float:
     """The expected episode reward of the optimal policy, targets uniform over [low, high].
 
     What "learned the game" is measured against: no policy does better on
-    average. Dynamic programming over the interval the hints leave open and
-    the turns used; an optimal guess is always inside that interval.
+    average. An optimal guess is always inside the interval the hints leave open.
+    """
+    return _expected_reward(config, optimal=True)
+
+
+def random_guess_reward(config: GuessNumberConfig) -> float:
+    """The expected episode reward of a uniform guess in [low, high] every turn.
+
+    What a policy earns that has learned the answer format but reads no hints:
+    a learning test must ask for clearly more than this.
+    """
+    return _expected_reward(config, optimal=False)
+
+
+def _expected_reward(config: GuessNumberConfig, *, optimal: bool) -> float:
+    """Dynamic programming over the interval [lo, hi] the hints leave open and the turns used.
+
+    Given the hints so far the target is uniform over that interval. The
+    optimal policy takes the best guess inside it; the random one averages
+    over every guess in the whole range (a guess outside the interval earns
+    nothing and leaves it as it was).
     """
     cfg, per_guess = config, config.format_reward / config.max_turns
+    everything = range(cfg.low, cfg.high + 1)
 
     @functools.cache
     def value(lo: int, hi: int, used: int) -> float:
@@ -67,16 +100,19 @@ def best_expected_reward(config: GuessNumberConfig) -> float:
             return 0.0
         n = hi - lo + 1
         solved = max(0.0, cfg.correct_reward - cfg.turn_penalty * used)
-        return max(
-            per_guess
-            + (
-                solved
-                + (g - lo) * value(lo, g - 1, used + 1)
-                + (hi - g) * value(g + 1, hi, used + 1)
+
+        def after(g: int) -> float:
+            if not lo <= g <= hi:
+                return value(lo, hi, used + 1)
+            below, above = (
+                (g - lo) * value(lo, g - 1, used + 1),
+                (hi - g) * value(g + 1, hi, used + 1),
             )
-            / n
-            for g in range(lo, hi + 1)
-        )
+            return per_guess + (solved + below + above) / n
+
+        if optimal:
+            return max(after(g) for g in range(lo, hi + 1))
+        return sum(after(g) for g in everything) / len(everything)
 
     return value(cfg.low, cfg.high, 0)
 
@@ -85,6 +121,8 @@ def best_expected_reward(config: GuessNumberConfig) -> float:
 class _Episode:
     config: GuessNumberConfig
     target: int
+    lo: int  # the interval the hints so far leave open
+    hi: int
     turns: int = 0
     done: bool = False
     results: dict[int, Step] = dataclasses.field(default_factory=dict)
@@ -101,7 +139,7 @@ class GuessNumber:
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
         cfg = GuessNumberConfig.from_mapping(config)
         target = random.Random(seed).randint(cfg.low, cfg.high)
-        self._episodes[episode_id] = _Episode(config=cfg, target=target)
+        self._episodes[episode_id] = _Episode(config=cfg, target=target, lo=cfg.low, hi=cfg.high)
         prompt = f"Guess the number between {cfg.low} and {cfg.high}."
         return Reset(messages=[{"role": "user", "content": prompt}], info={"target": target})
 
@@ -127,17 +165,22 @@ class GuessNumber:
         match = _INTEGER.search(content)
         guess = int(match.group()) if match else None
         reward = 0.0
-        if guess is not None and cfg.low <= guess <= cfg.high:
+        bare = guess is not None and content.strip() == str(guess)
+        if bare and guess is not None and episode.lo <= guess <= episode.hi:
             reward += cfg.format_reward / cfg.max_turns
         if guess is None:
             reply = "Answer with a number."
         elif guess < episode.target:
             reply = "higher"
+            episode.lo = max(episode.lo, guess + 1)
         elif guess > episode.target:
             reply = "lower"
+            episode.hi = min(episode.hi, guess - 1)
         else:
             reply = "correct"
             reward += max(0.0, cfg.correct_reward - cfg.turn_penalty * (episode.turns - 1))
+        if cfg.hints == "interval" and reply in ("higher", "lower"):
+            reply += f", between {episode.lo} and {episode.hi}"
         episode.done = guess == episode.target or episode.turns >= cfg.max_turns
         info = {"guess": guess, "turns": episode.turns, "solved": guess == episode.target}
         return Step(

@@ -2,8 +2,11 @@
 
 Advantages are GRPO's, over each group's surviving episodes. Every training
 sample of an episode (more than one when the template rewrote history) gets
-the episode's advantage. Rows come in multiples of the run's batch size, so
-the train step compiles once per length bucket, not once per batch.
+the episode's advantage, and its reward (PPO's trainer ignores the advantage
+and runs GAE from the reward on the row's last model token instead; with
+terminal rewards and gamma = 1 that is the episode's return for every sample).
+Rows come in multiples of the run's batch size, so the train step compiles
+once per length bucket, not once per batch.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def build_batch(
     masks: list[list[int]] = []
     logprobs: list[list[float]] = []
     advs: list[float] = []
+    row_rewards: list[float] = []
     for i, group in enumerate(ordered):
         for t in sorted(group.kept, key=lambda t: t.member):
             for sample in t.samples:
@@ -47,9 +51,17 @@ def build_batch(
                 masks.append(sample.loss_mask)
                 logprobs.append(sample.logprobs)
                 advs.append(float(advantages[i, t.member]))
+                row_rewards.append(t.reward)
     n_rows = rows * max(1, -(-len(tokens) // rows))
     return TrainBatch.pack(
-        tokens, masks, logprobs, advs, rows=n_rows, pad_id=pad_id, min_length=min_length
+        tokens,
+        masks,
+        logprobs,
+        advs,
+        rows=n_rows,
+        pad_id=pad_id,
+        min_length=min_length,
+        rewards=row_rewards,
     )
 
 

@@ -85,6 +85,24 @@ def test_mini_batches_and_kl_to_the_initial_policy(tiny_model: Model) -> None:
     assert 0.0 <= first["kl"] < second["kl"]
 
 
+def test_epochs_pass_over_the_batch_again_against_the_steps_starting_policy(
+    tiny_model: Model,
+) -> None:
+    cfg = TrainerConfig(learning_rate=5e-2, epochs=3, grpo=GrpoConfig(clip_eps=0.05))
+    trainer = Trainer(tiny_model, cfg)
+    batch = random_batch(trainer, seed=2, advantages=[1.0, 1.0, -1.0, -1.0])
+    before = trainer.logprobs(batch.tokens)
+    metrics = trainer.train_step(batch)
+    assert trainer.updates == 3
+    # Later passes see ratios away from 1 (pi_old is the step's start), and clip them.
+    assert metrics["clip_frac"] > 0 and metrics["ratio"] != pytest.approx(1.0)
+    once = Trainer(tiny_model, dataclasses.replace(cfg, epochs=1))
+    once.train_step(batch)
+    moved = ((trainer.logprobs(batch.tokens) - before) * batch.loss_mask).sum(axis=1)
+    moved_once = ((once.logprobs(batch.tokens) - before) * batch.loss_mask).sum(axis=1)
+    assert moved[0] > moved_once[0] > 0 and moved[2] < moved_once[2] < 0
+
+
 @pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
 def test_micro_batches_accumulate_to_the_full_batch_gradient(
     tiny_model: Model, aggregation: str

@@ -1,12 +1,18 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import pytest
 
 from rl_core.envs import Action, Environment, get_environment
-from rl_core.envs.guess_number import GuessNumber
+from rl_core.envs.guess_number import (
+    GuessNumber,
+    GuessNumberConfig,
+    best_expected_reward,
+    random_guess_reward,
+)
 from rl_core.errors import EnvironmentFailure, UnknownEnvironment
 
 CFG = {"low": 1, "high": 8, "max_turns": 3, "turn_penalty": 0.25, "format_reward": 0.3}
@@ -57,6 +63,9 @@ def test_higher_lower_correct_and_rewards() -> None:
     assert [s.done for s in (low, high, right)] == [False, False, True]
     per_guess = 0.3 / 3  # format reward is spread over the turns
     assert low.reward == pytest.approx(per_guess)
+    assert high.reward == 0.0  # "it is 7" counts as a guess, but only a bare number is well formed
+    _, _, again = play(seed, ["2", "1"])  # "higher" than 2 already ruled 1 out
+    assert again.messages[0]["content"] == "higher" and again.reward == 0.0
     assert right.reward == pytest.approx(per_guess + 1.0 - 2 * 0.25)
 
 
@@ -92,3 +101,49 @@ def test_bad_config_and_unknown_episode_fail_clearly() -> None:
         play(0, [], {"hgih": 3})
     with pytest.raises(EnvironmentFailure, match="call reset first"):
         asyncio.run(GuessNumber().step("nope", 1, Action(content="1")))
+
+
+def test_best_and_random_guess_rewards_by_hand() -> None:
+    cfg = GuessNumberConfig(low=1, high=3, max_turns=4, turn_penalty=0.1, format_reward=0.1)
+    # Optimal: guess 2, then the hint names the number (1 turn or 2).
+    assert best_expected_reward(cfg) == pytest.approx(1 / 3 * 1.025 + 2 / 3 * (0.9 + 0.05))
+    # Random over two turns: the first always earns the format reward (0.05) and hits
+    # 1 time in 3; after the six misses the hints leave 1, 2, 2, 2, 2, 1 numbers open,
+    # so the second guess earns it 10 times in 18, and hits 1 time in 3 (0.9).
+    two = GuessNumberConfig(low=1, high=3, max_turns=2, turn_penalty=0.1, format_reward=0.1)
+    expected = 0.05 + 1 / 3 + 2 / 3 * (0.05 * 10 / 18 + 0.9 / 3)
+    assert random_guess_reward(two) == pytest.approx(expected)
+
+
+def test_random_guess_reward_matches_the_environment_played_at_random() -> None:
+    config = {"low": 1, "high": 4, "max_turns": 3, "turn_penalty": 0.2, "format_reward": 0.1}
+    rng = random.Random(0)
+
+    async def episode(env: GuessNumber, seed: int) -> float:
+        await env.reset(f"ep{seed}", seed, config)
+        total, step = 0.0, 0
+        while True:
+            step += 1
+            result = await env.step(f"ep{seed}", step, Action(content=str(rng.randint(1, 4))))
+            total += result.reward
+            if result.done:
+                await env.close(f"ep{seed}")
+                return total
+
+    async def main() -> float:
+        env = GuessNumber()
+        rewards = [await episode(env, seed) for seed in range(20_000)]
+        return sum(rewards) / len(rewards)
+
+    expected = random_guess_reward(GuessNumberConfig.from_mapping(config))
+    assert asyncio.run(main()) == pytest.approx(expected, abs=0.01)
+
+
+def test_interval_hints_say_what_is_left_open() -> None:
+    config = {**CFG, "hints": "interval"}
+    seed = next(s for s in range(100) if play(s, [], config)[0].info["target"] == 5)
+    _, low, high, right = play(seed, ["2", "7", "5"], config)
+    replies = [s.messages[0]["content"] for s in (low, high, right)]
+    assert replies == ["higher, between 3 and 8", "lower, between 3 and 6", "correct"]
+    with pytest.raises(ValueError, match="hints must be"):
+        GuessNumberConfig(hints="warmer")
