@@ -7,6 +7,12 @@ at least 0.8 of the best achievable. "Best achievable" is exact: the expected
 reward of the optimal policy for the spec's game (solved = 1.0, less
 ``turn_penalty`` per extra turn, plus the small per-guess format reward), from
 `rl_core.envs.guess_number.best_expected_reward`; no policy beats it on average.
+
+In a game this small, guessing blind also scores well (the spec's game: 0.847
+of a best 1.058, about 0.8 of it), so learned also means the hints are read:
+the last 10 steps close at least 40% of the gap between guessing blind
+(`random_guess_reward`, exact too) and playing optimally. Seeds 0-4 of the
+example closed 60-99% of it (1.021, 0.973, 1.057, 1.054, 1.058).
 """
 
 from __future__ import annotations
@@ -16,19 +22,24 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.envs.guess_number import GuessNumberConfig, best_expected_reward
+from rl_core.envs.guess_number import (
+    GuessNumberConfig,
+    best_expected_reward,
+    random_guess_reward,
+)
 from rl_core.runner import train_to_folder
 from rl_core.spec import load_spec
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "tiny-game.yaml"
 
 
-# About 3 minutes of 2 idle cores; the default 600 s limit is too tight when others share them.
+# About 1.5 minutes of 2 idle cores; the default 600 s limit is too tight when others share them.
 @pytest.mark.timeout(1500)
 def test_the_tiny_model_learns_the_multi_turn_game_in_async_mode(tmp_path: Path) -> None:
     spec = load_spec(EXAMPLE)
     assert spec.staleness.mode == "async" and spec.train.steps <= 120
-    best = best_expected_reward(GuessNumberConfig.from_mapping(spec.environment.config))
+    game = GuessNumberConfig.from_mapping(spec.environment.config)
+    best, blind = best_expected_reward(game), random_guess_reward(game)
 
     result = train_to_folder(spec, tmp_path)
     assert result.steps_completed == spec.train.steps
@@ -37,9 +48,10 @@ def test_the_tiny_model_learns_the_multi_turn_game_in_async_mode(tmp_path: Path)
     assert [r["step"] for r in rows] == list(range(1, spec.train.steps + 1))
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    print(f"first-10 {first:.3f}  last-10 {last:.3f}  best achievable {best:.3f}")
+    print(f"first-10 {first:.3f}  last-10 {last:.3f}  best {best:.3f}  blind {blind:.3f}")
     assert last >= 3 * first
     assert last >= 0.8 * best
+    assert last >= blind + 0.4 * (best - blind)
 
     # The same run's timeline, metrics and trajectories came out of the sinks.
     assert max(r["staleness/max"] for r in rows) <= spec.staleness.max_staleness
