@@ -152,7 +152,8 @@ class InflightSnapshot:
     """What the run is waiting on right now: the answer to "where is it stuck?"."""
 
     step: int
-    trainer: str  # "training" | "waiting_for_trajectories" | "syncing_weights" | "idle"
+    # "training" | "waiting_for_trajectories" | "syncing_weights" | "evaluating" | "idle"
+    trainer: str
     trainer_since_s: float
     queue_depth: int
     episodes: tuple[InflightEpisode, ...]

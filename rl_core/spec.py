@@ -221,7 +221,11 @@ class TrainSpec(_Section):
     steps: Annotated[int, Field(ge=1, le=10_000_000)] = 20
     checkpoint_interval: Annotated[int, Field(ge=0)] = 0  # 0: only at the end
     seed: int = 0
+    # Held-out evaluation (rl_core/pipeline/evaluate.py): every eval_interval steps and
+    # once before the first, eval_episodes fixed episodes at eval_temperature (0: greedy).
     eval_interval: Annotated[int, Field(ge=0)] = 0  # 0: no evaluation
+    eval_episodes: Annotated[int, Field(ge=1, le=100_000)] = 32
+    eval_temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 0.0
     # Trajectories per step sent to the sink as readable records (0: none).
     trajectories_per_step: Annotated[int, Field(ge=0, le=1000)] = 4
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -16,6 +17,7 @@ from rl_core.models.sources import load_model
 from rl_core.pipeline.batch import build_batch
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
+from rl_core.pipeline.evaluate import Evaluator
 from rl_core.pipeline.pipeline import Pipeline, PipelineConfig
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
 from rl_core.records import CheckpointRecord
@@ -97,23 +99,43 @@ def build_pipeline(
         start_step, extra = restore_checkpoint(resume_from, trainer=trainer)
         position = extra.get("collector")
         log.info("resumed from %s at step %d", resume_from, start_step)
+    agent_config = AgentConfig(
+        max_turns=ag.max_turns,
+        max_new_tokens=ag.max_new_tokens,
+        max_context=ag.max_context,
+        system_prompt=ag.system_prompt,
+        tool_call_format=ag.tool_call_format,
+        max_episode_tokens=ag.max_episode_tokens,
+        max_episode_s=ag.max_episode_s,
+        turn_timeout_s=ag.turn_timeout_s,
+        env_timeout_s=ag.env_timeout_s,
+    )
     agent = Agent(
         engine=engine,
         tokenizer=tokenizer,
-        config=AgentConfig(
-            max_turns=ag.max_turns,
-            max_new_tokens=ag.max_new_tokens,
-            max_context=ag.max_context,
-            system_prompt=ag.system_prompt,
-            tool_call_format=ag.tool_call_format,
-            max_episode_tokens=ag.max_episode_tokens,
-            max_episode_s=ag.max_episode_s,
-            turn_timeout_s=ag.turn_timeout_s,
-            env_timeout_s=ag.env_timeout_s,
-        ),
+        config=agent_config,
         sampling=sampling,
         recorder=recorder,
     )
+    evaluator = None
+    if spec.train.eval_interval:
+        t = spec.train
+        evaluator = Evaluator(
+            agent=Agent(
+                engine=engine,
+                tokenizer=tokenizer,
+                config=agent_config,
+                sampling=dataclasses.replace(sampling, temperature=t.eval_temperature),
+                recorder=recorder,
+            ),
+            env=env,
+            env_config=spec.environment.config,
+            episodes=t.eval_episodes,
+            concurrency=r.concurrency,
+            seed=t.seed,
+            episode_timeout_s=r.episode_timeout_s,
+            episode_prefix=episode_prefix,
+        )
 
     def collector(admission: Admission, queue: GroupQueue) -> Collector:
         return Collector(
@@ -152,6 +174,7 @@ def build_pipeline(
             max_staleness=spec.staleness.max_staleness,
             stale_policy=spec.staleness.policy,
             checkpoint_interval=spec.train.checkpoint_interval,
+            eval_interval=spec.train.eval_interval,
             trajectories_per_step=spec.train.trajectories_per_step,
         ),
         collector_factory=collector,
@@ -166,6 +189,7 @@ def build_pipeline(
         control=control,
         profiler=Profiler(artifacts_dir / "profiles" if artifacts_dir else None),
         checkpointer=OrbaxCheckpointer(artifacts_dir, trainer) if artifacts_dir else None,
+        evaluator=evaluator,
         start_step=start_step,
     )
     return pipeline, lambda: device.shutdown(wait=True)

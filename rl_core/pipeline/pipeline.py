@@ -6,6 +6,9 @@ One step, as the trainer sees it::
     train_step   pack them and update the policy, in the device thread
     weight_sync  snapshot the new weights and hand them to the engine as version = step
     report       sink.on_step / on_spans / on_trajectories; checkpoint every N steps
+    eval         every ``eval_interval`` steps, once before the first and after the
+                 last: the held-out episodes of `rl_core.pipeline.evaluate`, whose
+                 ``eval/`` metrics join that step's (step 0's stand alone)
 
 In ``async`` mode the collector runs all the while: episodes of the next
 steps are being played while the trainer computes, up to what
@@ -61,6 +64,10 @@ class Checkpointer(Protocol):
     def save(self, step: int, extra: Mapping[str, Any]) -> CheckpointRecord: ...
 
 
+class EvaluatorLike(Protocol):
+    async def run(self, step: int) -> dict[str, float]: ...
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
     steps: int
@@ -70,6 +77,7 @@ class PipelineConfig:
     max_staleness: int = 1
     stale_policy: str = "drop"
     checkpoint_interval: int = 0
+    eval_interval: int = 0
     trajectories_per_step: int = 4
 
 
@@ -90,6 +98,7 @@ class Pipeline:
         control: RunControl,
         profiler: Profiler,
         checkpointer: Checkpointer | None = None,
+        evaluator: EvaluatorLike | None = None,
         start_step: int = 0,
     ) -> None:
         self.config = config
@@ -104,6 +113,7 @@ class Pipeline:
         self.control = control
         self.profiler = profiler
         self.checkpointer = checkpointer
+        self.evaluator = evaluator
         self.start_step = start_step
         bound = 0 if config.mode == "sync" else config.max_staleness
         self.admission = Admission(
@@ -157,6 +167,8 @@ class Pipeline:
         cfg = self.config
         meter = StepMeter(self._readings())
         done, final, stopped = 0, {}, False
+        if self.start_step == 0 and self._eval_due(0):
+            self.sink.on_step(0, await self._evaluate(0))
         for step in range(self.start_step + 1, cfg.steps + 1):
             if self.control.stop_requested:
                 stopped = True
@@ -187,6 +199,8 @@ class Pipeline:
                 lag_s=self._take_lags(),
                 policy_version=step,
             )
+            if self._eval_due(step):
+                final.update(await self._evaluate(step))
             self._report(step, final, groups, finished)
             done += 1
             log.info("step %d: reward %.3f (%.2fs)", step, final["reward/mean"], wall)
@@ -253,6 +267,23 @@ class Pipeline:
         metrics = await self.device.run_trainer(on_device)
         self._set_trainer("idle")
         return metrics, timing["end"] - timing["start"], timing["start"] - submitted
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.config.eval_interval
+        return (
+            self.evaluator is not None
+            and every > 0
+            and (step % every == 0 or step == self.config.steps)
+        )
+
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        assert self.evaluator is not None
+        self._set_trainer("evaluating")
+        with self.recorder.span("eval", track="trainer", step=step):
+            metrics = await self.evaluator.run(step)
+        self._set_trainer("idle")
+        log.info("step %d: eval %s", step, {k: round(v, 3) for k, v in metrics.items()})
+        return metrics
 
     async def _checkpoint(self, step: int) -> None:
         if self.checkpointer is None or step == self._saved_step:
@@ -353,4 +384,4 @@ def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-__all__ = ["Checkpointer", "Pipeline", "PipelineConfig", "TrainerLike"]
+__all__ = ["Checkpointer", "EvaluatorLike", "Pipeline", "PipelineConfig", "TrainerLike"]

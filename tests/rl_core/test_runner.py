@@ -184,3 +184,20 @@ def test_a_ppo_run_goes_through_the_whole_pipeline() -> None:
     # nothing at all. (tests/rl_core/test_trainer.py shows the head fitting its returns.)
     rewarded = [m for m in metrics if m["reward/max"] > 0]
     assert rewarded and all(m["value_loss"] > 0 for m in rewarded)
+
+
+def test_evaluation_runs_before_the_first_step_and_at_its_interval() -> None:
+    spec = small_spec(train={"steps": 3, "eval_interval": 2, "eval_episodes": 6})
+    sink = MemorySink()
+    train(spec, sink=sink)
+    steps = dict(sink.steps)
+    # Before training (step 0, on its own), at the interval, and after the last step.
+    assert [s for s, m in sink.steps if "eval/reward_mean" in m] == [0, 2, 3]
+    # ("eval/solved" joins them once an episode gets as far as a step the game judges.)
+    assert (
+        {"eval/reward_mean", "eval/turns_mean", "eval/episodes", "eval/failed"}
+        <= set(steps[0])
+        <= {"eval/reward_mean", "eval/turns_mean", "eval/episodes", "eval/failed", "eval/solved"}
+    )
+    assert steps[2]["eval/episodes"] + steps[2]["eval/failed"] == 6
+    assert "eval/reward_mean" not in steps[1] and "reward/mean" in steps[2]
