@@ -47,7 +47,9 @@ class RunWatch:
         self.status = run.status
         self.total = run.total_steps
         self.step = run.current_step
-        self.history: dict[str, list[float]] = {}
+        self.history: dict[str, list[float]] = {}  # the last HISTORY values, for sparklines
+        self.first: dict[str, float] = {}  # over the whole run, for the summary
+        self.best: dict[str, float] = {}
         self.note = ""
         self.started = time.monotonic()
         # Live's refresh thread renders while the stream applies events.
@@ -64,6 +66,8 @@ class RunWatch:
                 series = self.history.setdefault(name, [])
                 series.append(value)
                 del series[:-HISTORY]
+                self.first.setdefault(name, value)
+                self.best[name] = max(value, self.best.get(name, value))
             self.note = ""
         else:
             self.status = event.status
@@ -133,11 +137,9 @@ def follow_run(
         # An older control plane with no stream: poll it.
         _show(console, watch, _polled(client, run_id, watch, poll_interval_s))
     run = client.get_run(run_id)
-    rewards = watch.history.get(REWARD, [])
-    if rewards:
-        console.print(
-            f"{REWARD}: first {rewards[0]:.3f}, best {max(rewards):.3f}, last {rewards[-1]:.3f}"
-        )
+    if REWARD in watch.first:
+        first, best, last = watch.first[REWARD], watch.best[REWARD], watch.history[REWARD][-1]
+        console.print(f"{REWARD}: first {first:.3f}, best {best:.3f}, last {last:.3f}")
     style = STATUS_STYLE.get(run.status, "")
     console.print(f"run {run.id} [{style}]{run.status}[/{style}] at step {run.current_step}")
     if run.error:

@@ -96,3 +96,16 @@ def _wait(check, what: str, timeout_s: float = 30) -> None:  # type: ignore[no-u
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def test_the_summary_covers_the_whole_run_not_only_the_sparklines_window() -> None:
+    from sdk.follow import HISTORY, RunWatch
+    from sdk.models import MetricsStep, Run
+
+    watch = RunWatch(Run.from_json({"id": "run_x", "status": "running"}))
+    rewards = [0.01 * step for step in range(1, 3 * HISTORY + 1)]
+    rewards[HISTORY // 2] = 5.0  # the best, long out of the sparklines' window
+    for step, reward in enumerate(rewards, start=1):
+        watch.apply(MetricsStep(step=step, metrics={"reward/mean": reward}))
+    assert len(watch.history["reward/mean"]) == HISTORY
+    assert watch.first["reward/mean"] == 0.01 and watch.best["reward/mean"] == 5.0
