@@ -10,12 +10,15 @@ wrong method) are rendered in the same shape by `render_http_error`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
+
+from app.api import jsonbody
 
 ERROR_SCHEMA: dict[str, Any] = {
     "title": "Error",
@@ -53,6 +56,7 @@ def install(app: FastAPI) -> None:
             components.pop("HTTPValidationError", None)
             components.pop("ValidationError", None)
             components["Error"] = ERROR_SCHEMA
+            components.update(_raw_body_schemas())
             for path_item in schema.get("paths", {}).values():
                 for operation in path_item.values():
                     responses = operation.setdefault("responses", {})
@@ -64,6 +68,15 @@ def install(app: FastAPI) -> None:
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_exception_handler(HTTPException, render_http_error)  # type: ignore[arg-type]
+
+
+def _raw_body_schemas() -> dict[str, Any]:
+    # Bodies that app.api.jsonbody reads from the raw bytes: FastAPI does not see them.
+    mode: Literal["validation"] = "validation"
+    models = [(model, mode) for model in jsonbody.DOCUMENTED.values()]
+    _, document = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    defs: dict[str, Any] = document.get("$defs", {})
+    return defs
 
 
 async def render_http_error(request: Request, exc: HTTPException) -> JSONResponse:

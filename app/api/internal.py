@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter
 
 from app.api.deps import SessionDep, StateDep, WorkerDep
+from app.api.jsonbody import documented, json_body
 from app.schemas import (
     ClaimBody,
     ClaimRead,
@@ -65,8 +68,10 @@ async def report_status(run_id: str, body: StatusBody, session: SessionDep) -> S
     return StatusRead(status=run.status)
 
 
-@router.post("/{run_id}/metrics", response_model=IngestRead)
-async def ingest_metrics(run_id: str, body: MetricsBody, session: SessionDep) -> IngestRead:
+@router.post("/{run_id}/metrics", response_model=IngestRead, openapi_extra=documented(MetricsBody))
+async def ingest_metrics(
+    run_id: str, body: Annotated[MetricsBody, json_body(MetricsBody)], session: SessionDep
+) -> IngestRead:
     accepted, duplicate = await service.ingest_metrics(
         session, run_id, body.worker_id, body.seq, body.points
     )

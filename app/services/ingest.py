@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
+from pydantic import TypeAdapter
 from sqlalchemy import Table, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -24,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Artifact, Base, IngestBatch, MetricPoint, Run, Span, Trajectory, utcnow
 from app.notes import note_step
+from app.schemas.internal import PointIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 
 
@@ -92,22 +94,39 @@ def _iso(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-async def store_points(
-    session: AsyncSession, run: Run, points: Sequence[tuple[int, str, float]]
-) -> None:
-    """Upsert (step, name, value) points of ``run``; a point sent again overwrites."""
+async def store_points(session: AsyncSession, run: Run, points: Sequence[PointIn]) -> None:
+    """Upsert ``points`` of ``run``; a point sent again overwrites, the last one in a batch wins."""
     if not points:
         return
-    # Last one wins inside a batch too; and one statement may not touch a row twice.
-    latest = {(step, name): value for step, name, value in points}
-    rows = [
-        {"run_id": run.id, "name": name, "step": step, "value": value}
-        for (step, name), value in latest.items()
-    ]
-    await bulk_insert(session, MetricPoint, rows, upsert=(("run_id", "name", "step"), ("value",)))
-    newest = max(step for step, _ in latest)
+    if _postgres(session):
+        # The points go to Postgres as the JSON pydantic-core writes (no Python object
+        # per point); DISTINCT ON keeps a batch's last value of a (step, name), since
+        # one statement may not touch a row twice.
+        document = _POINTS_JSON.dump_json(list(points)).decode()
+        await session.execute(_UPSERT_POINTS, {"run_id": run.id, "points": document})
+    else:
+        latest = {(p.step, p.name): p.value for p in points}
+        rows = [
+            {"run_id": run.id, "name": name, "step": step, "value": value}
+            for (step, name), value in latest.items()
+        ]
+        upsert = (("run_id", "name", "step"), ("value",))
+        await bulk_insert(session, MetricPoint, rows, upsert=upsert)
+    newest = max(p.step for p in points)
     run.current_step = max(run.current_step, newest)
     note_step(session, run.id, newest)
+
+
+_POINTS_JSON = TypeAdapter(list[PointIn])
+_UPSERT_POINTS = text(
+    "INSERT INTO metric_points (run_id, name, step, value) "
+    "SELECT DISTINCT ON (x.step, x.name) CAST(:run_id AS varchar), x.name, x.step, x.value "
+    "FROM ROWS FROM (json_to_recordset(CAST(:points AS json)) "
+    "AS (step integer, name varchar(200), value double precision)) "
+    "WITH ORDINALITY AS x(step, name, value, n) "
+    "ORDER BY x.step, x.name, x.n DESC "
+    "ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value"
+)
 
 
 async def store_spans(session: AsyncSession, run_id: str, spans: Sequence[SpanIn]) -> None:

@@ -85,7 +85,7 @@ async def ingest_metrics(
     run = await _owned_run(session, run_id, worker_id)
     if not await ingest.claim_seq(session, run_id, "metrics", seq):
         return 0, True
-    await ingest.store_points(session, run, [(p.step, p.name, p.value) for p in points])
+    await ingest.store_points(session, run, points)
     run.updated_at = utcnow()
     await session.flush()
     return len(points), False

@@ -176,6 +176,27 @@ async def test_a_point_sent_again_in_a_new_batch_overwrites(api: Api) -> None:
     assert empty.json() == {"accepted": 0, "duplicate": False}
 
 
+async def test_within_one_batch_the_last_value_of_a_point_wins(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    await api.internal(run_id, "claim", worker_id="w1")
+    points = [
+        {"step": 1, "name": "x", "value": 1.0},
+        {"step": 1, "name": "y", "value": 5.0},
+        {"step": 1, "name": "x", "value": 2.0},
+        {"step": 0, "name": "x", "value": 7.0},
+        {"step": 1, "name": "x", "value": 3.0},
+    ]
+    r = await api.internal(run_id, "metrics", worker_id="w1", seq=0, points=points)
+    assert r.json() == {"accepted": 5, "duplicate": False}
+    r = await api.client.get(f"/v1/runs/{run_id}/metrics", headers=auth)
+    assert r.json()["points"] == [
+        {"step": 0, "name": "x", "value": 7.0},
+        {"step": 1, "name": "x", "value": 3.0},
+        {"step": 1, "name": "y", "value": 5.0},
+    ]
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
