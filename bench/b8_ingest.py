@@ -174,11 +174,11 @@ async def stored(st: Stack, run_ids: list[str]) -> int:
         return int(row[0]) if row else 0
 
 
-async def main(quick: bool) -> int:
+async def main(quick: bool, api_workers: int) -> int:
     duration = 6.0 if quick else 20.0
-    workers, n_runs, steps_per_batch = 8, 4, 50
+    workers, n_runs, steps_per_batch = 8, 16, 50
     batch_points = steps_per_batch * len(NAMES)
-    with stack() as st:
+    with stack(uvicorn_args=["--workers", str(api_workers)]) as st:
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
         async with httpx.AsyncClient(base_url=st.base_url, timeout=60, limits=limits) as client:
             run_ids = await st.running_runs(client, n_runs, "bench")
@@ -199,7 +199,8 @@ async def main(quick: bool) -> int:
         rows.append([p.name, f"{p.offered:,.0f}" if p.offered else "-", p.rate,
                      percentile(ms, 50), percentile(ms, 99), p.retries, p.duplicates])  # fmt: skip
     print(f"B8 metrics ingest: {n_runs} runs, {workers} closed-loop workers, "
-          f"{batch_points} points per batch, {duration:.0f} s per phase")  # fmt: skip
+          f"{batch_points} points per batch, {duration:.0f} s per phase, "
+          f"{api_workers} API process(es)")  # fmt: skip
     print(table(["phase", "offered pts/s", "stored pts/s", "p50 ms", "p99 ms", "retries",
                  "dup answers"], rows))  # fmt: skip
     lost = sent - in_db
@@ -220,4 +221,6 @@ async def main(quick: bool) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="6 s phases (about a minute)")
-    sys.exit(asyncio.run(main(parser.parse_args().quick)))
+    parser.add_argument("--api-workers", type=int, default=1, help="uvicorn processes")
+    args = parser.parse_args()
+    sys.exit(asyncio.run(main(args.quick, args.api_workers)))

@@ -15,7 +15,7 @@ from app.errors import Unauthorized
 from app.limits import Limiter
 from app.security import same_secret
 from app.services.callbacks import CallbackRelay
-from app.services.tenants import authenticate
+from app.services.tenants import KnownKeys, authenticate
 from app.settings import Settings
 from app.urlcheck import Allowlist
 
@@ -32,6 +32,7 @@ class AppState:
     env_allowlist: Allowlist
     limits: Limiter
     relay: CallbackRelay = field(default_factory=CallbackRelay)
+    known_keys: KnownKeys = field(default_factory=KnownKeys)
 
 
 @dataclass
@@ -97,7 +98,11 @@ async def get_tenant(
     app_state: StateDep,
     authorization: Annotated[str | None, Header()] = None,
 ) -> str:
-    tenant_id = await authenticate(session, _bearer(authorization))
+    key = _bearer(authorization)
+    tenant_id = app_state.known_keys.get(key)
+    if tenant_id is None:
+        tenant_id = await authenticate(session, key)
+        app_state.known_keys.put(key, tenant_id)
     request.scope["rlaas_tenant_id"] = tenant_id  # for the access log
     # After authentication, so nobody can spend another tenant's request budget.
     await app_state.limits.take_request(session, tenant_id)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession
 
 
-def make_engine(url: str) -> AsyncEngine:
+def make_engine(url: str, *, ping_after_idle_s: float = 5.0) -> AsyncEngine:
     if url.startswith("sqlite"):
         database = make_url(url).database
         if database and database != ":memory:":
@@ -29,7 +33,37 @@ def make_engine(url: str) -> AsyncEngine:
             cursor.close()
 
         return engine
-    return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    engine = create_async_engine(url, pool_size=10, max_overflow=20)
+    _ping_when_idle(engine, ping_after_idle_s)
+    return engine
+
+
+def _ping_when_idle(engine: AsyncEngine, after_s: float) -> None:
+    """Check a pooled connection with a round trip only when it sat idle over ``after_s``.
+
+    ``pool_pre_ping`` pings on every checkout: a round trip that cost more than a
+    third of a status poll (B9). A connection that ran a query moments ago is
+    alive; the ones at risk are those idle long enough for a server or proxy
+    timeout to close them. A dead one is replaced before the request sees it
+    (the pool retries on ``DisconnectionError``).
+    """
+
+    @event.listens_for(engine.sync_engine, "checkin")
+    def _idle_from(_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _ping(conn: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("idle_since", -math.inf) <= after_s:
+            return
+        cursor = conn.cursor()
+        try:
+            cursor.execute("SELECT 1")
+        except Exception as exc:
+            raise DisconnectionError(f"pooled connection is gone: {exc}") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                cursor.close()
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -50,3 +52,35 @@ async def authenticate(session: AsyncSession, key: str) -> str:
             field="Authorization",
         )
     return row.tenant_id
+
+
+class KnownKeys:
+    """Keys verified in the last ``ttl_s`` seconds, by their SHA-256: a poll skips the lookup.
+
+    The key lookup was one of the four database round trips of every tenant request
+    (B9 in ``bench/`` polls ``GET /v1/runs/{id}``). Only a key that passed
+    ``authenticate`` is remembered; a key revoked in the database keeps working
+    here for at most ``ttl_s``, the window the quota cache (``app.limits``) has too.
+    """
+
+    def __init__(
+        self,
+        ttl_s: float = 10.0,
+        *,
+        max_keys: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ttl_s, self._max, self._clock = ttl_s, max_keys, clock
+        self._tenants: dict[str, tuple[float, str]] = {}
+
+    def get(self, key: str) -> str | None:
+        """The tenant of ``key`` if it was verified within the window, else None."""
+        found = self._tenants.get(hash_key(key))
+        if found is None or found[0] <= self._clock():
+            return None
+        return found[1]
+
+    def put(self, key: str, tenant_id: str) -> None:
+        if len(self._tenants) >= self._max:
+            self._tenants.clear()  # bounded: a flood of distinct valid keys only costs lookups
+        self._tenants[hash_key(key)] = (self._clock() + self._ttl_s, tenant_id)

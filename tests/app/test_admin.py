@@ -13,6 +13,7 @@ import pytest
 from app.admin import create_tenant
 from app.errors import AppError
 from app.main import create_app
+from app.services.tenants import KnownKeys
 from app.settings import Settings, SettingsError
 from tests.app.conftest import SECRET_KEY, WORKER_TOKEN, Api, plain, spec
 
@@ -48,12 +49,36 @@ async def test_a_duplicate_tenant_name_is_a_clear_app_error(api: Api, app_databa
     assert "'twice' exists already" in caught.value.message
 
 
-async def test_a_revoked_key_is_refused(api: Api, app_database: str) -> None:
+async def test_a_revoked_key_is_refused_once_the_verified_window_passes(
+    api: Api, app_database: str
+) -> None:
+    now = [0.0]
+    api.state.known_keys = KnownKeys(ttl_s=10.0, clock=lambda: now[0])
     auth = await api.tenant()
     assert (await api.client.get("/v1/runs", headers=auth)).status_code == 200
     with psycopg.connect(plain(app_database)) as conn:
         conn.execute("UPDATE api_keys SET revoked_at = now()")
+    # Verified 9 s ago: the API skips the lookup (the window is documented in KnownKeys).
+    now[0] = 9.0
+    assert (await api.client.get("/v1/runs", headers=auth)).status_code == 200
+    now[0] = 10.5
     assert (await api.client.get("/v1/runs", headers=auth)).status_code == 401
+    assert (await api.client.get("/v1/runs", headers=auth)).status_code == 401  # never cached
+
+
+def test_known_keys_remember_only_within_the_window_and_stay_bounded() -> None:
+    now = [0.0]
+    keys = KnownKeys(ttl_s=5.0, max_keys=2, clock=lambda: now[0])
+    assert keys.get("rlaas_a_x") is None
+    keys.put("rlaas_a_x", "ten_1")
+    assert keys.get("rlaas_a_x") == "ten_1"
+    assert keys.get("rlaas_a_y") is None  # another secret with the same prefix
+    now[0] = 5.0
+    assert keys.get("rlaas_a_x") is None
+    keys.put("rlaas_a_x", "ten_1")
+    keys.put("rlaas_b_x", "ten_2")
+    keys.put("rlaas_c_x", "ten_3")  # over max_keys: the map starts again
+    assert keys.get("rlaas_a_x") is None and keys.get("rlaas_c_x") == "ten_3"
 
 
 def test_embedded_defaults_live_in_the_data_dir(tmp_path: Path) -> None:
