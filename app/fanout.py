@@ -117,6 +117,9 @@ class Feed:
         self._resync_s = resync_s
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
+        # Whether the next read must look at the run's status too: a note of new points
+        # alone skips that query (one fewer round trip between a commit and its delivery).
+        self._status_due = True
         self.holders = 0  # subscribers joined or joining; the hub drops the feed at 0
         self._task = asyncio.create_task(self._pump(), name=f"feed-{run_id}")
 
@@ -127,6 +130,8 @@ class Feed:
         return sub
 
     def poke(self, note: Note | None = None) -> None:
+        if note is None or note.status:
+            self._status_due = True
         # A note of a step already handed out (a retried batch, a late point) needs no read.
         handed_out = (
             note is not None
@@ -157,21 +162,27 @@ class Feed:
                 self.done = self.status in state.TERMINAL
             self._ready.set()
         while not self.done:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._wake.wait(), self._resync_s)
+            except TimeoutError:
+                self._status_due = True  # the periodic resync reads everything
             self._wake.clear()
             try:
                 await self._advance()
             except Exception:
                 log.exception("feed of %s failed to read; retrying", self.run_id)
+                self._status_due = True
                 await asyncio.sleep(1.0)
                 self._wake.set()
 
     async def _advance(self) -> None:
         # Status first: once a run is terminal its lease is gone and no point can be
         # stored after it, so the metrics read below is the last one (drained).
-        found = await self._reader.state(self.run_id)
-        status = found[0] if found is not None else None
+        status = self.status
+        if self._status_due:
+            self._status_due = False
+            found = await self._reader.state(self.run_id)
+            status = found[0] if found is not None else None
         more = True
         while more:
             page, more = await self._reader.frames_after(self.run_id, self.cursor, None)

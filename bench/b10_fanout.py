@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import resource
 import socket
@@ -47,6 +48,15 @@ class Case:
 
 async def subscriber(st: Stack, run_id: str, case: Case, stop: asyncio.Event,
                      stalled: bool) -> None:  # fmt: skip
+    """One stream, read until ``stop`` (a stalled one never reads)."""
+    reading = asyncio.ensure_future(_subscribe(st, run_id, case, stalled))
+    await stop.wait()
+    reading.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reading
+
+
+async def _subscribe(st: Stack, run_id: str, case: Case, stalled: bool) -> None:
     url = urlsplit(st.base_url)
     sock = socket.socket()
     if stalled:
@@ -62,22 +72,25 @@ async def subscriber(st: Stack, run_id: str, case: Case, stop: asyncio.Event,
     try:
         if stalled:
             case.connected += 1
-            await stop.wait()  # never reads: its window fills, the server's send blocks
-            return
+            await asyncio.Event().wait()  # never reads: its window fills, the send blocks
+        # Chunks, not lines: a wait_for per line made a task per line, and at a thousand
+        # subscribers that client-side cost landed in the measured delivery time.
+        buffer = b""
         counted = False
-        while not stop.is_set():
-            try:
-                line = await asyncio.wait_for(reader.readline(), 0.5)
-            except TimeoutError:
-                continue
-            if not line:
+        while True:
+            chunk = await reader.read(65536)
+            if not chunk:
                 return
-            if not counted and line.startswith(b"event: status"):
-                case.connected += 1
-                counted = True
-            elif line.startswith(b'data: {"step"'):
-                sent = json.loads(line[6:])["metrics"]["sent"]
-                case.arrivals.append(time.time() - sent)
+            arrived = time.time()
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if not counted and line.startswith(b"event: status"):
+                    case.connected += 1
+                    counted = True
+                elif line.startswith(b'data: {"step"'):
+                    sent = json.loads(line[6:])["metrics"]["sent"]
+                    case.arrivals.append(arrived - sent)
     finally:
         writer.close()
 

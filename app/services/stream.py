@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from itertools import groupby
 
 from sqlalchemy import make_url, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from app import notes
 from app.db.models import MetricPoint, Run
@@ -148,9 +148,17 @@ async def live_updates(
     sessions: async_sessionmaker[AsyncSession], database_url: str, *, resync_s: float = 5.0
 ) -> AsyncIterator[Hub]:
     """The lifespan's fan-out: a hub fed by LISTEN on Postgres, by commits on SQLite."""
-    hub = Hub(DatabaseReader(sessions), resync_s=resync_s)
     listener: notes.PostgresListener | None = None
-    if make_url(database_url).get_backend_name() == "postgresql":
+    postgres = make_url(database_url).get_backend_name() == "postgresql"
+    reads, read_engine = sessions, None
+    if postgres:
+        # The feeds only read, one statement at a time: on an autocommit engine of their
+        # own each read is one round trip, not BEGIN, SELECT and ROLLBACK (three, on the
+        # path of every step's delivery).
+        read_engine = create_async_engine(database_url, isolation_level="AUTOCOMMIT", pool_size=4)
+        reads = async_sessionmaker(read_engine)
+    hub = Hub(DatabaseReader(reads), resync_s=resync_s)
+    if postgres:
         notes.install(sessions, deliver_after_commit=None)
         conninfo = make_url(database_url).set(drivername="postgresql")
         listener = notes.PostgresListener(
@@ -165,3 +173,5 @@ async def live_updates(
         if listener is not None:
             await listener.close()
         await hub.close()
+        if read_engine is not None:
+            await read_engine.dispose()
