@@ -94,8 +94,11 @@ def _iso(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-async def store_points(session: AsyncSession, run: Run, points: Sequence[PointIn]) -> None:
-    """Upsert ``points`` of ``run``; a point sent again overwrites, the last one in a batch wins."""
+async def store_points(session: AsyncSession, run_id: str, points: Sequence[PointIn]) -> None:
+    """Upsert ``points`` of a run; a point sent again overwrites, the last one in a batch wins.
+
+    The run's ``current_step`` is the caller's to move (``workers.ingest_metrics``).
+    """
     if not points:
         return
     if _postgres(session):
@@ -103,18 +106,16 @@ async def store_points(session: AsyncSession, run: Run, points: Sequence[PointIn
         # per point); DISTINCT ON keeps a batch's last value of a (step, name), since
         # one statement may not touch a row twice.
         document = _POINTS_JSON.dump_json(list(points)).decode()
-        await session.execute(_UPSERT_POINTS, {"run_id": run.id, "points": document})
+        await session.execute(_UPSERT_POINTS, {"run_id": run_id, "points": document})
     else:
         latest = {(p.step, p.name): p.value for p in points}
         rows = [
-            {"run_id": run.id, "name": name, "step": step, "value": value}
+            {"run_id": run_id, "name": name, "step": step, "value": value}
             for (step, name), value in latest.items()
         ]
         upsert = (("run_id", "name", "step"), ("value",))
         await bulk_insert(session, MetricPoint, rows, upsert=upsert)
-    newest = max(p.step for p in points)
-    run.current_step = max(run.current_step, newest)
-    note_step(session, run.id, newest)
+    note_step(session, run_id, max(p.step for p in points))
 
 
 _POINTS_JSON = TypeAdapter(list[PointIn])
