@@ -84,12 +84,17 @@ async def test_only_the_lease_holder_may_report(api: Api) -> None:
     for action, extra in (
         ("heartbeat", {}),
         ("status", {"status": "running"}),
-        ("metrics", {"seq": 0, "points": [{"step": 1, "name": "x", "value": 1.0}]}),
+        ("metrics", {"seq": 0, "points": [{"step": 7, "name": "x", "value": 1.0}]}),
     ):
         r = await api.internal(run_id, action, worker_id="intruder", **extra)
         assert r.status_code == 409, action
         assert r.json()["error"]["field"] == "worker_id"
     assert await api.db(lambda s: s.scalar(select(func.count()).select_from(MetricPoint))) == 0
+    # The refused batch moved nothing: its run update went with the rolled-back transaction.
+    run = await api.db(lambda s: s.get(Run, run_id))
+    assert run is not None and run.current_step == 0
+    ok = await api.internal(run_id, "metrics", worker_id="w1", seq=0, points=[])
+    assert ok.json() == {"accepted": 0, "duplicate": False}  # its seq was not taken either
 
 
 async def test_an_unknown_run_is_404_for_the_worker(api: Api) -> None:
