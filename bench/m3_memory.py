@@ -6,7 +6,10 @@ weight sync does) and saves a checkpoint every ``--checkpoint-every`` steps: the
 long run repeats. RSS is sampled after every step; the report compares the RSS after
 warm-up (step ``--warmup``: every program compiled, one checkpoint written) with the
 end, and gives the peak.
-No growth means end - warm-up stays within noise (a few MB), not proportional to steps.
+No growth means end - warm-up stays within noise (a few MB), not proportional to steps;
+the verdict fits a line to the second half's RSS (at most 5 MB per 1,000 steps).
+By default glibc's malloc arenas are capped at 2, as `rlaas worker` and `rlaas train`
+do (``rl_core.memory``); ``--default-malloc`` is the baseline without the cap.
 
     .venv/bin/python bench/m3_memory.py --quick     # 200 steps
     .venv/bin/python bench/m3_memory.py             # 1000 steps
@@ -24,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+SLOPE_LIMIT_MB = 5.0  # per 1,000 steps: a few MB is the allocator's noise, not a leak
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -31,7 +36,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="leave glibc's arenas as they are (the baseline), instead of what `rlaas worker` "
+        "and `rlaas train` set (rl_core.memory.limit_malloc_arenas)",
+    )
     args = parser.parse_args(argv)
+    if not args.default_malloc:
+        from rl_core.memory import limit_malloc_arenas
+
+        limit_malloc_arenas()
     steps = args.steps or (200 if args.quick else 1000)
 
     from flax import nnx
@@ -81,6 +96,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     growth = end - warm
     per_100 = growth / max(steps - args.warmup, 1) * 100
     print(f"growth after warm-up: {growth:+.1f} MB ({per_100:+.2f} MB per 100 steps)")
+    # The first steps fill allocator pools; a leak shows as a slope that persists, so the
+    # verdict fits the second half of the run (least squares over every step's RSS).
+    half = np.asarray(rss[len(rss) // 2 :])
+    slope = float(np.polyfit(np.arange(half.size), half, 1)[0]) * 1000
+    band = float(half.max() - half.min())
+    flat = slope <= SLOPE_LIMIT_MB
+    print(
+        f"second half: {slope:+.1f} MB per 1,000 steps (RSS within a {band:.0f} MB band); "
+        f"{'PASS' if flat else 'MISS'} no growth (slope <= {SLOPE_LIMIT_MB:.0f} MB per 1,000 steps)"
+    )
+    print(f"malloc: {'glibc defaults' if args.default_malloc else 'arenas limited to 2'}")
 
 
 if __name__ == "__main__":
