@@ -7,7 +7,8 @@ long run repeats. RSS is sampled after every step; the report compares the RSS a
 warm-up (step ``--warmup``: every program compiled, one checkpoint written) with the
 end, and gives the peak.
 No growth means end - warm-up stays within noise (a few MB), not proportional to steps;
-the verdict fits a line to the second half's RSS (at most 5 MB per 1,000 steps).
+the verdict compares the median RSS of the last quarter with the quarter before
+(growth of at most 5 MB per 1,000 steps).
 By default glibc's malloc arenas are capped at 2, as `rlaas worker` and `rlaas train`
 do (``rl_core.memory``); ``--default-malloc`` is the baseline without the cap.
 
@@ -96,15 +97,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     growth = end - warm
     per_100 = growth / max(steps - args.warmup, 1) * 100
     print(f"growth after warm-up: {growth:+.1f} MB ({per_100:+.2f} MB per 100 steps)")
-    # The first steps fill allocator pools; a leak shows as a slope that persists, so the
-    # verdict fits the second half of the run (least squares over every step's RSS).
-    half = np.asarray(rss[len(rss) // 2 :])
-    slope = float(np.polyfit(np.arange(half.size), half, 1)[0]) * 1000
-    band = float(half.max() - half.min())
-    flat = slope <= SLOPE_LIMIT_MB
+    # The first steps fill allocator pools; a leak shows as growth that persists. So the
+    # verdict compares the median RSS of the last quarter of the run with that of the
+    # quarter before it (medians: a checkpoint save lifts RSS for a step or two).
+    quarter = max(len(rss) // 4, 1)
+    q3 = float(np.median(rss[-2 * quarter : -quarter]))
+    q4 = float(np.median(rss[-quarter:]))
+    per_1000 = (q4 - q3) / quarter * 1000
+    flat = per_1000 <= SLOPE_LIMIT_MB
     print(
-        f"second half: {slope:+.1f} MB per 1,000 steps (RSS within a {band:.0f} MB band); "
-        f"{'PASS' if flat else 'MISS'} no growth (slope <= {SLOPE_LIMIT_MB:.0f} MB per 1,000 steps)"
+        f"last quarter vs the one before: median {q3:.0f} -> {q4:.0f} MB = {per_1000:+.1f} MB "
+        f"per 1,000 steps; {'PASS' if flat else 'MISS'} no growth "
+        f"(<= {SLOPE_LIMIT_MB:.0f} MB per 1,000 steps)"
     )
     print(f"malloc: {'glibc defaults' if args.default_malloc else 'arenas limited to 2'}")
 
