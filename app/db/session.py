@@ -14,7 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession
 
 
-def make_engine(url: str, *, ping_after_idle_s: float = 5.0) -> AsyncEngine:
+def make_engine(
+    url: str, *, ping_after_idle_s: float = 5.0, pool_size: int = 10, autocommit: bool = False
+) -> AsyncEngine:
+    """The engine for ``url``; ``autocommit`` (server databases) for one-statement reads."""
     if url.startswith("sqlite"):
         database = make_url(url).database
         if database and database != ":memory:":
@@ -33,7 +36,8 @@ def make_engine(url: str, *, ping_after_idle_s: float = 5.0) -> AsyncEngine:
             cursor.close()
 
         return engine
-    engine = create_async_engine(url, pool_size=10, max_overflow=20)
+    options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
+    engine = create_async_engine(url, pool_size=pool_size, max_overflow=2 * pool_size, **options)
     _ping_when_idle(engine, ping_after_idle_s)
     return engine
 

@@ -24,7 +24,6 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Artifact, Base, IngestBatch, MetricPoint, Run, Span, Trajectory, utcnow
-from app.notes import note_step
 from app.schemas.internal import PointIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 
@@ -97,7 +96,8 @@ def _iso(value: Any) -> str:
 async def store_points(session: AsyncSession, run_id: str, points: Sequence[PointIn]) -> None:
     """Upsert ``points`` of a run; a point sent again overwrites, the last one in a batch wins.
 
-    The run's ``current_step`` is the caller's to move (``workers.ingest_metrics``).
+    Moving the run's ``current_step`` and noting it for the live streams is the caller's
+    (``workers.ingest_metrics``), which knows the batch's newest step already.
     """
     if not points:
         return
@@ -115,7 +115,6 @@ async def store_points(session: AsyncSession, run_id: str, points: Sequence[Poin
         ]
         upsert = (("run_id", "name", "step"), ("value",))
         await bulk_insert(session, MetricPoint, rows, upsert=upsert)
-    note_step(session, run_id, max(p.step for p in points))
 
 
 _POINTS_JSON = TypeAdapter(list[PointIn])

@@ -22,10 +22,11 @@ from collections.abc import AsyncIterator
 from itertools import groupby
 
 from sqlalchemy import make_url, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import notes
 from app.db.models import MetricPoint, Run
+from app.db.session import make_engine
 from app.fanout import Frame, Hub
 
 KEEPALIVE = b": keep-alive\n\n"
@@ -155,7 +156,7 @@ async def live_updates(
         # The feeds only read, one statement at a time: on an autocommit engine of their
         # own each read is one round trip, not BEGIN, SELECT and ROLLBACK (three, on the
         # path of every step's delivery).
-        read_engine = create_async_engine(database_url, isolation_level="AUTOCOMMIT", pool_size=4)
+        read_engine = make_engine(database_url, pool_size=4, autocommit=True)
         reads = async_sessionmaker(read_engine)
     hub = Hub(DatabaseReader(reads), resync_s=resync_s)
     if postgres:

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import state
 from app.db.models import Artifact, MetricPoint, Run, utcnow
 from app.errors import Conflict, NotFound
+from app.notes import note_step
 from app.schemas import PointIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 from app.services import ingest
@@ -42,11 +43,15 @@ async def claim(session: AsyncSession, run_id: str, worker_id: str, lease_s: flo
 async def _owned_run(session: AsyncSession, run_id: str, worker_id: str) -> Run:
     run = await _locked_run(session, run_id)
     if run.lease_owner != worker_id:
-        raise Conflict(
-            f"worker {worker_id} does not hold the lease on {run_id} (it is {run.status})",
-            field="worker_id",
-        )
+        raise _not_lease_holder(worker_id, run_id, run.status)
     return run
+
+
+def _not_lease_holder(worker_id: str, run_id: str, status: str) -> Conflict:
+    return Conflict(
+        f"worker {worker_id} does not hold the lease on {run_id} (it is {status})",
+        field="worker_id",
+    )
 
 
 async def heartbeat(
@@ -87,6 +92,8 @@ async def ingest_metrics(
     if not await ingest.claim_seq(session, run_id, "metrics", seq):
         return 0, True  # stored before: the step it moved the run to is already there
     await ingest.store_points(session, run_id, points)
+    if newest is not None:
+        note_step(session, run_id, newest)
     return len(points), False
 
 
@@ -114,10 +121,7 @@ async def _advance_owned_run(
     if row is None:
         raise NotFound(f"no run {run_id!r}", field="run_id")
     if row.lease_owner != worker_id:
-        raise Conflict(
-            f"worker {worker_id} does not hold the lease on {run_id} (it is {row.status})",
-            field="worker_id",
-        )
+        raise _not_lease_holder(worker_id, run_id, row.status)
 
 
 async def ingest_spans(
