@@ -38,14 +38,14 @@ def rope_of(config: ModelConfig) -> Rope:
 
 
 def write_rows(
-    cache: jax.Array,  # [B, S, Hkv, Dh]
-    new: jax.Array,  # [B, T, Hkv, Dh]
+    cache: jax.Array,  # [B, Hkv, S, Dh]
+    new: jax.Array,  # [B, Hkv, T, Dh]
     start: jax.Array,  # [B] int32: the slot of each row's first new token
-) -> jax.Array:  # [B, S, Hkv, Dh]
+) -> jax.Array:  # [B, Hkv, S, Dh]
     """Write each row's new keys (or values) at its own offset: rows are at different lengths."""
 
     def one(c: jax.Array, n: jax.Array, i: jax.Array) -> jax.Array:
-        return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (i, 0, 0))
+        return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (0, i, 0))
 
     return jax.vmap(one)(cache, new, start)
 
@@ -78,7 +78,7 @@ class Attention(nnx.Module):
         x: jax.Array,  # [B, T, D]
         positions: jax.Array,  # [B, T]
         mask: jax.Array,  # [B, T, S] bool: query t may attend key slot s
-        kv: tuple[jax.Array, jax.Array] | None = None,  # cache [B, S, Hkv, Dh] x2
+        kv: tuple[jax.Array, jax.Array] | None = None,  # cache [B, Hkv, S, Dh] x2
         start: jax.Array | None = None,  # [B] slot where each row's new keys are written
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:  # [B, T, D], updated cache
         b, t, _ = x.shape
@@ -88,18 +88,20 @@ class Attention(nnx.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = self.rope(q, positions)
-        k = self.rope(k, positions)
+        k = self.rope(k, positions).transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
+        v = v.transpose(0, 2, 1, 3)
         if kv is not None:
             assert start is not None
-            k, v = write_rows(kv[0], k, start), write_rows(kv[1], v, start)
+            k, v = write_rows(kv[0], k, start), write_rows(kv[1], v, start)  # [B, Hkv, S, Dh]
             kv = (k, v)
         groups = self.n_heads // self.n_kv_heads
         q = q.reshape(b, t, self.n_kv_heads, groups, self.head_dim)  # [B, T, Hkv, G, Dh]
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
+        scores = jnp.einsum("btkgd,bksd->bkgts", q, k).astype(jnp.float32)
         scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)  # [B, Hkv, G, T, S]
         weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(b, t, -1)
+        out = jnp.einsum("bkgts,bksd->bkgtd", weights, v)  # heads first, as the cache
+        out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1)  # [B, T, H * Dh]
         return self.o(out), kv
 
 

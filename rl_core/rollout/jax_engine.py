@@ -23,12 +23,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax
 from flax import nnx
 
 from rl_core.errors import RolloutError
 from rl_core.models import Model
+from rl_core.rollout import steps
 from rl_core.rollout.base import Completion, SamplingParams
 from rl_core.rollout.scheduler import Request, Scheduler, SchedulerStats, next_bucket
 
@@ -42,7 +44,7 @@ class EngineConfig:
     # Slot counts of the decode batch: it moves to the smallest that holds the running
     # requests. Two sizes trade a little wasted compute for few compiles.
     batch_buckets: tuple[int, ...] = (8, 64)
-    min_prompt_bucket: int = 32
+    min_prompt_bucket: int = 16
     min_cache_bucket: int = 64
     max_cache_len: int | None = None  # prompt + new tokens per request; default: the model's
     batch_window_s: float = 0.002  # an idle engine waits this long for concurrent callers
@@ -60,11 +62,13 @@ class JaxEngine:
         executor: Executor | None = None,
         policy_version: int = 0,
     ) -> None:
-        self._graphdef, state = nnx.split(model)
+        graphdef, state = nnx.split(model)
+        self._treedef = jax.tree.structure(state)
+        self._programs = steps.programs(graphdef, self._treedef)
         self._model_config = model.config
         self.config = config
         self.max_cache_len = config.max_cache_len or model.config.max_seq_len
-        self._policy: tuple[Any, int] = (state, policy_version)  # swapped as one tuple
+        self._policy = _Policy(state, policy_version, jax.tree.leaves(state))
         self._own_executor = executor is None
         self.executor: Executor = executor or ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="rl-device"
@@ -74,10 +78,21 @@ class JaxEngine:
 
     @property
     def policy_version(self) -> int:
-        return self._policy[1]
+        return self._policy.version
+
+    @property
+    def policy(self) -> Any:
+        """The weights the engine samples with now (an `nnx.State` of the model)."""
+        return self._policy.params
 
     def update_weights(self, params: Any, version: int) -> None:
-        self._policy = (params, version)
+        leaves, treedef = jax.tree.flatten(params)
+        if treedef != self._treedef:
+            raise RolloutError(
+                "update_weights got weights of another structure than the engine's model; "
+                "pass the state of the same model (nnx.state(model))"
+            )
+        self._policy = _Policy(params, version, leaves)  # one assignment: read once per step
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[JaxEngine]:
@@ -127,9 +142,9 @@ class JaxEngine:
     def _scheduler(self) -> Scheduler:
         c = self.config
         return Scheduler(
-            self._graphdef,
+            self._programs,
             self._model_config,
-            policy=lambda: self._policy,
+            policy=lambda: (self._policy.leaves, self._policy.version),
             stop_ids=c.stop_ids,
             pad_id=c.pad_id,
             row_buckets=c.batch_buckets,
@@ -176,6 +191,12 @@ class JaxEngine:
             Request(prompt=list(p), max_new_tokens=int(m), sampling=sampling, seed=int(s))
             for p, m, s in zip(prompts, limits, seeds, strict=True)
         ]
+
+
+class _Policy(NamedTuple):
+    params: Any
+    version: int
+    leaves: list[Any]  # params flattened once here, not on every device call
 
 
 class _Driver:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -53,16 +55,64 @@ def _top_k_top_p(
     return jax.nn.log_softmax(scaled, axis=-1)
 
 
+def draw(keys: jax.Array, logp: jax.Array) -> jax.Array:  # [B] keys, [B, V] -> [B] int32
+    """One token per row from ``softmax(logp)``, exactly, with about 2·sqrt(V) random numbers.
+
+    Gumbel-max over the whole vocabulary (`jax.random.categorical`) needs V random numbers
+    per row, and on a CPU generating them was most of a decode step's sampling time. Here a
+    block of the vocabulary is drawn by its total probability, then a token within the
+    block by its own: P(block) · P(token | block) = P(token), so the law is unchanged.
+    """
+    b, v = logp.shape
+    size = 1 << max(0, math.ceil(math.log2(math.sqrt(v))))  # block size, a power of two
+    n_blocks = -(-v // size)
+    padded = jnp.pad(logp, ((0, 0), (0, n_blocks * size - v)), constant_values=-jnp.inf)
+    blocks = padded.reshape(b, n_blocks, size)
+    block_logp = jax.nn.logsumexp(blocks, axis=-1)  # [B, n_blocks]; -inf where all are cut
+    pair = jax.vmap(lambda k: jax.random.split(k, 2))(keys)  # [B, 2]
+    block = jax.vmap(jax.random.categorical)(pair[:, 0], block_logp)  # [B]
+    inside = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [B, size]
+    offset = jax.vmap(jax.random.categorical)(pair[:, 1], inside)  # [B]
+    return (block * size + offset).astype(jnp.int32)
+
+
+def argmax(logits: jax.Array) -> jax.Array:  # [B, V] -> [B] int32, the first maximum
+    """`jnp.argmax` as two plain reductions: XLA's CPU argmax (one reduction over value and
+    index pairs) took 1.8 ms over a [16, 49152] batch, these two 0.4 ms."""
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    index = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(logits == top, index, logits.shape[-1]), axis=-1)
+
+
 def sample(
     logits: jax.Array,  # [B, V]
     keys: jax.Array,  # [B] PRNG keys
     temperature: jax.Array,  # [B]
     top_k: jax.Array,  # [B]
     top_p: jax.Array,  # [B]
-) -> tuple[jax.Array, jax.Array]:  # tokens [B] int32, logprobs [B] float32
-    logp = filter_logits(logits, temperature, top_k, top_p)
-    drawn = jax.vmap(jax.random.categorical)(keys, logp)
+) -> tuple[jax.Array, jax.Array]:  # tokens [B] int32, logprobs [B] float32 (0 where greedy)
+    """Greedy rows take the argmax, the others a draw from the filtered distribution.
+
+    A batch that is all greedy (evaluation) skips the distribution: each pass over the
+    vocabulary costs about a millisecond of a decode step on a CPU.
+    """
     greedy = temperature <= 0
-    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+    return jax.lax.cond(
+        jnp.all(greedy),
+        lambda: (argmax(logits), jnp.zeros(greedy.shape, jnp.float32)),
+        lambda: _sample_mixed(logits, keys, temperature, top_k, top_p),
+    )
+
+
+def _sample_mixed(
+    logits: jax.Array,  # [B, V]
+    keys: jax.Array,  # [B]
+    temperature: jax.Array,  # [B]
+    top_k: jax.Array,  # [B]
+    top_p: jax.Array,  # [B]
+) -> tuple[jax.Array, jax.Array]:
+    logp = filter_logits(logits, temperature, top_k, top_p)
+    greedy = temperature <= 0
+    tokens = jnp.where(greedy, argmax(logits), draw(keys, logp))
     chosen = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
     return tokens, jnp.where(greedy, 0.0, chosen)

@@ -34,6 +34,18 @@ def next_bucket(n: int, minimum: int) -> int:
     return 1 << (size - 1).bit_length()
 
 
+def prompt_bucket(n: int, minimum: int) -> int:
+    """The smallest of 2^k and 1.5 * 2^k that is >= max(n, minimum): 16, 24, 32, 48, 64...
+
+    A prefill costs in proportion to its padded tokens (it is compute-bound), so prompt
+    lengths get two buckets per doubling: at most a third is padding, instead of half,
+    for twice the (still logarithmic) number of compiled programs.
+    """
+    size = next_bucket(n, minimum)
+    three_quarters = size // 4 * 3
+    return three_quarters if size >= 8 and three_quarters >= max(n, minimum) else size
+
+
 @dataclasses.dataclass
 class Request:
     """One prompt to continue; ``future`` is set when an asyncio caller waits on it."""
@@ -64,10 +76,10 @@ class SchedulerStats:
 class Scheduler:
     def __init__(
         self,
-        graphdef: Any,
+        programs: steps.Programs,
         model_config: ModelConfig,
         *,
-        policy: Callable[[], tuple[Any, int]],
+        policy: Callable[[], tuple[list[jax.Array], int]],  # (flat weights, version)
         stop_ids: tuple[int, ...],
         pad_id: int,
         row_buckets: tuple[int, ...],
@@ -76,7 +88,7 @@ class Scheduler:
         max_cache_len: int,
         stats: SchedulerStats | None = None,
     ) -> None:
-        self._graphdef, self._model_config, self._policy = graphdef, model_config, policy
+        self._programs, self._model_config, self._policy = programs, model_config, policy
         self._stop = frozenset(stop_ids)
         self._pad_id = pad_id
         self._row_buckets = tuple(sorted(row_buckets))
@@ -121,21 +133,21 @@ class Scheduler:
         need_rows = len(running) + len(joining)
         need_len = max([_need(s.request) for s in running] + [_need(r) for r in joining], default=0)
         longest = max((len(r.prompt) for r in joining), default=1)
-        prompt_bucket = next_bucket(longest, self._min_prompt)
+        prompt_len = prompt_bucket(longest, self._min_prompt)
         rows = next(b for b in self._row_buckets if b >= max(need_rows, 1))
-        length = min(next_bucket(max(need_len, prompt_bucket), self._min_cache), self.max_cache_len)
-        length = max(length, prompt_bucket, need_len)
+        length = min(next_bucket(max(need_len, prompt_len), self._min_cache), self.max_cache_len)
+        length = max(length, prompt_len, need_len)
         if self.cache is None or (rows, length) != (self.cache.rows, self.cache.length):
             self._resize(rows, length)
         if not joining:
             return []
         for _ in joining:
             self.waiting.popleft()
-        return self._prefill(joining, prompt_bucket)
+        return self._prefill(joining, prompt_len)
 
     def _prefill(self, joining: list[Request], p: int) -> list[tuple[Request, Completion]]:
         assert self.cache is not None
-        state, version = self._policy()
+        leaves, version = self._policy()
         k = next_bucket(len(joining), 1)
         tokens = np.full((k, p), self._pad_id, np.int32)
         lengths = np.ones((k,), np.int32)  # padding rows: one pad token, dropped on insert
@@ -146,9 +158,7 @@ class Scheduler:
             lengths[j] = len(r.prompt)
             slots[j] = free[j]
         sampling, seeds = _sampling_arrays(joining, k)
-        prompt, first, logprob = steps.prefill(
-            self._graphdef, state, tokens, lengths, sampling, seeds
-        )
+        prompt, first, logprob = self._programs.prefill(leaves, tokens, lengths, sampling, seeds)
         self.cache = steps.insert(self.cache, prompt, jnp.asarray(slots))
         self.stats.prefill_calls += 1
         self.stats.admitted += len(joining)
@@ -161,7 +171,7 @@ class Scheduler:
 
     def _decode(self) -> list[tuple[Request, Completion]]:
         assert self.cache is not None
-        state, _ = self._policy()
+        leaves, _ = self._policy()
         rows = self.cache.rows
         last = np.zeros((rows,), np.int32)
         counts = np.zeros((rows,), np.int32)
@@ -172,8 +182,8 @@ class Scheduler:
                 last[i], counts[i], active[i] = s.tokens[-1], len(s.tokens), True
                 requests[i] = s.request
         sampling, seeds = _sampling_arrays(requests, rows)
-        self.cache, token, logprob = steps.decode(
-            self._graphdef, state, self.cache, last, active, sampling, seeds, counts
+        self.cache, token, logprob = self._programs.decode(
+            leaves, self.cache, last, active, sampling, seeds, counts
         )
         self.stats.decode_steps += 1
         token_h, logprob_h = jax.device_get((token, logprob))
@@ -222,8 +232,8 @@ class Scheduler:
             fresh = steps.insert(
                 fresh,
                 KVCache(
-                    tuple(k[index, :keep] for k in self.cache.keys),
-                    tuple(v[index, :keep] for v in self.cache.values),
+                    tuple(k[index, :, :keep] for k in self.cache.keys),
+                    tuple(v[index, :, :keep] for v in self.cache.values),
                     self.cache.lengths[index],
                 ),
                 jnp.arange(len(old), dtype=jnp.int32),

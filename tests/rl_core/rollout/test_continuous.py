@@ -10,7 +10,6 @@ import numpy as np
 from flax import nnx
 
 from rl_core.models import Model, ModelConfig
-from rl_core.rollout import steps
 from rl_core.rollout.base import Completion, SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
 
@@ -96,16 +95,17 @@ def test_logprobs_are_the_tempered_log_softmax_at_the_sampled_token(
 
 def test_prompt_lengths_within_a_bucket_compile_nothing_new(engine: JaxEngine) -> None:
     engine.generate_batch([_prompt(4)], max_new_tokens=5, sampling=WARM, seeds=[0])  # warm
-    before = (steps.prefill._cache_size(), steps.decode._cache_size())
-    for n in (3, 9, 17, 30):  # all in the 32-token prompt bucket and the 64-slot cache
+    programs = engine._programs
+    before = (programs.prefill._cache_size(), programs.decode._cache_size())
+    for n in (3, 9, 12, 16):  # all in the 16-token prompt bucket and the 64-slot cache
         engine.generate_batch([_prompt(n)], max_new_tokens=5, sampling=WARM, seeds=[n])
-    assert (steps.prefill._cache_size(), steps.decode._cache_size()) == before
+    assert (programs.prefill._cache_size(), programs.decode._cache_size()) == before
 
 
 def test_update_weights_applies_from_the_next_decode_step(
     engine: JaxEngine, tiny_config: ModelConfig
 ) -> None:
-    old_state, old_version = engine._policy
+    old_state, old_version = engine.policy, engine.policy_version
     new_state = nnx.state(Model(tiny_config, rngs=nnx.Rngs(99)))
     prompt = _prompt(5)
 

@@ -11,6 +11,7 @@ from rl_core.errors import RolloutError
 from rl_core.models import Model, ModelConfig
 from rl_core.rollout.base import RolloutEngine, SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine, next_bucket
+from rl_core.rollout.scheduler import prompt_bucket
 from rl_core.tokenizer import BuiltinTokenizer
 from rl_core.trainer import Trainer, TrainerConfig
 
@@ -29,6 +30,12 @@ def test_is_a_rollout_engine(engine: JaxEngine) -> None:
 
 def test_buckets_are_powers_of_two() -> None:
     assert [next_bucket(n, 8) for n in (1, 8, 9, 33)] == [8, 8, 16, 64]
+
+
+def test_prompt_buckets_take_two_sizes_per_doubling() -> None:
+    sizes = [prompt_bucket(n, 16) for n in (1, 16, 17, 24, 25, 33, 49, 97, 200)]
+    assert sizes == [16, 16, 24, 24, 32, 48, 64, 128, 256]
+    assert prompt_bucket(20, 128) == 128  # the minimum wins, even where 96 would hold it
 
 
 def test_sampler_logprobs_match_trainer_at_temperature_one(
@@ -122,7 +129,7 @@ def test_update_weights_changes_policy_and_version(
 ) -> None:
     ps, greedy = prompts(tokenizer), SamplingParams(temperature=0.0)
     before = engine.generate_batch(ps, max_new_tokens=6, sampling=greedy, seeds=[0, 0, 0])
-    old_state, old_version = engine._policy
+    old_state, old_version = engine.policy, engine.policy_version
     try:
         engine.update_weights(nnx.state(Model(tiny_config, rngs=nnx.Rngs(123))), version=7)
         after = engine.generate_batch(ps, max_new_tokens=6, sampling=greedy, seeds=[0, 0, 0])
