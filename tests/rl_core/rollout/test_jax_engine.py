@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
@@ -168,3 +169,12 @@ def test_rejects_empty_prompts_and_bad_limits(engine: JaxEngine) -> None:
         engine.generate_batch([[]], max_new_tokens=2, sampling=SamplingParams(), seeds=[0])
     with pytest.raises(RolloutError, match="at least 1"):
         engine.generate_batch([[3]], max_new_tokens=0, sampling=SamplingParams(), seeds=[0])
+
+
+def test_update_weights_refuses_another_model_structure(
+    engine: JaxEngine, tiny_config: ModelConfig
+) -> None:
+    other = dataclasses.replace(tiny_config, n_layers=tiny_config.n_layers + 1)
+    with pytest.raises(RolloutError, match="another structure"):
+        engine.update_weights(nnx.state(Model(other, rngs=nnx.Rngs(0))), version=1)
+    assert engine.policy_version == 0  # the engine kept its policy
