@@ -62,9 +62,15 @@ class Model(nnx.Module):
         *,
         valid: jax.Array | None = None,  # [B, T] bool; default all True
         cache: KVCache | None = None,
+        segments: jax.Array | None = None,  # [B, T] int: packed sequences, into an empty cache
     ) -> tuple[jax.Array, KVCache | None]:  # final-normed states [B, T, D], updated cache
         """The forward pass up to the output head: a prefill needs logits at one position only
-        (the head is a [D, V] matmul per position, a fifth of a small model's prefill)."""
+        (the head is a [D, V] matmul per position, a fifth of a small model's prefill).
+
+        ``segments`` packs several sequences into one row (the engine's prefill): a token
+        attends only to earlier tokens of its own segment, and ``positions`` restart per
+        segment. The cache must be empty and as long as the row, so key slot s holds token s.
+        """
         b, t = tokens.shape
         if valid is None:
             valid = jnp.ones((b, t), bool)
@@ -76,6 +82,10 @@ class Model(nnx.Module):
             start = cache.lengths  # [B]
             query_slot = start[:, None] + jnp.arange(t)[None, :]  # [B, T]
             mask = jnp.arange(cache.length)[None, None, :] <= query_slot[:, :, None]  # [B, T, S]
+        if segments is not None:
+            if cache is not None and cache.length != t:
+                raise ValueError(f"packed segments need an empty cache of length {t}")
+            mask = mask & (segments[:, :, None] == segments[:, None, :])
 
         x = constrain(self.embed(tokens))  # [B, T, D], rows split over data and fsdp
         new_keys, new_values = [], []

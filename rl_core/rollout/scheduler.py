@@ -1,7 +1,7 @@
 """Continuous batching on the host: slots of a fixed-shape batch, filled and emptied per step.
 
 A `Scheduler` owns one KV cache of ``rows x length`` slots and the requests in them. Each
-`step` first admits waiting requests into free slots (one batched prefill), then decodes
+`step` first admits waiting requests into free slots (one packed prefill), then decodes
 one token for every running slot; a request that hits a stop token or its token limit
 leaves at once, and its slot is free for the next step. The cache's shape moves between a
 few buckets (rows from ``EngineConfig.batch_buckets``, length a power of two) as the load
@@ -34,16 +34,19 @@ def next_bucket(n: int, minimum: int) -> int:
     return 1 << (size - 1).bit_length()
 
 
-def prompt_bucket(n: int, minimum: int) -> int:
-    """The smallest of 2^k and 1.5 * 2^k that is >= max(n, minimum): 16, 24, 32, 48, 64...
+def packed_bucket(n: int, minimum: int) -> int:
+    """The smallest of 2^k, 1.25, 1.5 and 1.75 * 2^k that is >= max(n, minimum).
 
-    A prefill costs in proportion to its padded tokens (it is compute-bound), so prompt
-    lengths get two buckets per doubling: at most a third is padding, instead of half,
-    for twice the (still logarithmic) number of compiled programs.
+    A packed prefill's row length: the prefill is compute-bound, so its padding costs what
+    real tokens cost. Four sizes per doubling pad at most a fifth (260 tokens -> 320, where
+    powers of two would give 512), for a number of compiled programs that still grows
+    with the logarithm of the longest row.
     """
     size = next_bucket(n, minimum)
-    three_quarters = size // 4 * 3
-    return three_quarters if size >= 8 and three_quarters >= max(n, minimum) else size
+    if size < 8:
+        return size
+    step = size // 8
+    return next(b for b in range(size // 2 + step, size + 1, step) if b >= max(n, minimum))
 
 
 @dataclasses.dataclass
@@ -132,34 +135,55 @@ class Scheduler:
         joining = list(self.waiting)[: self.max_rows - len(running)]
         need_rows = len(running) + len(joining)
         need_len = max([_need(s.request) for s in running] + [_need(r) for r in joining], default=0)
-        longest = max((len(r.prompt) for r in joining), default=1)
-        prompt_len = prompt_bucket(longest, self._min_prompt)
         rows = next(b for b in self._row_buckets if b >= max(need_rows, 1))
-        length = min(next_bucket(max(need_len, prompt_len), self._min_cache), self.max_cache_len)
-        length = max(length, prompt_len, need_len)
+        length = min(next_bucket(need_len, self._min_cache), self.max_cache_len)
+        length = max(length, need_len)
         if self.cache is None or (rows, length) != (self.cache.rows, self.cache.length):
             self._resize(rows, length)
         if not joining:
             return []
         for _ in joining:
             self.waiting.popleft()
-        return self._prefill(joining, prompt_len)
+        free = iter([i for i, s in enumerate(self.slots) if s is None])
+        done: list[tuple[Request, Completion]] = []
+        for chunk in _packs(joining, MAX_PACKED_TOKENS):
+            done += self._prefill(chunk, [next(free) for _ in chunk])
+        return done
 
-    def _prefill(self, joining: list[Request], p: int) -> list[tuple[Request, Completion]]:
+    def _prefill(self, joining: list[Request], free: list[int]) -> list[tuple[Request, Completion]]:
+        """Prefill the joining prompts packed end to end in one row, then move them to slots.
+
+        Padding each prompt to a common length made the prefill, which is compute-bound,
+        pay for the padding too (16 chat prompts of 14-18 tokens: 512 tokens computed for
+        260 real ones); packed, the row is padded once, to a bucket of the total.
+        """
         assert self.cache is not None
         leaves, version = self._policy()
         k = next_bucket(len(joining), 1)
-        tokens = np.full((k, p), self._pad_id, np.int32)
-        lengths = np.ones((k,), np.int32)  # padding rows: one pad token, dropped on insert
-        free = [i for i, s in enumerate(self.slots) if s is None]
+        n = packed_bucket(sum(len(r.prompt) for r in joining), self._min_prompt)
+        tokens = np.full((1, n), self._pad_id, np.int32)
+        positions = np.zeros((1, n), np.int32)
+        segments = np.full((1, n), -1, np.int32)  # padding is a segment of its own
+        token_slots = np.full((n,), self.cache.rows, np.int32)  # out of range: dropped
+        last = np.zeros((k,), np.int32)
         slots = np.full((k,), self.cache.rows, np.int32)
+        lengths = np.zeros((k,), np.int32)
+        at = 0
         for j, r in enumerate(joining):
-            tokens[j, : len(r.prompt)] = r.prompt
-            lengths[j] = len(r.prompt)
-            slots[j] = free[j]
+            end = at + len(r.prompt)
+            tokens[0, at:end] = r.prompt
+            positions[0, at:end] = np.arange(len(r.prompt))
+            segments[0, at:end] = j
+            token_slots[at:end] = free[j]
+            last[j], slots[j], lengths[j] = end - 1, free[j], len(r.prompt)
+            at = end
         sampling, seeds = _sampling_arrays(joining, k)
-        prompt, first, logprob = self._programs.prefill(leaves, tokens, lengths, sampling, seeds)
-        self.cache = steps.insert(self.cache, prompt, jnp.asarray(slots))
+        packed, first, logprob = self._programs.prefill(
+            leaves, tokens, positions, segments, last, sampling, seeds
+        )
+        self.cache = steps.insert_packed(
+            self.cache, packed, token_slots, positions[0], slots, lengths
+        )
         self.stats.prefill_calls += 1
         self.stats.admitted += len(joining)
         first_h, logprob_h = jax.device_get((first, logprob))
@@ -241,6 +265,25 @@ class Scheduler:
         self.cache = fresh
         self.slots = [*running, *([None] * (rows - len(running)))]
         self.stats.resizes += 1
+
+
+# Tokens of one packed prefill: its attention is quadratic in the packed row, so many long
+# prompts joining at once are prefilled in several rows of at most this many tokens.
+MAX_PACKED_TOKENS = 1024
+
+
+def _packs(requests: list[Request], budget: int) -> list[list[Request]]:
+    """Consecutive runs of requests whose prompts add up to at most ``budget`` tokens
+    (a longer prompt goes alone)."""
+    packs: list[list[Request]] = [[]]
+    used = 0
+    for r in requests:
+        if packs[-1] and used + len(r.prompt) > budget:
+            packs.append([])
+            used = 0
+        packs[-1].append(r)
+        used += len(r.prompt)
+    return packs
 
 
 def _need(request: Request) -> int:

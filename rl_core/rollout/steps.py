@@ -1,11 +1,11 @@
 """The jitted device programs of the built-in engine: prefill, insert, decode.
 
-Each is compiled once per shape bucket, never per request: prompts are right-padded to
-a power-of-two length, the number of rows joining at once to a power of two, and the
-decode batch is a fixed number of slots over a cache of a bucketed length. Sampling
-parameters, seeds and lengths are traced arrays. Programs are cached per model structure
-(`programs`), so engines of the same structure share them: a second run in the process
-compiles nothing.
+Each is compiled once per shape bucket, never per request: joining prompts are packed end
+to end into one row padded to a bucket of their total (`scheduler.packed_bucket`), the
+number of them to a power of two, and the decode batch is a fixed number of slots over a
+cache of a bucketed length. Sampling parameters, seeds and lengths are traced arrays.
+Programs are cached per model structure (`programs`), so engines of the same structure
+share them: a second run in the process compiles nothing.
 
 Randomness is per request and per token: token ``i`` of a request with seed ``s`` is drawn
 with ``fold_in(key(s), i)``, so a request samples the same tokens whichever slot it lands
@@ -50,10 +50,32 @@ def insert(
     )
 
 
+@functools.partial(jax.jit, donate_argnums=(0,))
+def insert_packed(
+    cache: KVCache,  # [R, S]
+    packed: KVCache,  # [1, N]: prompts packed end to end, as prefilled
+    token_slots: jax.Array,  # [N] int32: each token's slot; R (out of range) for padding
+    positions: jax.Array,  # [N] int32: each token's position in its prompt
+    slots: jax.Array,  # [K] int32: each prompt's slot; R for padding rows
+    lengths: jax.Array,  # [K] int32: each prompt's length
+) -> KVCache:
+    """Scatter a packed prefill's keys and values to their slots and positions."""
+
+    def put(big: jax.Array, row: jax.Array) -> jax.Array:  # [R, Hkv, S, Dh] <- [1, Hkv, N, Dh]
+        moved = row[0].transpose(1, 0, 2).astype(big.dtype)  # [N, Hkv, Dh]
+        return big.at[token_slots, :, positions].set(moved, mode="drop")
+
+    return KVCache(
+        tuple(put(b, r) for b, r in zip(cache.keys, packed.keys, strict=True)),
+        tuple(put(b, r) for b, r in zip(cache.values, packed.values, strict=True)),
+        cache.lengths.at[slots].set(lengths, mode="drop"),
+    )
+
+
 class Programs(NamedTuple):
     """The jitted prefill and decode of one model structure; weights go in as flat leaves."""
 
-    prefill: Any  # (leaves, tokens, lengths, sampling, seeds) -> (prompt cache, token, logprob)
+    prefill: Any  # (leaves, tokens, positions, segments, last, sampling, seeds) -> (cache, ..)
     decode: Any  # (leaves, cache, last, active, sampling, seeds, counts) -> (cache, token, logprob)
 
 
@@ -78,20 +100,19 @@ def programs(graphdef: Any, treedef: Any) -> Programs:
 def _prefill(
     model_of: Any,
     leaves: list[jax.Array],
-    tokens: jax.Array,  # [K, P] int32, right-padded prompts
-    lengths: jax.Array,  # [K] int32, >= 1
+    tokens: jax.Array,  # [1, N] int32: the prompts packed end to end, then padding
+    positions: jax.Array,  # [1, N] int32: each token's position in its own prompt
+    segments: jax.Array,  # [1, N] int32: the prompt a token belongs to (-1 for padding)
+    last: jax.Array,  # [K] int32: where each prompt's last token is in the row
     sampling: Sampling,
     seeds: jax.Array,  # [K] uint32
-) -> tuple[KVCache, jax.Array, jax.Array]:  # prompt cache [K, P], first token [K], logprob [K]
+) -> tuple[KVCache, jax.Array, jax.Array]:  # packed cache [1, N], first token [K], logprob [K]
     model = model_of(leaves)
-    k, p = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (k, p))
-    valid = positions < lengths[:, None]
-    h, cache = model.hidden(tokens, positions, valid=valid, cache=model.init_cache(k, p))
+    n = tokens.shape[1]
+    h, cache = model.hidden(tokens, positions, segments=segments, cache=model.init_cache(1, n))
     assert cache is not None
-    h_last = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)  # [K, 1, D]
-    last = model.logits(h_last)[:, 0]  # [K, V]: the head runs at each row's last token only
-    token, logprob = sample(last, _keys(seeds, jnp.zeros_like(lengths)), *sampling)
+    logits = model.logits(h[:, last])[0]  # [K, V]: the head runs at each prompt's end only
+    token, logprob = sample(logits, _keys(seeds, jnp.zeros_like(last)), *sampling)
     return cache, token, logprob
 
 

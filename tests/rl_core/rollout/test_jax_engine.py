@@ -12,7 +12,7 @@ from rl_core.errors import RolloutError
 from rl_core.models import Model, ModelConfig
 from rl_core.rollout.base import RolloutEngine, SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine, next_bucket
-from rl_core.rollout.scheduler import prompt_bucket
+from rl_core.rollout.scheduler import packed_bucket
 from rl_core.tokenizer import BuiltinTokenizer
 from rl_core.trainer import Trainer, TrainerConfig
 
@@ -33,10 +33,10 @@ def test_buckets_are_powers_of_two() -> None:
     assert [next_bucket(n, 8) for n in (1, 8, 9, 33)] == [8, 8, 16, 64]
 
 
-def test_prompt_buckets_take_two_sizes_per_doubling() -> None:
-    sizes = [prompt_bucket(n, 16) for n in (1, 16, 17, 24, 25, 33, 49, 97, 200)]
-    assert sizes == [16, 16, 24, 24, 32, 48, 64, 128, 256]
-    assert prompt_bucket(20, 128) == 128  # the minimum wins, even where 96 would hold it
+def test_packed_rows_take_four_sizes_per_doubling() -> None:
+    sizes = [packed_bucket(n, 16) for n in (1, 16, 17, 21, 25, 33, 260, 300, 449, 1000)]
+    assert sizes == [16, 16, 20, 24, 28, 40, 320, 320, 512, 1024]
+    assert packed_bucket(20, 128) == 128  # the minimum wins, even where 80 would hold it
 
 
 def test_sampler_logprobs_match_trainer_at_temperature_one(
