@@ -63,7 +63,7 @@ class JaxEngine:
         policy_version: int = 0,
     ) -> None:
         graphdef, state = nnx.split(model)
-        self._treedef = jax.tree.structure(state)
+        self._treedef: Any = jax.tree.structure(state)
         self._programs = steps.programs(graphdef, self._treedef)
         self._model_config = model.config
         self.config = config

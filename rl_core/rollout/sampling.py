@@ -97,11 +97,12 @@ def sample(
     vocabulary costs about a millisecond of a decode step on a CPU.
     """
     greedy = temperature <= 0
-    return jax.lax.cond(
+    tokens, logprobs = jax.lax.cond(
         jnp.all(greedy),
         lambda: (argmax(logits), jnp.zeros(greedy.shape, jnp.float32)),
         lambda: _sample_mixed(logits, keys, temperature, top_k, top_p),
     )
+    return tokens, logprobs
 
 
 def _sample_mixed(
