@@ -75,9 +75,11 @@ def build_pipeline(
     # One fixed row count for generation: as episodes finish, later turns
     # batch fewer rows, and padding them is cheaper than compiling again.
     rows = next_bucket(min(r.concurrency, spec.batch_size * (spec.staleness.max_staleness + 1)), 1)
-    # Short contexts get one length bucket: padding a small model's prompts is far
-    # cheaper than compiling again as episodes grow (tens of seconds on a busy CPU).
-    length = next_bucket(ag.max_context, 1) if ag.max_context <= SINGLE_BUCKET_CONTEXT else 32
+    # Short contexts get one prefill row length (prompts packed up to it): padding a small
+    # model's prompts is far cheaper than compiling again as episodes grow (tens of
+    # seconds on a busy CPU).
+    single = ag.max_context <= SINGLE_BUCKET_CONTEXT
+    length = next_bucket(ag.max_context, 1) if single else 32
     engine = JaxEngine(
         model,
         config=EngineConfig(
@@ -85,6 +87,7 @@ def build_pipeline(
             pad_id=tokenizer.pad_id,
             batch_buckets=(rows,) if rows <= 64 else (64, rows),
             min_prompt_bucket=length,
+            max_packed_tokens=length if single else EngineConfig.max_packed_tokens,
         ),
         executor=device,
     )

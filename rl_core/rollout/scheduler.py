@@ -87,6 +87,7 @@ class Scheduler:
         pad_id: int,
         row_buckets: tuple[int, ...],
         min_prompt_bucket: int,
+        max_packed_tokens: int,
         min_cache_bucket: int,
         max_cache_len: int,
         stats: SchedulerStats | None = None,
@@ -96,6 +97,7 @@ class Scheduler:
         self._pad_id = pad_id
         self._row_buckets = tuple(sorted(row_buckets))
         self._min_prompt, self._min_cache = min_prompt_bucket, min_cache_bucket
+        self._max_packed = max_packed_tokens
         self.max_cache_len = max_cache_len
         self.waiting: deque[Request] = deque()
         self.slots: list[_Running | None] = []
@@ -146,7 +148,7 @@ class Scheduler:
             self.waiting.popleft()
         free = iter([i for i, s in enumerate(self.slots) if s is None])
         done: list[tuple[Request, Completion]] = []
-        for chunk in _packs(joining, MAX_PACKED_TOKENS):
+        for chunk in _packs(joining, self._max_packed):
             done += self._prefill(chunk, [next(free) for _ in chunk])
         return done
 
@@ -265,13 +267,6 @@ class Scheduler:
         self.cache = fresh
         self.slots = [*running, *([None] * (rows - len(running)))]
         self.stats.resizes += 1
-
-
-# Tokens of one packed prefill. Its attention is quadratic in the row: at 1,024 tokens it
-# cost SmolLM2 more than the padding it saved (64 prompts joining: 1.04x transformers, vs
-# 1.56x padded), at 256 about a twelfth of the row's matmuls. More joining prompts are
-# prefilled in several calls; a longer prompt goes alone.
-MAX_PACKED_TOKENS = 256
 
 
 def _packs(requests: list[Request], budget: int) -> list[list[Request]]:
