@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -127,3 +128,21 @@ def test_update_weights_applies_from_the_next_decode_step(
     assert mixed.policy_version == old_version  # the version that started the sequence
     assert mixed.tokens[:3] == old.tokens[:3]  # sampled before the swap
     assert mixed.tokens != old.tokens and new.policy_version == old_version + 1
+
+
+def test_prompts_packed_into_several_prefill_rows_get_the_tokens_they_get_alone(
+    engine: JaxEngine, engine_model: Model
+) -> None:
+    # Rows of at most 12 tokens: prompts of 5, 11, 7 and 3 tokens join as [5], [11], [7, 3].
+    config = dataclasses.replace(engine.config, max_packed_tokens=12)
+    packed = JaxEngine(engine_model, config=config)
+    prompts = [_prompt(5), _prompt(11, offset=1), _prompt(7, offset=2), _prompt(3, offset=3)]
+    try:
+        together = packed.generate_batch(prompts, max_new_tokens=6, sampling=WARM, seeds=range(4))
+        assert packed.stats.prefill_calls == 3
+    finally:
+        packed.close()
+    for i, prompt in enumerate(prompts):
+        alone = engine.generate_batch([prompt], max_new_tokens=6, sampling=WARM, seeds=[i])[0]
+        assert together[i].tokens == alone.tokens
+        np.testing.assert_allclose(together[i].logprobs, alone.logprobs, atol=1e-5)
