@@ -12,11 +12,13 @@ In a game this small, guessing blind also scores well (the spec's game: 0.847
 of a best 1.058, about 0.8 of it), so learned also means beating blind play
 (`random_guess_reward`, exact too): the hints are read. The seed fixes the
 games and the samples, not which episodes finish first, so async runs of one
-seed differ, and a curve can dip for ten steps on its way up: the run has 150
-steps, and the spec uses clip-higher, after one run collapsed onto a single
-answer. With the spec as it is, seven runs ended at last-10 means of 0.98-1.06
-(2026-12-03). A stricter bar (0.889) failed in full-suite runs before, so the
-bar is blind play itself, which the issue's 0.8 of best nearly is.
+seed differ: a curve can dip for ten steps on its way up, and some runs sit
+near blind play (~0.78) for a long while before they read the hints. The spec
+uses clip-higher, after one run collapsed onto a single answer; at 150 steps
+ten of eleven runs ended at last-10 means of 0.98-1.06, one at 0.850, and a run of
+200 steps was still at 0.79 by step 150 (0.89 at 200), so the run has 200
+steps (2026-12-03). A stricter bar (0.889) failed in full-suite runs before, so
+the bar is blind play itself, which the issue's 0.8 of best nearly is.
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ from rl_core.spec import load_spec
 EXAMPLE = Path(__file__).parents[3] / "examples" / "tiny-game.yaml"
 
 
-# About 75 s of 2 idle cores; the default 600 s limit is too tight when others share them.
+# About 100 s of 2 idle cores; the default 600 s limit is too tight when others share them.
 @pytest.mark.timeout(1500)
 def test_the_tiny_model_learns_the_multi_turn_game_in_async_mode(tmp_path: Path) -> None:
     spec = load_spec(EXAMPLE)
-    assert spec.staleness.mode == "async" and spec.train.steps <= 150
+    assert spec.staleness.mode == "async" and spec.train.steps <= 200
     game = GuessNumberConfig.from_mapping(spec.environment.config)
     best, blind = best_expected_reward(game), random_guess_reward(game)
 
