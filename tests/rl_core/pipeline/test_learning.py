@@ -17,8 +17,11 @@ near blind play (~0.78) for a long while before they read the hints. The spec
 uses clip-higher, after one run collapsed onto a single answer; at 150 steps
 ten of eleven runs ended at last-10 means of 0.98-1.06, one at 0.850, and a run of
 200 steps was still at 0.79 by step 150 (0.89 at 200), so the run has 200
-steps (2026-12-03). A stricter bar (0.889) failed in full-suite runs before, so
-the bar is blind play itself, which the issue's 0.8 of best nearly is.
+steps (2026-12-03). Of nine 200-step runs, eight ended at 0.89-1.06 and one
+collapsed onto the answer "1" around step 60 (entropy 0.01, 0.55 at the end):
+clip-higher made that collapse rarer, not impossible; this test can still fail
+(issue #5 stays open on it). A stricter bar (0.889) failed in full-suite runs
+before, so the bar is blind play itself, which the issue's 0.8 of best nearly is.
 """
 
 from __future__ import annotations
