@@ -149,7 +149,7 @@ class JaxEngine:
         return Scheduler(
             self._programs,
             self._model_config,
-            policy=lambda: (self._policy.leaves, self._policy.version),
+            policy=self._current_policy,
             stop_ids=c.stop_ids,
             pad_id=c.pad_id,
             row_buckets=c.batch_buckets,
@@ -159,6 +159,10 @@ class JaxEngine:
             max_cache_len=self.max_cache_len,
             stats=self.stats,
         )
+
+    def _current_policy(self) -> tuple[list[Any], int]:
+        policy = self._policy  # read once: update_weights may swap it between two reads
+        return policy.leaves, policy.version
 
     def _run_to_end(self, requests: list[Request]) -> list[Completion]:
         scheduler = self._scheduler()

@@ -37,7 +37,8 @@ def insert(
     prompt: KVCache,  # [K, P], P <= S
     slots: jax.Array,  # [K] int32; R (out of range) for padding rows, which are dropped
 ) -> KVCache:
-    """Write freshly prefilled prompts into their slots of the running batch."""
+    """Write the rows of a smaller cache into slots of a larger one (a resize moves the
+    running requests this way; a fresh prefill goes in with `insert_packed`)."""
     p = prompt.length
 
     def put(big: jax.Array, small: jax.Array) -> jax.Array:  # [R, Hkv, S, Dh] <- [K, Hkv, P, Dh]
@@ -79,7 +80,7 @@ class Programs(NamedTuple):
     decode: Any  # (leaves, cache, last, active, sampling, seeds, counts) -> (cache, token, logprob)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)  # a long-lived worker may serve many model structures
 def programs(graphdef: Any, treedef: Any) -> Programs:
     """Compile-once programs for a model structure, shared by every engine of that structure.
 
