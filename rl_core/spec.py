@@ -175,6 +175,10 @@ class AlgorithmSpec(_Section):
     clip_eps_high: Annotated[float, Field(gt=0, le=10)] | None = None
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
     entropy_coef: Annotated[float, Field(ge=0)] = 0.0
+    # With entropy_coef: the bonus acts only on tokens whose sampling distribution
+    # has less entropy than this many nats, and lifts them to it (an entropy floor
+    # against collapse onto one answer); unset, it rewards entropy everywhere.
+    entropy_floor: Annotated[float, Field(gt=0)] | None = None
     loss_aggregation: Literal["token_mean", "sequence_mean", "token_sum_norm"] = "token_mean"
     scale_rewards: bool = True
     batch_groups: Annotated[int, Field(ge=1, le=100_000)] = 8
@@ -201,6 +205,8 @@ class AlgorithmSpec(_Section):
             raise ValueError(
                 f"mini_batches ({self.mini_batches}) must divide batch_groups ({self.batch_groups})"
             )
+        if self.entropy_floor is not None and self.entropy_coef == 0:
+            raise ValueError("entropy_floor needs entropy_coef > 0 (the floor's weight)")
         return self
 
 

@@ -145,6 +145,7 @@ def trainer_config_from_spec(spec: JobSpec, *, norm_tokens: int | None = None) -
             kl_coef=a.kl_coef,
             kl_estimator=a.kl_estimator,
             entropy_coef=a.entropy_coef,
+            entropy_floor=a.entropy_floor,
             aggregation=a.loss_aggregation,
             importance_correction=a.importance_correction,
             importance_cap=a.importance_cap,

@@ -60,6 +60,10 @@ class GrpoConfig:
     kl_coef: float = 0.0
     kl_estimator: KlEstimator = "k3"
     entropy_coef: float = 0.0
+    # None: the bonus rewards entropy everywhere. A number: only a token whose
+    # distribution has less entropy than this (nats) is pushed up, to it; a
+    # sharper policy than the floor is still free to form elsewhere.
+    entropy_floor: float | None = None
     aggregation: Aggregation = "token_mean"
     importance_correction: Literal["none", "truncated"] = "truncated"
     importance_cap: float = 2.0
@@ -163,7 +167,9 @@ def policy_loss(
     else:
         kl_tok = jnp.zeros_like(logprobs)
     if config.entropy_coef > 0:
-        per_token = per_token - config.entropy_coef * entropy
+        floor = config.entropy_floor
+        bonus = entropy if floor is None else jnp.minimum(entropy, floor)
+        per_token = per_token - config.entropy_coef * bonus
 
     def reduce(x: jax.Array) -> jax.Array:
         return aggregate(x, mask_f, config.aggregation, config.norm_tokens, counts)

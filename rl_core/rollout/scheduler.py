@@ -7,6 +7,12 @@ leaves at once, and its slot is free for the next step. The cache's shape moves 
 few buckets (rows from ``EngineConfig.batch_buckets``, length a power of two) as the load
 changes, so the programs compiled stay few.
 
+Decoding runs one step ahead of the host: step n+1 is dispatched with step n's tokens
+still on the device, and only then are step n's tokens read and recorded, so the host's
+bookkeeping overlaps the device's next step instead of leaving it idle. A row that stopped
+at step n gets one token too many at n+1, which is dropped; a step that admits or resizes
+reads everything first, as it needs to know which slots are free.
+
 Not thread-safe: one thread (the engine's device thread) drives a scheduler.
 """
 
@@ -69,6 +75,15 @@ class _Running:
 
 
 @dataclasses.dataclass
+class _InFlight:
+    """A decode step dispatched but not read yet: its tokens are still on the device."""
+
+    token: jax.Array  # [R]
+    logprob: jax.Array  # [R]
+    rows: dict[int, _Running]  # slot -> the request it decoded for
+
+
+@dataclasses.dataclass
 class SchedulerStats:
     prefill_calls: int = 0
     decode_steps: int = 0
@@ -102,6 +117,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.slots: list[_Running | None] = []
         self.cache: KVCache | None = None
+        self._inflight: _InFlight | None = None
         self.stats = stats if stats is not None else SchedulerStats()
 
     @property
@@ -110,37 +126,59 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting) or any(s is not None for s in self.slots)
+        return (
+            bool(self.waiting)
+            or self._inflight is not None
+            or any(s is not None for s in self.slots)
+        )
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
     def step(self) -> list[tuple[Request, Completion]]:
-        """Admit what fits, then decode one token for every running slot; return what finished."""
+        """Admit what fits, then decode one token for every running slot; return what finished.
+
+        What finishes is reported one step late (see the module's docstring), never lost:
+        the scheduler stays `busy` until the last step in flight is read.
+        """
         self._drop_abandoned()
-        finished = self._admit()
-        if any(s is not None for s in self.slots):
-            finished += self._decode()
-        return finished
+        finished: list[tuple[Request, Completion]] = []
+        if self.waiting or self._shape() != self._current_shape():
+            finished += self._settle()
+            finished += self._admit()
+        previous = self._inflight
+        self._inflight = self._decode(previous)
+        return finished + self._read(previous)
 
     def fail_all(self) -> list[Request]:
         """Empty the scheduler (after a device error); return every request it held."""
         held = [s.request for s in self.slots if s is not None] + list(self.waiting)
         self.waiting.clear()
-        self.slots, self.cache = [], None
+        self.slots, self.cache, self._inflight = [], None, None
         return held
 
     # admission -----------------------------------------------------------------------
 
-    def _admit(self) -> list[tuple[Request, Completion]]:
-        running = [s for s in self.slots if s is not None]
-        joining = list(self.waiting)[: self.max_rows - len(running)]
-        need_rows = len(running) + len(joining)
-        need_len = max([_need(s.request) for s in running] + [_need(r) for r in joining], default=0)
-        rows = next(b for b in self._row_buckets if b >= max(need_rows, 1))
+    def _joining(self) -> list[Request]:
+        running = sum(s is not None for s in self.slots)
+        return list(self.waiting)[: self.max_rows - running]
+
+    def _shape(self) -> tuple[int, int]:
+        """The cache's (rows, length) for the running requests and those that can join."""
+        running = [s.request for s in self.slots if s is not None]
+        joining = self._joining()
+        need_len = max(_need(r) for r in [*running, *joining]) if running or joining else 0
+        rows = next(b for b in self._row_buckets if b >= max(len(running) + len(joining), 1))
         length = min(next_bucket(need_len, self._min_cache), self.max_cache_len)
-        length = max(length, need_len)
-        if self.cache is None or (rows, length) != (self.cache.rows, self.cache.length):
+        return rows, max(length, need_len)
+
+    def _current_shape(self) -> tuple[int, int] | None:
+        return None if self.cache is None else (self.cache.rows, self.cache.length)
+
+    def _admit(self) -> list[tuple[Request, Completion]]:
+        joining = self._joining()
+        rows, length = self._shape()
+        if (rows, length) != self._current_shape():
             self._resize(rows, length)
         if not joining:
             return []
@@ -195,25 +233,63 @@ class Scheduler:
 
     # decoding ------------------------------------------------------------------------
 
-    def _decode(self) -> list[tuple[Request, Completion]]:
-        assert self.cache is not None
-        leaves, _ = self._policy()
+    def _decode(self, previous: _InFlight | None) -> _InFlight | None:
+        """Dispatch one decode step for every running slot that has room for a token.
+
+        A slot that ``previous`` decoded for takes its newest token from the device; its
+        count (the token's index, hence its random key) is one more than the host knows.
+        """
+        if self.cache is None:
+            return None
+        ahead = {} if previous is None else previous.rows
         rows = self.cache.rows
         last = np.zeros((rows,), np.int32)
+        on_device = np.zeros((rows,), bool)
         counts = np.zeros((rows,), np.int32)
         active = np.zeros((rows,), bool)
         requests: list[Request | None] = [None] * rows
+        decoding: dict[int, _Running] = {}
         for i, s in enumerate(self.slots):
-            if s is not None:
-                last[i], counts[i], active[i] = s.tokens[-1], len(s.tokens), True
-                requests[i] = s.request
+            if s is None:
+                continue
+            pending = ahead.get(i) is s
+            count = len(s.tokens) + pending
+            if count >= s.request.max_new_tokens:
+                continue  # its last token is the one in flight
+            on_device[i], counts[i], active[i] = pending, count, True
+            last[i] = 0 if pending else s.tokens[-1]
+            requests[i], decoding[i] = s.request, s
+        if not decoding:
+            return None
+        leaves, _ = self._policy()
         sampling, seeds = _sampling_arrays(requests, rows)
         self.cache, token, logprob = self._programs.decode(
-            leaves, self.cache, last, active, sampling, seeds, counts
+            leaves,
+            self.cache,
+            last,
+            previous.token if previous is not None else np.zeros((rows,), np.int32),
+            on_device,
+            active,
+            sampling,
+            seeds,
+            counts,
         )
         self.stats.decode_steps += 1
-        token_h, logprob_h = jax.device_get((token, logprob))
-        return self._record([(int(i), token_h[i], logprob_h[i]) for i in np.flatnonzero(active)])
+        return _InFlight(token, logprob, decoding)
+
+    def _read(self, inflight: _InFlight | None) -> list[tuple[Request, Completion]]:
+        """Record a dispatched step's tokens, for the rows still running the same request
+        (a row that stopped, or whose caller gave up, has had its slot emptied since)."""
+        if inflight is None:
+            return []
+        token_h, logprob_h = jax.device_get((inflight.token, inflight.logprob))
+        return self._record(
+            [(i, token_h[i], logprob_h[i]) for i, s in inflight.rows.items() if self.slots[i] is s]
+        )
+
+    def _settle(self) -> list[tuple[Request, Completion]]:
+        inflight, self._inflight = self._inflight, None
+        return self._read(inflight)
 
     def _record(self, sampled: list[tuple[int, Any, Any]]) -> list[tuple[Request, Completion]]:
         done = []

@@ -77,7 +77,8 @@ class Programs(NamedTuple):
     """The jitted prefill and decode of one model structure; weights go in as flat leaves."""
 
     prefill: Any  # (leaves, tokens, positions, segments, last, sampling, seeds) -> (cache, ..)
-    decode: Any  # (leaves, cache, last, active, sampling, seeds, counts) -> (cache, token, logprob)
+    decode: Any  # (leaves, cache, last, previous, on_device, active, sampling, seeds, counts)
+    #   -> (cache, token, logprob)
 
 
 @functools.lru_cache(maxsize=8)  # a long-lived worker may serve many model structures
@@ -122,13 +123,17 @@ def _decode(
     leaves: list[jax.Array],
     cache: KVCache,  # [R, S]
     last: jax.Array,  # [R] int32: each slot's newest token, not yet in the cache
+    previous: jax.Array,  # [R] int32: the previous decode step's tokens, still on the device
+    on_device: jax.Array,  # [R] bool: take the slot's newest token from ``previous``
     active: jax.Array,  # [R] bool: the slot holds a running request
     sampling: Sampling,
     seeds: jax.Array,  # [R] uint32
     counts: jax.Array,  # [R] int32: tokens the slot's request has sampled so far
 ) -> tuple[KVCache, jax.Array, jax.Array]:  # cache, next token [R], logprob [R]
-    """One token for every slot: feed ``last`` at each row's own position, sample the next."""
+    """One token for every slot: feed its newest token at the row's own position, sample the
+    next. Taking it from ``previous`` lets the host dispatch this step before reading that one."""
     model = model_of(leaves)
+    last = jnp.where(on_device, previous, last)
     logits, cache = model(last[:, None], cache.lengths[:, None], valid=active[:, None], cache=cache)
     assert cache is not None
     token, logprob = sample(logits[:, 0], _keys(seeds, counts), *sampling)

@@ -51,6 +51,7 @@ def test_round_trips_through_json() -> None:
         ({"model": {"source": "s3:bucket/x"}}, "model.source", "unknown model source kind"),
         ({"rollout": {"engine": "vllm"}}, "rollout", "vllm_url is required"),
         ({"algorithm": {"batch_groups": 6, "mini_batches": 4}}, "algorithm", "must divide"),
+        ({"algorithm": {"entropy_floor": 0.1}}, "algorithm", "needs entropy_coef > 0"),
     ],
 )
 def test_bad_spec_names_field_and_reason(patch: dict[str, object], field: str, reason: str) -> None:

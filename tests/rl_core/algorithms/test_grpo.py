@@ -129,3 +129,26 @@ def test_token_logprobs_and_entropy() -> None:
     assert float(ent[0, 0]) == pytest.approx(-(0.5 * np.log(0.5) + 0.5 * np.log(0.25)), rel=1e-5)
     hot, _ = token_logprobs(logits, jnp.array([[1]]), temperature=2.0)
     assert float(hot[0, 0]) > float(lp[0, 0])  # higher temperature flattens
+
+
+@pytest.mark.parametrize("floor", [None, 0.5])
+def test_entropy_bonus_and_floor(floor: float | None) -> None:
+    """The bonus lifts every token's entropy; with a floor, only the tokens below it."""
+    sharp = jnp.array([8.0, 0.0, 0.0, 0.0])  # entropy ~0.01 nats
+    flat = jnp.array([0.3, 0.0, 0.1, 0.2])  # entropy ~1.38 nats
+    logits = jnp.stack([sharp, flat])[None]  # [1, 2, V]
+    config = GrpoConfig(entropy_coef=0.1, entropy_floor=floor)
+
+    def loss(z: jax.Array) -> jax.Array:
+        lp, entropy = token_logprobs(z, jnp.zeros((1, 2), jnp.int32))
+        out, _ = policy_loss(lp, lp, lp, jnp.zeros((1,)), jnp.ones((1, 2)), entropy, config)
+        return out
+
+    grad = jax.grad(loss)(logits)[0]
+    _, before = token_logprobs(logits, jnp.zeros((1, 2), jnp.int32))
+    _, after = token_logprobs(logits - grad, jnp.zeros((1, 2), jnp.int32))  # one SGD step
+    assert float(after[0, 0]) > float(before[0, 0])  # the sharp token is always lifted
+    if floor is None:
+        assert float(after[0, 1]) > float(before[0, 1])
+    else:
+        np.testing.assert_allclose(grad[1], 0.0, atol=1e-7)  # above the floor: left alone

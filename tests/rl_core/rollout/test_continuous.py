@@ -146,3 +146,29 @@ def test_prompts_packed_into_several_prefill_rows_get_the_tokens_they_get_alone(
         alone = engine.generate_batch([prompt], max_new_tokens=6, sampling=WARM, seeds=[i])[0]
         assert together[i].tokens == alone.tokens
         np.testing.assert_allclose(together[i].logprobs, alone.logprobs, atol=1e-5)
+
+
+def test_rows_that_stop_while_the_next_step_is_in_flight_lose_nothing_and_gain_nothing(
+    engine_model: Model,
+) -> None:
+    """Decoding runs a step ahead of the host, so a row that samples a stop token has
+    already been given one more step; that token must be dropped, and the slot reused
+    as if it never was."""
+    stops = tuple(range(2, 12))  # some rows stop early, some run to their limit
+    eng = JaxEngine(engine_model, config=EngineConfig(stop_ids=stops, batch_buckets=(4,)))
+    prompts = [_prompt(3 + i % 5, offset=i) for i in range(12)]
+    try:
+        together = eng.generate_batch(prompts, max_new_tokens=12, sampling=WARM, seeds=range(12))
+        alone = [
+            eng.generate_batch([p], max_new_tokens=12, sampling=WARM, seeds=[i])[0]
+            for i, p in enumerate(prompts)
+        ]
+    finally:
+        eng.close()
+    reasons = {c.finish_reason for c in together}
+    assert reasons == {"stop", "length"}  # both kinds of ending were exercised
+    for got, want in zip(together, alone, strict=True):
+        assert got.tokens == want.tokens and got.finish_reason == want.finish_reason
+        ends = [i for i, t in enumerate(got.tokens) if t in stops]
+        assert ends == ([len(got.tokens) - 1] if got.finish_reason == "stop" else [])
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
