@@ -12,16 +12,13 @@ In a game this small, guessing blind also scores well (the spec's game: 0.847
 of a best 1.058, about 0.8 of it), so learned also means beating blind play
 (`random_guess_reward`, exact too): the hints are read. The seed fixes the
 games and the samples, not which episodes finish first, so async runs of one
-seed differ: a curve can dip for ten steps on its way up, and some runs sit
-near blind play (~0.78) for a long while before they read the hints. The spec
-uses clip-higher, after one run collapsed onto a single answer; at 150 steps
-ten of eleven runs ended at last-10 means of 0.98-1.06, one at 0.850, and a run of
-200 steps was still at 0.79 by step 150 (0.89 at 200), so the run has 200
-steps (2026-12-03). Of nine 200-step runs, eight ended at 0.89-1.06 and one
-collapsed onto the answer "1" around step 60 (entropy 0.01, 0.55 at the end):
-clip-higher made that collapse rarer, not impossible; this test can still fail
-(issue #5 stays open on it). A stricter bar (0.889) failed in full-suite runs
-before, so the bar is blind play itself, which the issue's 0.8 of best nearly is.
+seed differ. With 8 games a step (the spec until 2026-12-03) about one run in
+ten failed: it collapsed onto one answer (entropy 0.01, no group disagreed,
+so nothing to learn from) or sat near blind play (~0.78) past step 200. The
+spec now takes 16 games a step and an entropy floor; runs of it reached 0.98
+by step 100 at the latest and ended at 1.04-1.06 (see the spec's comments
+and issue #5's note for the counts). The bar is blind play itself, which the
+issue's 0.8 of best nearly is.
 """
 
 from __future__ import annotations
@@ -42,7 +39,7 @@ from rl_core.spec import load_spec
 EXAMPLE = Path(__file__).parents[3] / "examples" / "tiny-game.yaml"
 
 
-# About 100 s of 2 idle cores; the default 600 s limit is too tight when others share them.
+# About 3 minutes of 2 idle cores; the default 600 s limit is too tight when others share them.
 @pytest.mark.timeout(1500)
 def test_the_tiny_model_learns_the_multi_turn_game_in_async_mode(tmp_path: Path) -> None:
     spec = load_spec(EXAMPLE)
