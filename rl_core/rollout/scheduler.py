@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -143,7 +144,7 @@ class Scheduler:
         """
         self._drop_abandoned()
         finished: list[tuple[Request, Completion]] = []
-        if self.waiting or self._shape() != self._current_shape():
+        if self.waiting or self._shape([]) != self._current_shape():
             finished += self._settle()
             finished += self._admit()
         previous = self._inflight
@@ -161,12 +162,11 @@ class Scheduler:
 
     def _joining(self) -> list[Request]:
         running = sum(s is not None for s in self.slots)
-        return list(self.waiting)[: self.max_rows - running]
+        return list(itertools.islice(self.waiting, max(self.max_rows - running, 0)))
 
-    def _shape(self) -> tuple[int, int]:
-        """The cache's (rows, length) for the running requests and those that can join."""
+    def _shape(self, joining: list[Request]) -> tuple[int, int]:
+        """The cache's (rows, length) for the running requests and ``joining``."""
         running = [s.request for s in self.slots if s is not None]
-        joining = self._joining()
         need_len = max(_need(r) for r in [*running, *joining]) if running or joining else 0
         rows = next(b for b in self._row_buckets if b >= max(len(running) + len(joining), 1))
         length = min(next_bucket(need_len, self._min_cache), self.max_cache_len)
@@ -177,7 +177,7 @@ class Scheduler:
 
     def _admit(self) -> list[tuple[Request, Completion]]:
         joining = self._joining()
-        rows, length = self._shape()
+        rows, length = self._shape(joining)
         if (rows, length) != self._current_shape():
             self._resize(rows, length)
         if not joining:
