@@ -25,21 +25,21 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from rl_core.agent import Agent, AgentConfig
-from rl_core.control import RunControl
+from rl_core.agent.agent import Agent, AgentConfig
 from rl_core.envs.simulated import SimConfig, SimulatedLatency, plan_episode
+from rl_core.host.control import RunControl
+from rl_core.host.sinks import MemorySink
+from rl_core.host.telemetry import Profiler, SpanRecorder, percentile
+from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.pipeline.collector import Collector, derive_seed
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.pipeline import Pipeline, PipelineConfig
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
 from rl_core.rollout.base import Completion, SamplingParams
-from rl_core.sinks import MemorySink
-from rl_core.telemetry import Profiler, SpanRecorder, percentile
-from rl_core.tokenizer import BuiltinTokenizer
 
 SEED = 0
 # Simulated timeouts (adversarial-tail) are expected; one warning each would bury the tables.
-logging.getLogger("rl_core.agent").setLevel(logging.ERROR)
+logging.getLogger("rl_core.agent.agent").setLevel(logging.ERROR)
 TOKENIZER = BuiltinTokenizer()
 REPLY = [*TOKENIZER.encode("ok"), TOKENIZER.end_of_turn_id]
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from bench._harness import DelayEngine, PlanStats, make_agent, plan_stats, ratio, table, verdict
 from rl_core.envs.simulated import SimulatedLatency
+from rl_core.host.telemetry import SpanRecorder
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.queue import Admission, GroupQueue
-from rl_core.telemetry import SpanRecorder
 
 MODEL_DELAY_S = 0.0  # environment latency dominates: the engine answers at once
 

@@ -4,7 +4,7 @@ Candidate: the pipeline in ``async`` mode (collection overlaps training,
 max_staleness 2, C = 3N: an episode outlasts one train step, so it needs two
 steps of slack to be trained in time). Baseline, same run, same seed, same trainer object: ``sync``
 mode (collect the whole batch, then train). The trainer is the real
-`rl_core.trainer.Trainer` on ``builtin:tiny``; episodes play ``tool-light``
+`rl_core.training.trainer.Trainer` on ``builtin:tiny``; episodes play ``tool-light``
 with engine calls of g = 30 ms (the engine is stood in for, so that only the
 trainer uses the CPU's compute). Every batch is padded to one length (256 tokens;
 episodes are at most 128, see TRAIN_LENGTH) and compiled before timing, so no
@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from bench._harness import PipeRun, PipeSpec, plan_stats, ratio, run_pipeline, table, verdict
-from rl_core.models.sources import load_model
 from rl_core.pipeline.batch import build_batch
 from rl_core.pipeline.queue import Group
+from rl_core.pretrained.sources import load_model
 from rl_core.spec import ModelSpec
-from rl_core.trainer import TrainBatch, Trainer, TrainerConfig
+from rl_core.training.trainer import TrainBatch, Trainer, TrainerConfig
 
 LENGTH = 128  # the episodes' context
 # Train rows are padded to twice that: a trainer step T (~0.1 s here) above the collector's

@@ -3,7 +3,7 @@
     .venv/bin/python bench/calculator_grpo.py [--quick] [--steps N] [--out DIR]
 
 Runs ``examples/smollm2-calculator.yaml`` through the real pipeline
-(`rl_core.runner.train_to_folder`: JAX engine, agent with Hermes tool calls,
+(`rl_core.pipeline.runner.train_to_folder`: JAX engine, agent with Hermes tool calls,
 async collector, LoRA GRPO trainer) and reads its held-out evaluation, played
 greedily on the same fixed problems before the first step (the baseline: the
 model as shipped) and after the last (the candidate). Not a test: on two CPU
@@ -27,7 +27,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.b8_stack import table
-from rl_core.runner import train_to_folder
+from rl_core.pipeline.runner import train_to_folder
 from rl_core.spec import parse_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "examples" / "smollm2-calculator.yaml"

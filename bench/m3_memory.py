@@ -10,7 +10,7 @@ No growth means end - warm-up stays within noise (a few MB), not proportional to
 the verdict compares the median RSS of the last quarter with the quarter before
 (growth of at most 5 MB per 1,000 steps).
 By default glibc's malloc arenas are capped at 2, as `rlaas worker` and `rlaas train`
-do (``rl_core.memory``); ``--default-malloc`` is the baseline without the cap.
+do (``rl_core.host.memory``); ``--default-malloc`` is the baseline without the cap.
 
     .venv/bin/python bench/m3_memory.py --quick     # 200 steps
     .venv/bin/python bench/m3_memory.py             # 1000 steps
@@ -41,20 +41,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--default-malloc",
         action="store_true",
         help="leave glibc's arenas as they are (the baseline), instead of what `rlaas worker` "
-        "and `rlaas train` set (rl_core.memory.limit_malloc_arenas)",
+        "and `rlaas train` set (rl_core.host.memory.limit_malloc_arenas)",
     )
     args = parser.parse_args(argv)
     if not args.default_malloc:
-        from rl_core.memory import limit_malloc_arenas
+        from rl_core.host.memory import limit_malloc_arenas
 
         limit_malloc_arenas()
     steps = args.steps or (200 if args.quick else 1000)
 
     from flax import nnx
 
-    from rl_core.checkpointing import checkpoint_dir, save_checkpoint
     from rl_core.models import Model, ModelConfig
-    from rl_core.trainer import TrainBatch, Trainer, TrainerConfig
+    from rl_core.training.checkpointing import checkpoint_dir, save_checkpoint
+    from rl_core.training.trainer import TrainBatch, Trainer, TrainerConfig
 
     proc = psutil.Process()
     config = ModelConfig.small()

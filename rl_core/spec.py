@@ -97,7 +97,7 @@ class EnvironmentSpec(_Section):
     ``name`` is a built-in (``guess_number``, ...) or ``env_<id>`` of an
     environment registered with ``POST /v1/environments``. ``config`` is passed
     to every ``reset``. ``reward`` replaces the environment's reward by
-    functions attached by name (``rl_core/envs/rewards.py``), joined with
+    functions attached by name (``rl_core/rewards.py``), joined with
     ``+``, each optionally ``name:weight`` (``numeric_match+length_penalty:0.001``).
     """
 
@@ -112,7 +112,7 @@ class EnvironmentSpec(_Section):
         if value is not None:
             # Imported here: the reward registry is pure Python, but the spec
             # module must stay importable on its own.
-            from rl_core.envs.rewards import parse_reward
+            from rl_core.rewards import parse_reward
 
             parse_reward(value)  # raises ValueError naming the unknown part
         return value

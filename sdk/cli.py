@@ -56,10 +56,10 @@ def worker(
     loglevel: str = "INFO",
 ) -> None:
     """Run a Celery worker that executes runs (solo pool: JAX must not be forked)."""
-    from rl_core.memory import limit_malloc_arenas
+    from rl_core.host.memory import limit_malloc_arenas
     from worker.celery_app import app as celery_app
 
-    limit_malloc_arenas()  # before any thread starts: see rl_core.memory
+    limit_malloc_arenas()  # before any thread starts: see rl_core.host.memory
 
     celery_app.worker_main(
         ["worker", "--pool", "solo", "--concurrency", "1", "-Q", queue, "--loglevel", loglevel]
@@ -171,8 +171,8 @@ def train(
     ] = False,
 ) -> None:
     """Run a whole training job locally, with no server (Ctrl-C stops at a step boundary)."""
-    from rl_core.memory import limit_malloc_arenas
-    from rl_core.runner import train_to_folder
+    from rl_core.host.memory import limit_malloc_arenas
+    from rl_core.pipeline.runner import train_to_folder
 
     limit_malloc_arenas()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from rl_core.control import RunControl
+from rl_core.host.control import RunControl
 from worker.api_client import ControlPlane, ControlPlaneError, LeaseLost
 
 log = logging.getLogger(__name__)

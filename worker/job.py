@@ -61,7 +61,7 @@ def _train_claimed(
     token: str,
 ) -> Outcome:
     from rl_core.envs.webhook import WebhookTarget
-    from rl_core.runner import train
+    from rl_core.pipeline.runner import train
     from rl_core.spec import parse_spec
 
     run_id = claim.run_id

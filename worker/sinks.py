@@ -1,6 +1,6 @@
 """The run sink that reports a run to the control plane.
 
-It implements ``rl_core.sinks.RunSink``: each call turns records into their
+It implements ``rl_core.host.sinks.RunSink``: each call turns records into their
 wire JSON and hands them to a `Shipper`, whose thread sends numbered batches
 (see ``worker/shipper.py`` for the exactly-once rules). Nothing here blocks
 the pipeline.

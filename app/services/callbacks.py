@@ -53,7 +53,7 @@ class CallbackRelay:
 
 
 def run_id_of(episode_id: str) -> str:
-    """Workers name episodes ``<run_id>~<local id>`` (rl_core.runner's episode_prefix)."""
+    """Workers name episodes ``<run_id>~<local id>`` (rl_core.pipeline.runner's episode_prefix)."""
     run_id, sep, _ = episode_id.partition("~")
     if not sep or not run_id:
         raise NotFound(

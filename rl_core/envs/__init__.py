@@ -10,11 +10,11 @@ from rl_core.envs.calculator import Calculator
 from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
 from rl_core.envs.code_exec import CodeExec
 from rl_core.envs.guess_number import GuessNumber
-from rl_core.envs.rewards import parse_reward
 from rl_core.envs.scored import Scored
 from rl_core.envs.simulated import SimulatedLatency
 from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
 from rl_core.errors import UnknownEnvironment
+from rl_core.rewards import parse_reward
 
 if TYPE_CHECKING:
     from rl_core.spec import EnvironmentSpec

@@ -1,7 +1,7 @@
 """``calculator``: arithmetic word problems with a calculator tool, for instruct models.
 
 Multi-turn: the model may call ``calculator`` (a Hermes/Qwen tool call, see
-`rl_core.toolcalls`) any number of times, reads the results as ``tool``
+`rl_core.agent.toolcalls`) any number of times, reads the results as ``tool``
 messages, then answers in plain text. The episode ends at the first message
 without tool calls; its last number is the answer, and the reward is
 ``correct_reward`` if it is right, else 0. Problems are drawn from the reset
@@ -19,9 +19,9 @@ from typing import Any
 
 from rl_core.envs.base import Action, Message, Reset, Step, ToolCall
 from rl_core.envs.config import parse_config
-from rl_core.envs.rewards import last_number
 from rl_core.envs.safe_math import CalcError, evaluate, format_number
 from rl_core.errors import EnvironmentFailure
+from rl_core.rewards import last_number
 
 TOOL: dict[str, Any] = {
     "type": "function",
@@ -151,7 +151,7 @@ class Calculator:
 
 
 def hint(expression: str) -> str:
-    """A tool call in the Hermes/Qwen format (`rl_core.toolcalls` parses it)."""
+    """A tool call in the Hermes/Qwen format (`rl_core.agent.toolcalls` parses it)."""
     call = {"name": "calculator", "arguments": {"expression": expression}}
     return f"<tool_call>{json.dumps(call)}</tool_call>"
 

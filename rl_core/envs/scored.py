@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from rl_core.envs.base import Action, Environment, Reset, Step
-from rl_core.envs.rewards import MissingReference, RewardContext, RewardTerm, score
 from rl_core.errors import EnvironmentFailure
+from rl_core.rewards import MissingReference, RewardContext, RewardTerm, score
 
 
 @dataclasses.dataclass

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Literal
 
-from rl_core.checkpoints.hf_config import Architecture, RopeScaling
+from rl_core.pretrained.hf_config import Architecture, RopeScaling
 
 if TYPE_CHECKING:
-    from rl_core.checkpoints.hf_config import ArchConfig
+    from rl_core.pretrained.hf_config import ArchConfig
 
 DType = Literal["float32", "bfloat16"]
 
@@ -79,7 +79,7 @@ class ModelConfig:
     def tiny(cls, *, vocab_size: int | None = None, **overrides: object) -> ModelConfig:
         """About 100k parameters: a train step takes milliseconds on a CPU core."""
         if vocab_size is None:
-            from rl_core.tokenizer import BuiltinTokenizer
+            from rl_core.models.tokenizer import BuiltinTokenizer
 
             vocab_size = BuiltinTokenizer().vocab_size
         fields: dict[str, object] = dict(

@@ -9,7 +9,7 @@ from flax import nnx
 from rl_core.models.config import ModelConfig
 from rl_core.models.kv_cache import KVCache
 from rl_core.models.layers import Block, RMSNorm
-from rl_core.sharding import constrain
+from rl_core.models.sharding import constrain
 
 
 class Model(nnx.Module):

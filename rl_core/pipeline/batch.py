@@ -18,7 +18,7 @@ import numpy as np
 
 from rl_core.algorithms.grpo import group_advantages
 from rl_core.pipeline.queue import Group
-from rl_core.trainer import TrainBatch
+from rl_core.training.trainer import TrainBatch
 
 
 def build_batch(

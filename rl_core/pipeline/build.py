@@ -10,23 +10,23 @@ from typing import Any
 
 import jax
 
-from rl_core.agent import Agent, AgentConfig
-from rl_core.control import RunControl
+from rl_core.agent.agent import Agent, AgentConfig
 from rl_core.envs import build_environment
-from rl_core.models.sources import load_model
+from rl_core.host.control import RunControl
+from rl_core.host.sinks import RunSink
+from rl_core.host.telemetry import Profiler, SpanRecorder
 from rl_core.pipeline.batch import build_batch
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.evaluate import Evaluator
 from rl_core.pipeline.pipeline import Pipeline, PipelineConfig
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
+from rl_core.pretrained.sources import load_model
 from rl_core.records import CheckpointRecord
 from rl_core.rollout.base import SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine, next_bucket
-from rl_core.sinks import RunSink
 from rl_core.spec import JobSpec
-from rl_core.telemetry import Profiler, SpanRecorder
-from rl_core.trainer import Trainer, trainer_config_from_spec
+from rl_core.training.trainer import Trainer, trainer_config_from_spec
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,16 @@ TRAIN_MIN_LENGTH = 32
 
 
 class OrbaxCheckpointer:
-    """`Checkpointer` over `rl_core.checkpointing`: ``artifacts_dir/checkpoints/step-NNNNNNNN``."""
+    """`Checkpointer` over `rl_core.training.checkpointing`.
+
+    Writes ``artifacts_dir/checkpoints/step-NNNNNNNN``.
+    """
 
     def __init__(self, artifacts_dir: Path, trainer: Trainer) -> None:
         self.artifacts_dir, self.trainer = artifacts_dir, trainer
 
     def save(self, step: int, extra: Mapping[str, Any]) -> CheckpointRecord:
-        from rl_core.checkpointing import checkpoint_dir, save_checkpoint
+        from rl_core.training.checkpointing import checkpoint_dir, save_checkpoint
 
         return save_checkpoint(
             checkpoint_dir(self.artifacts_dir, step), step=step, trainer=self.trainer, extra=extra
@@ -97,7 +100,7 @@ def build_pipeline(
     trainer = Trainer(model, trainer_config_from_spec(spec))
     position: Mapping[str, Any] | None = None
     if resume_from is not None:
-        from rl_core.checkpointing import restore_checkpoint
+        from rl_core.training.checkpointing import restore_checkpoint
 
         start_step, extra = restore_checkpoint(resume_from, trainer=trainer)
         position = extra.get("collector")

@@ -27,9 +27,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rl_core.agent import Agent
+from rl_core.agent.agent import Agent
+from rl_core.agent.ledger import Trajectory
 from rl_core.envs.base import Environment
-from rl_core.pipeline.ledger import Trajectory
 from rl_core.pipeline.queue import Admission, Group, GroupQueue, GroupTask
 
 log = logging.getLogger(__name__)

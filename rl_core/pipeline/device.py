@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
-from rl_core.telemetry import SpanRecorder
+from rl_core.host.telemetry import SpanRecorder
 
 P = ParamSpec("P")
 T = TypeVar("T")

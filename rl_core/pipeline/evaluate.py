@@ -23,10 +23,10 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from rl_core.agent import Agent
+from rl_core.agent.agent import Agent
+from rl_core.agent.ledger import Trajectory
 from rl_core.envs.base import Environment
 from rl_core.pipeline.collector import derive_seed
-from rl_core.pipeline.ledger import Trajectory
 
 
 class Evaluator:

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rl_core.host.telemetry import chrome_trace
 from rl_core.records import CheckpointRecord, Span, TrajectoryRecord
-from rl_core.telemetry import chrome_trace
 
 MAX_TIMELINE_SPANS = 1_000_000  # past this the oldest are left out of timeline.json
 

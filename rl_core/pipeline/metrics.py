@@ -28,12 +28,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from rl_core.pipeline.ledger import END_STATES, Trajectory
+from rl_core.agent.ledger import END_STATES, Trajectory
+from rl_core.host.telemetry import fractions
 from rl_core.pipeline.queue import GateCounts, Group
 from rl_core.records import STAGES
-from rl_core.telemetry import fractions
 
-# The end reasons of episodes removed from the batch (rl_core.agent), always reported.
+# The end reasons of episodes removed from the batch (rl_core.agent.agent), always reported.
 FAILURE_REASONS = ("episode_timeout", "env_timeout", "env_reset", "env_step", "cancelled")
 
 

@@ -33,18 +33,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from rl_core.control import RunControl
+from rl_core.agent.ledger import Trajectory
 from rl_core.errors import EnvironmentFailure, NoTrajectories
+from rl_core.host.control import RunControl
+from rl_core.host.sinks import RunSink
+from rl_core.host.telemetry import Profiler, SpanRecorder
+from rl_core.models.tokenizer import Tokenizer
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
-from rl_core.pipeline.ledger import Trajectory
 from rl_core.pipeline.metrics import Readings, StepMeter
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
+from rl_core.pipeline.runner import TrainResult
 from rl_core.records import CheckpointRecord, InflightEpisode, InflightSnapshot
-from rl_core.runner import TrainResult
-from rl_core.sinks import RunSink
-from rl_core.telemetry import Profiler, SpanRecorder
-from rl_core.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

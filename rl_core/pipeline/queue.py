@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Literal
 
-from rl_core.pipeline.ledger import Trajectory
+from rl_core.agent.ledger import Trajectory
 
 
 @dataclasses.dataclass(frozen=True, order=True)

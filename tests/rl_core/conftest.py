@@ -8,8 +8,8 @@ import pytest
 from flax import nnx
 
 from rl_core.models import Model, ModelConfig
+from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
-from rl_core.tokenizer import BuiltinTokenizer
 
 
 @pytest.fixture(scope="session")

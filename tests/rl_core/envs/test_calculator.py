@@ -5,11 +5,11 @@ from typing import Any
 
 import pytest
 
+from rl_core.agent.toolcalls import parse_tool_calls, render_tool_call
 from rl_core.envs import Action, ToolCall
 from rl_core.envs.calculator import Calculator, CalculatorConfig, make_problem
 from rl_core.envs.safe_math import CalcError, evaluate, format_number
 from rl_core.errors import EnvironmentFailure
-from rl_core.toolcalls import parse_tool_calls, render_tool_call
 
 
 @pytest.mark.parametrize(

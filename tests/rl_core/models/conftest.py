@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rl_core.checkpoints.conftest import (  # noqa: F401  (fixtures used by name)
+from tests.rl_core.pretrained.conftest import (  # noqa: F401  (fixtures used by name)
     TinyModel,
     smollm2,
     smollm2_path,

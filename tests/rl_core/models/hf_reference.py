@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rl_core.checkpoints import ArchConfig
 from rl_core.models import Model
+from rl_core.pretrained import ArchConfig
 
 
 def hf_model_from_tensors(config: ArchConfig, tensors: Mapping[str, np.ndarray]) -> Any:

@@ -1,7 +1,7 @@
 """Logits of the NNX model on real and tiny random checkpoints vs transformers (float32, CPU).
 
 SmolLM2: our GGUF load is already proven equal to transformers' own reading of the file
-(tests/rl_core/checkpoints/test_gguf.py), so the reference here is transformers' Llama
+(tests/rl_core/pretrained/test_gguf.py), so the reference here is transformers' Llama
 holding those same tensors: it tests the forward pass without paying ~35 s for
 transformers to parse the GGUF a second time. The tiny models are loaded by transformers
 from their own folders.
@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rl_core.checkpoints import Checkpoint, load_checkpoint
 from rl_core.models import ModelConfig
-from rl_core.models.weights import model_from_tensors
-from tests.rl_core.checkpoints.conftest import VARIED_TEXT, TinyModel
+from rl_core.pretrained import Checkpoint, load_checkpoint
+from rl_core.pretrained.weights import model_from_tensors
 from tests.rl_core.models.hf_reference import hf_logits, hf_model_from_tensors, our_logits
+from tests.rl_core.pretrained.conftest import VARIED_TEXT, TinyModel
 
 PROMPTS = [
     "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
@@ -62,7 +62,7 @@ def _rope_variant_dir(tmp_path: Any, rope: dict[str, Any]) -> Any:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from tests.rl_core.checkpoints.conftest import _build_tokenizer
+    from tests.rl_core.pretrained.conftest import _build_tokenizer
 
     config = LlamaConfig(
         vocab_size=320,

@@ -13,21 +13,21 @@ from typing import Any
 
 import pytest
 
-from rl_core.agent import Agent, AgentConfig
-from rl_core.control import RunControl
+from rl_core.agent.agent import Agent, AgentConfig
 from rl_core.envs.base import Action, Reset, Step
+from rl_core.host.control import RunControl
+from rl_core.host.sinks import MemorySink
+from rl_core.host.telemetry import Profiler, SpanRecorder
+from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.pipeline.batch import build_batch
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.pipeline import Pipeline, PipelineConfig
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
+from rl_core.pipeline.runner import TrainResult
 from rl_core.records import CheckpointRecord
 from rl_core.rollout.base import SamplingParams
 from rl_core.rollout.fake import ScriptedEngine
-from rl_core.runner import TrainResult
-from rl_core.sinks import MemorySink
-from rl_core.telemetry import Profiler, SpanRecorder
-from rl_core.tokenizer import BuiltinTokenizer
 
 _ID = re.compile(r"g(\d+)-e(\d+)(?:-r(\d+))?$")
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from rl_core.agent.ledger import Trajectory
 from rl_core.pipeline.collector import derive_seed
 from rl_core.pipeline.evaluate import summarize
-from rl_core.pipeline.ledger import Trajectory
 
 
 def ended(reward: float, state: str, **info: object) -> Trajectory:

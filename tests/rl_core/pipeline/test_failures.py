@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_core.agent import AgentConfig
+from rl_core.agent.agent import AgentConfig
 from rl_core.errors import EnvironmentFailure, NoTrajectories
 
 from .conftest import Behaviour, ScriptEnv, run_pipeline

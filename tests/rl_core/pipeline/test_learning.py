@@ -33,7 +33,7 @@ from rl_core.envs.guess_number import (
     best_expected_reward,
     random_guess_reward,
 )
-from rl_core.runner import train_to_folder
+from rl_core.pipeline.runner import train_to_folder
 from rl_core.spec import load_spec
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "tiny-game.yaml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from rl_core.control import RunControl
+from rl_core.host.control import RunControl
 from rl_core.records import STAGES
 
 from .conftest import Behaviour, RecordingTrainer, ScriptEnv, parse_id, run_pipeline

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rl_core.control import RunControl
+from rl_core.host.control import RunControl
 
 from .conftest import Behaviour, MemoryCheckpointer, RecordingTrainer, ScriptEnv, run_pipeline
 

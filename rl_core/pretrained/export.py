@@ -1,0 +1,131 @@
+"""Export a policy as a Hugging Face folder: config.json, model.safetensors, tokenizer files.
+
+transformers (``AutoModelForCausalLM.from_pretrained``), vLLM and this package's own
+``hf:`` loader read the result. Tensors are written in float32 under transformers' names
+(`rl_core.pretrained.weights`); a tied model writes no ``lm_head.weight``. A LoRA-trained policy
+is exported after its adapters are merged into the base weights (the trainer's job), so
+the folder is a plain model.
+
+::
+
+    export_hf(model, "out/step-100", tokenizer=tokenizer)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rl_core.models.config import ModelConfig
+from rl_core.models.decoder import Model
+from rl_core.pretrained.chat_tokenizer import ChatTokenizer
+from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
+from rl_core.pretrained.weights import model_to_tensors
+
+_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def hf_config(
+    config: ModelConfig,
+    *,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> dict[str, Any]:
+    """The ``config.json`` of a model (the ``rope_parameters`` layout of transformers >= 5)."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+        s = config.rope_scaling
+        fields = {
+            "rope_type": s.kind,
+            "factor": s.factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "beta_fast": s.beta_fast,
+            "beta_slow": s.beta_slow,
+            "attention_factor": s.attention_factor,
+            "mscale": s.mscale,
+            "mscale_all_dim": s.mscale_all_dim,
+        }
+        rope.update({k: v for k, v in fields.items() if v is not None})
+    out: dict[str, Any] = {
+        "architectures": [_CLASSES[config.architecture]],
+        "model_type": config.architecture,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
+        "rope_parameters": rope,
+        "tie_word_embeddings": config.tie_embeddings,
+        "attention_bias": False,
+        "dtype": "float32",
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": pad_token_id,
+    }
+    if config.architecture == "qwen2":
+        out["use_sliding_window"] = False  # Qwen2's q/k/v biases are implied by the type
+    elif config.qkv_bias:
+        raise ValueError(
+            f"a {config.architecture} config cannot express q/k/v biases without an o_proj "
+            "bias; export it as architecture 'qwen2'"
+        )
+    if config.qk_norm != (config.architecture == "qwen3"):
+        raise ValueError(
+            f"qk_norm={config.qk_norm} does not match architecture {config.architecture!r} "
+            "(only qwen3 normalises queries and keys)"
+        )
+    return out
+
+
+def export_hf(
+    model: Model,
+    directory: str | Path,
+    *,
+    tokenizer: ChatTokenizer | CheckpointTokenizer | None = None,
+    chat_template: str | None = None,
+) -> Path:
+    """Write ``directory`` (created; files replaced) and return it."""
+    from safetensors.numpy import save_file
+
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    base = tokenizer.tokenizer if isinstance(tokenizer, ChatTokenizer) else tokenizer
+    if isinstance(tokenizer, ChatTokenizer) and chat_template is None:
+        chat_template = tokenizer.chat_template
+    config = hf_config(
+        model.config,
+        bos_token_id=None if base is None else base.bos_id,
+        eos_token_id=None if base is None else base.eos_id,
+        pad_token_id=None if base is None else base.pad_id,
+    )
+    _write_json(target / "config.json", config)
+    # Atomic per file: a reader never sees a half-written safetensors file.
+    with tempfile.NamedTemporaryFile(dir=target, suffix=".tmp", delete=False) as tmp:
+        temp_path = Path(tmp.name)
+    save_file(model_to_tensors(model), str(temp_path), metadata={"format": "pt"})
+    os.replace(temp_path, target / "model.safetensors")
+    if base is not None:
+        base.backend.save(str(target / "tokenizer.json"))
+        tokenizer_config: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **base.special_tokens,
+        }
+        if chat_template is not None:
+            tokenizer_config["chat_template"] = chat_template
+        _write_json(target / "tokenizer_config.json", tokenizer_config)
+    return target
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

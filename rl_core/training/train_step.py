@@ -1,0 +1,217 @@
+"""The trainer's pure numerics over a model: forward, loss, accumulated gradients, one update.
+
+Everything here is a function of arrays and static configuration; the
+`Trainer` (rl_core/training/trainer.py) owns the state and calls these jitted.
+
+Gradient accumulation: a mini-batch of B rows is split into ``micro_batches``
+slices scanned one after another, so peak activation memory is that of
+B / micro_batches rows. Each slice's loss is normalised by the *whole*
+mini-batch's counts (`Counts`), so the sum of the slices' gradients is the
+full-batch gradient, not an average of differently normalised ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from rl_core.algorithms.grpo import Counts, GrpoConfig, policy_loss, token_logprobs
+from rl_core.algorithms.ppo import PpoConfig, value_loss
+from rl_core.training.lora import LoraConfig, merged_params
+
+Params = Any  # an nnx.State of the model's nnx.Param variables
+Trainable = dict[str, Any]  # {"policy": Params | lora.Adapters, "value"?: value head}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """The static (hashable) part of a step: changing it recompiles."""
+
+    temperature: float
+    grpo: GrpoConfig
+    ppo: PpoConfig | None
+    lora: LoraConfig | None
+    micro_batches: int
+
+
+class MiniBatch(NamedTuple):
+    """One optimiser update's rows. [B, T-1] arrays are aligned with ``tokens[:, 1:]``."""
+
+    tokens: jax.Array  # [B, T] int32
+    mask: jax.Array  # [B, T-1] float32
+    behaviour: jax.Array  # [B, T-1] sampler logprobs
+    advantages: jax.Array  # [B] (GRPO) or [B, T-1] (PPO)
+    old_logprobs: jax.Array | None  # [B, T-1]; None: pi_old is the current policy
+    ref_logprobs: jax.Array | None  # [B, T-1]; None without a KL term
+    old_values: jax.Array | None  # [B, T-1] (PPO)
+    returns: jax.Array | None  # [B, T-1] (PPO)
+
+
+class _Tap:
+    """Stands in for ``final_norm`` on a throw-away copy of the model to catch its output.
+
+    The value head reads the final hidden state, which `Model.__call__` does
+    not return; tapping the norm gets it from the same forward pass as the
+    logits instead of running the trunk twice. Only the copy merged inside a
+    traced function is tapped; the real model is never touched.
+    """
+
+    def __init__(self, inner: Any, sink: list[jax.Array]) -> None:
+        self.inner, self.sink = inner, sink
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y: jax.Array = self.inner(x)
+        self.sink.append(y)
+        return y
+
+
+def effective_params(trainable: Trainable, frozen: dict[str, Any], lora: LoraConfig | None) -> Any:
+    """The policy's weights as the model sees them (LoRA: base + merged adapters)."""
+    if lora is None:
+        return trainable["policy"]
+    return merged_params(frozen["base"], trainable["policy"], lora)
+
+
+def forward(
+    graphdef: Any,
+    params: Params,
+    rest: Any,
+    tokens: jax.Array,  # [B, T]
+    temperature: float,
+    *,
+    with_hidden: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
+    """Logprob and entropy of every next token; right padding needs only the causal mask."""
+    model = nnx.merge(graphdef, params, rest)
+    sink: list[jax.Array] = []
+    if with_hidden:
+        model.final_norm = _Tap(model.final_norm, sink)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    logits, _ = model(inputs, positions)
+    lp, entropy = token_logprobs(logits, targets, temperature)
+    return lp, entropy, (sink[0].astype(jnp.float32) if with_hidden else None)
+
+
+def init_value_head(d_model: int) -> dict[str, jax.Array]:
+    # Zero init: every value starts at 0, so the first advantages are the returns.
+    return {"w": jnp.zeros((d_model,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
+
+
+def values_of(head: dict[str, jax.Array], hidden: jax.Array) -> jax.Array:  # [B,T,D] -> [B,T]
+    values: jax.Array = hidden @ head["w"] + head["b"]
+    return values
+
+
+def score(
+    graphdef: Any,
+    cfg: StepConfig,
+    params: Params,
+    rest: Any,
+    value_head: dict[str, jax.Array] | None,
+    tokens: jax.Array,  # [B, T]
+) -> tuple[jax.Array, jax.Array | None]:  # logprobs [B, T-1], values [B, T-1] | None
+    lp, _, hidden = forward(
+        graphdef, params, rest, tokens, cfg.temperature, with_hidden=value_head is not None
+    )
+    values = None if value_head is None or hidden is None else values_of(value_head, hidden)
+    return lp, values
+
+
+def micro_loss(
+    trainable: Trainable,
+    frozen: dict[str, Any],
+    rest: Any,
+    mb: MiniBatch,
+    counts: Counts,
+    *,
+    graphdef: Any,
+    cfg: StepConfig,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    params = effective_params(trainable, frozen, cfg.lora)
+    ppo = cfg.ppo
+    lp, entropy, hidden = forward(
+        graphdef, params, rest, mb.tokens, cfg.temperature, with_hidden=ppo is not None
+    )
+    # One update per step: pi_old is the current policy (ratio 1, gradient of the ratio 1).
+    old = jax.lax.stop_gradient(lp) if mb.old_logprobs is None else mb.old_logprobs
+    loss, metrics = policy_loss(
+        lp,
+        old,
+        mb.behaviour,
+        mb.advantages,
+        mb.mask,
+        entropy,
+        cfg.grpo,
+        ref_logprobs=mb.ref_logprobs,
+        counts=counts,
+    )
+    if ppo is not None:
+        assert hidden is not None and mb.old_values is not None and mb.returns is not None
+        values = values_of(trainable["value"], hidden)
+        v_loss, v_clip = value_loss(
+            values, mb.old_values, mb.returns, mb.mask, ppo.value_clip, counts
+        )
+        loss = loss + ppo.value_coef * v_loss
+        metrics.update(value_loss=v_loss, value_clip_frac=v_clip, loss=loss)
+    return loss, metrics
+
+
+def accumulated_grads(
+    trainable: Trainable,
+    frozen: dict[str, Any],
+    rest: Any,
+    mb: MiniBatch,
+    *,
+    graphdef: Any,
+    cfg: StepConfig,
+) -> tuple[Trainable, dict[str, jax.Array]]:
+    """Gradient and metrics of the whole mini-batch, summed over its micro-batches."""
+    counts = Counts.of(mb.mask)
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+    m = cfg.micro_batches
+    if m == 1:
+        (_, metrics), grads = grad_fn(
+            trainable, frozen, rest, mb, counts, graphdef=graphdef, cfg=cfg
+        )
+        return grads, metrics
+
+    def split(x: jax.Array) -> jax.Array:  # [B, ...] -> [M, B/M, ...]
+        return x.reshape(m, x.shape[0] // m, *x.shape[1:])
+
+    slices = jax.tree.map(split, mb)
+
+    def body(acc: Trainable, micro: MiniBatch) -> tuple[Trainable, dict[str, jax.Array]]:
+        (_, metrics), grads = grad_fn(
+            trainable, frozen, rest, micro, counts, graphdef=graphdef, cfg=cfg
+        )
+        return jax.tree.map(jnp.add, acc, grads), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, trainable)
+    grads, per_micro = jax.lax.scan(body, zeros, slices)
+    # Every metric is normalised by the mini-batch's counts, so the slices add up.
+    return grads, jax.tree.map(lambda x: x.sum(axis=0), per_micro)
+
+
+def update(
+    trainable: Trainable,
+    opt_state: optax.OptState,
+    frozen: dict[str, Any],
+    rest: Any,
+    mb: MiniBatch,
+    *,
+    graphdef: Any,
+    cfg: StepConfig,
+    tx: optax.GradientTransformation,
+) -> tuple[Trainable, optax.OptState, dict[str, jax.Array]]:
+    """One AdamW update (after global-norm clipping, inside ``tx``) from one mini-batch."""
+    grads, metrics = accumulated_grads(trainable, frozen, rest, mb, graphdef=graphdef, cfg=cfg)
+    updates, opt_state = tx.update(grads, opt_state, trainable)
+    trainable = optax.apply_updates(trainable, updates)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return trainable, opt_state, metrics

@@ -1,0 +1,357 @@
+"""The trainer: the one stateful object. Holds the policy and its optimiser; takes steps.
+
+A batch is padded to fixed shapes before it reaches the jitted step: a fixed
+number of rows (the run's batch size) and a length rounded up to a power of
+two, so a run compiles one step per length bucket and never per batch.
+
+One `train_step` is::
+
+    score     pi_old (and V_old for PPO) and pi_ref, without gradients, when needed
+    advantage GRPO: given per row; PPO: GAE over the masked tokens
+    update    one AdamW update per mini-batch (rows shuffled by the trainer's RNG),
+              each the sum of its micro-batches' gradients; ``epochs`` passes
+
+Logprobs are recomputed here for every token (the sampler's are only used as
+the behaviour policy of the importance weight), and the gap between the two
+is reported as ``mismatch_kl``. The numerics live in `rl_core.training.train_step` and
+`rl_core.algorithms`; checkpoints of this object in `rl_core.training.checkpointing`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from rl_core.algorithms.grpo import GrpoConfig
+from rl_core.algorithms.ppo import PpoConfig, gae, last_token_rewards, whiten
+from rl_core.models import Model
+from rl_core.rollout.jax_engine import next_bucket
+from rl_core.spec import JobSpec
+from rl_core.training import train_step as ts
+from rl_core.training.lora import LoraConfig, init_adapters
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    learning_rate: float = 1e-4
+    lr_schedule: str = "constant"  # constant | cosine
+    warmup_steps: int = 0
+    total_steps: int = 1  # optimiser updates in the run, for the cosine schedule
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    mini_batches: int = 1  # optimiser updates per pass over the batch
+    epochs: int = 1  # passes over the batch per train_step (rows reshuffled each pass)
+    micro_batches: int = 1  # gradient-accumulation slices per update (memory, not maths)
+    # Logprobs are taken at the sampling temperature, so at temperature t the
+    # trainer's policy is the one the sampler drew from (before top-k/top-p).
+    temperature: float = 1.0
+    min_length_bucket: int = 32
+    grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
+    ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
+    lora: LoraConfig | None = None  # set: train adapters only, base frozen
+    seed: int = 0  # the trainer's RNG (mini-batch shuffling, LoRA init)
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 (greedy sampling trains at 1.0)")
+        if self.mini_batches < 1 or self.micro_batches < 1 or self.epochs < 1:
+            raise ValueError("mini_batches, micro_batches and epochs must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    """Host arrays, already padded. Row i is one trajectory; zero mask rows are padding."""
+
+    tokens: np.ndarray  # [B, T] int32
+    loss_mask: np.ndarray  # [B, T] float32
+    logprobs: np.ndarray  # [B, T] float32, sampler's, aligned with tokens
+    advantages: np.ndarray  # [B] float32 (GRPO; ignored by PPO)
+    rewards: np.ndarray | None = None  # [B] float32 episode rewards (PPO)
+
+    @classmethod
+    def pack(
+        cls,
+        tokens: Sequence[Sequence[int]],
+        loss_mask: Sequence[Sequence[int]],
+        logprobs: Sequence[Sequence[float]],
+        advantages: Sequence[float],
+        *,
+        rows: int,
+        min_length: int = 32,
+        pad_id: int = 0,
+        rewards: Sequence[float] | None = None,
+    ) -> TrainBatch:
+        if len(tokens) > rows:
+            raise ValueError(f"{len(tokens)} trajectories do not fit in {rows} rows")
+        length = next_bucket(max((len(t) for t in tokens), default=1), min_length)
+        tok = np.full((rows, length), pad_id, np.int32)
+        mask = np.zeros((rows, length), np.float32)
+        lp = np.zeros((rows, length), np.float32)
+        adv = np.zeros((rows,), np.float32)
+        for i, (t, m, p) in enumerate(zip(tokens, loss_mask, logprobs, strict=True)):
+            tok[i, : len(t)], mask[i, : len(m)], lp[i, : len(p)] = t, m, p
+            adv[i] = advantages[i]
+        rew = None
+        if rewards is not None:
+            rew = np.zeros((rows,), np.float32)
+            rew[: len(rewards)] = rewards
+        return cls(tok, mask, lp, adv, rew)
+
+
+def learning_rate_schedule(config: TrainerConfig) -> optax.Schedule:
+    """Linear warm-up to the peak, then constant or cosine decay to 10% of it."""
+    peak, warmup = config.learning_rate, config.warmup_steps
+    decay_steps = max(config.total_steps - warmup, 1)
+
+    def schedule(count: jax.Array) -> jax.Array:
+        step = jnp.asarray(count, jnp.float32)
+        ramp = jnp.minimum(1.0, (step + 1.0) / (warmup + 1.0))
+        progress = jnp.clip((step - warmup) / decay_steps, 0.0, 1.0)
+        cosine = 0.1 + 0.9 * 0.5 * (1.0 + jnp.cos(math.pi * progress))
+        decay = cosine if config.lr_schedule == "cosine" else jnp.ones_like(cosine)
+        return peak * ramp * decay
+
+    return schedule
+
+
+def trainer_config_from_spec(spec: JobSpec, *, norm_tokens: int | None = None) -> TrainerConfig:
+    """The trainer settings a job spec asks for (schedules counted in optimiser updates)."""
+    a, ag = spec.algorithm, spec.agent
+    temperature = spec.rollout.sampling.temperature
+    lora = spec.model.lora
+    return TrainerConfig(
+        learning_rate=a.learning_rate,
+        lr_schedule=a.lr_schedule,
+        warmup_steps=a.warmup_steps * a.mini_batches * a.epochs,
+        total_steps=spec.train.steps * a.mini_batches * a.epochs,
+        max_grad_norm=a.max_grad_norm,
+        weight_decay=a.weight_decay,
+        mini_batches=a.mini_batches,
+        epochs=a.epochs,
+        micro_batches=a.micro_batches,
+        temperature=temperature if temperature > 0 else 1.0,
+        grpo=GrpoConfig(
+            clip_eps=a.clip_eps,
+            clip_eps_high=a.clip_eps_high,
+            kl_coef=a.kl_coef,
+            kl_estimator=a.kl_estimator,
+            entropy_coef=a.entropy_coef,
+            entropy_floor=a.entropy_floor,
+            aggregation=a.loss_aggregation,
+            importance_correction=a.importance_correction,
+            importance_cap=a.importance_cap,
+            norm_tokens=norm_tokens or ag.max_turns * ag.max_new_tokens,
+        ),
+        ppo=None
+        if a.name != "ppo"
+        else PpoConfig(
+            gamma=a.gae_gamma,
+            gae_lambda=a.gae_lambda,
+            value_coef=a.value_coef,
+            value_clip=a.value_clip,
+        ),
+        lora=None
+        if lora is None
+        else LoraConfig(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets)),
+        seed=spec.train.seed,
+    )
+
+
+class Trainer:
+    """``Trainer(model, config)``: takes ``train_step``s; ``params()`` feeds the rollout engine.
+
+    The model passed in is read once (its weights become the initial policy)
+    and never mutated; the trainer keeps its own arrays.
+    """
+
+    def __init__(self, model: Model, config: TrainerConfig) -> None:
+        self.config = config
+        self.schedule = learning_rate_schedule(config)
+        self.tx = optax.chain(
+            optax.clip_by_global_norm(config.max_grad_norm),
+            optax.adamw(self.schedule, weight_decay=config.weight_decay),
+        )
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]
+        self._graphdef: Any = graphdef
+        self._rest: Any = rest  # non-trainable variables (none in today's decoder)
+        self._cfg = ts.StepConfig(
+            temperature=config.temperature,
+            grpo=config.grpo,
+            ppo=config.ppo,
+            lora=config.lora,
+            micro_batches=config.micro_batches,
+        )
+        rng = jax.random.key(config.seed)
+        self._frozen: dict[str, Any] = {}
+        if config.lora is not None:
+            # Base frozen; it is also the KL reference (adapters at 0 = the initial policy).
+            self._frozen["base"] = params
+            rng, init_key = jax.random.split(rng)
+            trainable: ts.Trainable = {"policy": init_adapters(params, config.lora, init_key)}
+        else:
+            trainable = {"policy": params}
+            if config.grpo.kl_coef > 0:
+                self._frozen["ref"] = jax.tree.map(jnp.copy, params)
+        if config.ppo is not None:
+            trainable["value"] = ts.init_value_head(model.config.d_model)
+        self.trainable = trainable
+        self.opt_state = self.tx.init(trainable)
+        self.rng = rng
+        self.updates = 0  # optimiser updates so far (the schedule's count)
+        self._params_cache: tuple[int, Any] | None = None
+        static = {"graphdef": self._graphdef, "cfg": self._cfg}
+        # opt_state is donated (no one else holds it); the policy is not: the
+        # rollout engine may still be serving the previous params().
+        self._update = jax.jit(
+            functools.partial(ts.update, tx=self.tx, **static), donate_argnums=(1,)
+        )
+        self._score = jax.jit(functools.partial(ts.score, self._graphdef, self._cfg))
+        self._merged = jax.jit(functools.partial(ts.effective_params, lora=config.lora))
+
+    # -- what the pipeline reads -------------------------------------------------------
+
+    def params(self) -> Any:
+        """The current policy weights (LoRA merged), as `nnx.state(model)`: for the engine."""
+        if self._params_cache is None or self._params_cache[0] != self.updates:
+            policy = self._merged(self.trainable, self._frozen)
+            self._params_cache = (self.updates, nnx.merge_state(policy, self._rest))
+        return self._params_cache[1]
+
+    def policy_model(self) -> Model:
+        """A `Model` holding the current policy (LoRA merged).
+
+        What `rl_core.pretrained.export` writes.
+        """
+        model: Model = nnx.merge(self._graphdef, self._policy(), self._rest)
+        return model
+
+    def logprobs(self, tokens: np.ndarray) -> np.ndarray:  # [B, T] -> [B, T]
+        """Logprob of each token given its prefix (0 at position 0), as the trainer sees it."""
+        lp, _ = self._score(self._policy(), self._rest, None, jnp.asarray(tokens))
+        return np.asarray(jnp.pad(lp, ((0, 0), (1, 0))))
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One policy update per mini-batch, ``epochs`` times over ``batch``; mean metrics."""
+        cfg = self.config
+        rows = batch.tokens.shape[0]
+        size = rows // cfg.mini_batches
+        if size * cfg.mini_batches != rows or size % cfg.micro_batches:
+            raise ValueError(
+                f"{rows} rows do not split into {cfg.mini_batches} mini-batches of "
+                f"{cfg.micro_batches} equal micro-batches; change the batch size or the split"
+            )
+        full = self._prepare(batch)
+        totals: dict[str, float] = {}
+        for _ in range(cfg.epochs):
+            self.rng, key = jax.random.split(self.rng)
+            order = np.asarray(jax.random.permutation(key, rows)) if cfg.mini_batches > 1 else None
+            for i in range(cfg.mini_batches):
+                mb = full
+                if order is not None:
+                    idx = jnp.asarray(order[i * size : (i + 1) * size])
+                    mb = jax.tree.map(lambda x, idx=idx: x[idx], full)
+                lr = float(self.schedule(self.updates))
+                self.trainable, self.opt_state, metrics = self._update(
+                    self.trainable, self.opt_state, self._frozen, self._rest, mb
+                )
+                self.updates += 1
+                for name, value in jax.device_get(metrics).items():
+                    totals[name] = totals.get(name, 0.0) + float(value)
+                totals["lr"] = totals.get("lr", 0.0) + lr
+        n = cfg.mini_batches * cfg.epochs
+        out = {name: value / n for name, value in totals.items()}
+        out["learning_rate"] = out["lr"]  # the name of the first metric files, kept
+        return out
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _policy(self) -> Any:
+        return self._merged(self.trainable, self._frozen)
+
+    def _prepare(self, batch: TrainBatch) -> ts.MiniBatch:
+        """Device arrays of the whole batch, with pi_old / pi_ref / GAE where they are needed."""
+        cfg = self.config
+        tokens = jnp.asarray(batch.tokens)
+        mask = jnp.asarray(batch.loss_mask[:, 1:])
+        old = ref = old_values = returns = None
+        advantages = jnp.asarray(batch.advantages)
+        needs_old = cfg.mini_batches > 1 or cfg.epochs > 1 or cfg.ppo is not None
+        if needs_old:
+            old, old_values = self._score_chunked(
+                self._policy(), self.trainable.get("value"), tokens
+            )
+        if cfg.grpo.kl_coef > 0:
+            ref_params = self._frozen["base" if cfg.lora is not None else "ref"]
+            ref, _ = self._score_chunked(ref_params, None, tokens)
+        if cfg.ppo is not None:
+            if batch.rewards is None:
+                raise ValueError("PPO needs TrainBatch.rewards (one episode reward per row)")
+            assert old_values is not None
+            rewards = last_token_rewards(jnp.asarray(batch.rewards), mask)
+            advantages, returns = gae(rewards, old_values, mask, cfg.ppo.gamma, cfg.ppo.gae_lambda)
+            if cfg.ppo.whiten_advantages:
+                advantages = whiten(advantages, mask)
+        return ts.MiniBatch(
+            tokens=tokens,
+            mask=mask,
+            behaviour=jnp.asarray(batch.logprobs[:, 1:]),
+            advantages=advantages,
+            old_logprobs=old,
+            ref_logprobs=ref,
+            old_values=old_values,
+            returns=returns,
+        )
+
+    def _score_chunked(
+        self, params: Any, value_head: Any, tokens: jax.Array
+    ) -> tuple[jax.Array, jax.Array | None]:
+        # Scored in micro-batch slices: the no-gradient pass needs no more memory than training.
+        rows = tokens.shape[0]
+        step = max(rows // (self.config.mini_batches * self.config.micro_batches), 1)
+        parts = [
+            self._score(params, self._rest, value_head, tokens[i : i + step])
+            for i in range(0, rows, step)
+        ]
+        lp = jnp.concatenate([p[0] for p in parts])
+        values = None if value_head is None else jnp.concatenate([p[1] for p in parts])
+        return lp, values
+
+    # -- checkpointed state (rl_core.training.checkpointing) --------------------------------------
+
+    def training_state(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit-for-bit (base/reference excluded).
+
+        The frozen base (LoRA) and the KL reference are the initial policy,
+        rebuilt from the spec's model source by the fresh trainer.
+        """
+        return {
+            "trainable": self.trainable,
+            "opt_state": self.opt_state,
+            "updates": np.asarray(self.updates, np.int64),
+            "rng": jax.random.key_data(self.rng),
+        }
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        self.trainable = state["trainable"]
+        self.opt_state = state["opt_state"]
+        self.updates = int(state["updates"])
+        self.rng = jax.random.wrap_key_data(jnp.asarray(state["rng"]))
+        self._params_cache = None
+
+
+__all__ = [
+    "TrainBatch",
+    "Trainer",
+    "TrainerConfig",
+    "learning_rate_schedule",
+    "trainer_config_from_spec",
+]

@@ -1,1 +1,0 @@
-"""Tests of rl_core.checkpoints."""

@@ -1,0 +1,1 @@
+"""Tests of rl_core.pretrained."""

@@ -1,0 +1,41 @@
+"""The trainer's recomputed logprobs match the sampler's for the same tokens (float32)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rl_core.models import Model
+from rl_core.models.tokenizer import BuiltinTokenizer
+from rl_core.rollout.base import SamplingParams
+from rl_core.rollout.jax_engine import JaxEngine
+from rl_core.training.trainer import TrainBatch, Trainer, TrainerConfig
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_mismatch_kl_is_zero_on_the_samplers_own_tokens(
+    engine: JaxEngine, engine_model: Model, tokenizer: BuiltinTokenizer, temperature: float
+) -> None:
+    texts = ["Guess the number between 1 and 8.", "higher", "Is it 3 or 4?", "lower", "5"]
+    prompts = [
+        tokenizer.render_messages([{"role": "user", "content": t}]) + tokenizer.assistant_prefix()
+        for t in texts
+    ]
+    out = engine.generate_batch(
+        prompts,
+        max_new_tokens=12,
+        sampling=SamplingParams(temperature=temperature),
+        seeds=list(range(len(prompts))),
+    )
+    seqs = [p + c.tokens for p, c in zip(prompts, out, strict=True)]
+    masks = [[0] * len(p) + [1] * len(c.tokens) for p, c in zip(prompts, out, strict=True)]
+    lps = [[0.0] * len(p) + c.logprobs for p, c in zip(prompts, out, strict=True)]
+    batch = TrainBatch.pack(seqs, masks, lps, [1.0, -1.0, 0.5, -0.5, 0.0], rows=8)
+
+    trainer = Trainer(engine_model, TrainerConfig(temperature=temperature))
+    recomputed = trainer.logprobs(batch.tokens)
+    on = batch.loss_mask > 0
+    np.testing.assert_allclose(recomputed[on], batch.logprobs[on], atol=1e-4)
+    metrics = trainer.train_step(batch)
+    assert 0.0 <= metrics["mismatch_kl"] < 1e-6
+    assert metrics["importance_weight"] == pytest.approx(1.0, abs=1e-4)
