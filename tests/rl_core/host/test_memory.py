@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rl_core import memory
+from rl_core.host import memory
 
 
 def test_the_arena_cap_is_taken_by_glibc() -> None:
