@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_core.rewards import parse_reward
+
 SPEC_VERSION = 1
 MODEL_SOURCE_KINDS = ("builtin", "gguf", "hf", "pkg")
 
@@ -110,10 +112,6 @@ class EnvironmentSpec(_Section):
     @classmethod
     def _known_rewards(cls, value: str | None) -> str | None:
         if value is not None:
-            # Imported here: the reward registry is pure Python, but the spec
-            # module must stay importable on its own.
-            from rl_core.rewards import parse_reward
-
             parse_reward(value)  # raises ValueError naming the unknown part
         return value
 

@@ -5,9 +5,9 @@ sink must be quick: buffer, and do slow I/O in batches (the worker's HTTP sink
 sends at most one batch per call and keeps the rest for later). Spans and
 trajectories arrive in batches, at least once per step.
 
-Sinks here: `NullSink` (a base with no-op methods), `MemorySink` (tests,
-notebooks) and `FanoutSink` (several at once). The JSONL/Chrome-trace files of
-``rlaas train --out DIR`` and the control-plane sink build on the same protocol.
+`MemorySink` (tests, notebooks) keeps everything in memory. The files of
+``rlaas train --out DIR`` (`rl_core.pipeline.files.RunFiles`) and the worker's
+control-plane sink implement the same protocol.
 """
 
 from __future__ import annotations
@@ -26,22 +26,6 @@ class RunSink(Protocol):
     def on_trajectories(self, records: Sequence[TrajectoryRecord]) -> None: ...
 
     def on_checkpoint(self, record: CheckpointRecord) -> None: ...
-
-
-class NullSink:
-    """Accepts everything and keeps nothing; subclass it to handle only some records."""
-
-    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
-        pass
-
-    def on_spans(self, spans: Sequence[Span]) -> None:
-        pass
-
-    def on_trajectories(self, records: Sequence[TrajectoryRecord]) -> None:
-        pass
-
-    def on_checkpoint(self, record: CheckpointRecord) -> None:
-        pass
 
 
 class MemorySink:
@@ -66,27 +50,4 @@ class MemorySink:
         self.checkpoints.append(record)
 
 
-class FanoutSink:
-    """Sends every record to each of ``sinks``, in order."""
-
-    def __init__(self, *sinks: RunSink) -> None:
-        self.sinks = sinks
-
-    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
-        for sink in self.sinks:
-            sink.on_step(step, metrics)
-
-    def on_spans(self, spans: Sequence[Span]) -> None:
-        for sink in self.sinks:
-            sink.on_spans(spans)
-
-    def on_trajectories(self, records: Sequence[TrajectoryRecord]) -> None:
-        for sink in self.sinks:
-            sink.on_trajectories(records)
-
-    def on_checkpoint(self, record: CheckpointRecord) -> None:
-        for sink in self.sinks:
-            sink.on_checkpoint(record)
-
-
-__all__ = ["FanoutSink", "MemorySink", "NullSink", "RunSink"]
+__all__ = ["MemorySink", "RunSink"]

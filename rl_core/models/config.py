@@ -1,22 +1,51 @@
 """Model hyper-parameters: one frozen, keyword-only dataclass with named presets.
 
 The same `ModelConfig` describes the random-init presets (``tiny``, ``small``) and the
-Llama / Qwen2 / Qwen3 checkpoints the loaders read (`ModelConfig.from_arch`): the features
-that tell those families apart are flags (``qkv_bias`` for Qwen2, ``qk_norm`` for Qwen3,
-``tie_embeddings``, an explicit ``head_dim``, a RoPE scaling variant).
+Llama / Qwen2 / Qwen3 checkpoints the loaders read (`rl_core.pretrained.hf_config.model_config`):
+the features that tell those families apart are flags (``qkv_bias`` for Qwen2, ``qk_norm``
+for Qwen3, ``tie_embeddings``, an explicit ``head_dim``, a RoPE scaling variant). The
+architecture names and RoPE variants live here, with the model; the loaders parse files into them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Literal
-
-from rl_core.pretrained.hf_config import Architecture, RopeScaling
-
-if TYPE_CHECKING:
-    from rl_core.pretrained.hf_config import ArchConfig
+from typing import Final, Literal
 
 DType = Literal["float32", "bfloat16"]
+
+Architecture = Literal["llama", "qwen2", "qwen3"]
+RopeKind = Literal["linear", "dynamic", "yarn", "llama3"]
+
+ARCHITECTURES: Final[tuple[Architecture, ...]] = ("llama", "qwen2", "qwen3")
+ROPE_KINDS: Final[tuple[RopeKind, ...]] = ("linear", "dynamic", "yarn", "llama3")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """A RoPE frequency-scaling variant, as in transformers' ``ROPE_INIT_FUNCTIONS``.
+
+    - ``linear``: positions divided by ``factor`` (Chen et al. 2023, position interpolation).
+    - ``dynamic``: NTK-aware base rescaling past ``original_max_position_embeddings``.
+    - ``yarn``: YaRN (Peng et al. 2023): ``beta_fast`` / ``beta_slow`` ramp,
+      ``attention_factor`` (defaults to ``0.1 ln(factor) + 1`` when None).
+    - ``llama3``: Llama 3.1's piecewise scaling of low frequencies by ``factor`` between
+      ``low_freq_factor`` and ``high_freq_factor`` wavelengths.
+
+    Fields a variant does not use are None. ``original_max_position_embeddings`` is None when
+    the file does not state it (transformers then uses ``max_position_embeddings``).
+    """
+
+    kind: RopeKind
+    factor: float
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,28 +81,6 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
-
-    @classmethod
-    def from_arch(cls, arch: ArchConfig, *, dtype: DType = "float32") -> ModelConfig:
-        """The model config of a loaded checkpoint's `ArchConfig`."""
-        return cls(
-            vocab_size=arch.vocab_size,
-            d_model=arch.hidden_size,
-            n_layers=arch.num_layers,
-            n_heads=arch.num_heads,
-            n_kv_heads=arch.num_kv_heads,
-            head_dim=arch.head_dim,
-            d_ff=arch.intermediate_size,
-            max_seq_len=arch.max_position_embeddings,
-            rope_theta=arch.rope_theta,
-            rope_scaling=arch.rope_scaling,
-            norm_eps=arch.rms_norm_eps,
-            qkv_bias=arch.attention_bias,
-            qk_norm=arch.qk_norm,
-            tie_embeddings=arch.tie_word_embeddings,
-            architecture=arch.architecture,
-            dtype=dtype,
-        )
 
     @classmethod
     def tiny(cls, *, vocab_size: int | None = None, **overrides: object) -> ModelConfig:

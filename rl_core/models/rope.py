@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rl_core.pretrained.hf_config import RopeScaling
+from rl_core.models.config import RopeScaling
 
 
 def _default_inv_freq(theta: float, dim: int) -> np.ndarray:  # [dim/2]

@@ -15,6 +15,7 @@ from rl_core.envs import build_environment
 from rl_core.host.control import RunControl
 from rl_core.host.sinks import RunSink
 from rl_core.host.telemetry import Profiler, SpanRecorder
+from rl_core.models.buckets import next_bucket
 from rl_core.pipeline.batch import build_batch
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
@@ -24,7 +25,7 @@ from rl_core.pipeline.queue import Admission, Group, GroupQueue
 from rl_core.pretrained.sources import load_model
 from rl_core.records import CheckpointRecord
 from rl_core.rollout.base import SamplingParams
-from rl_core.rollout.jax_engine import EngineConfig, JaxEngine, next_bucket
+from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
 from rl_core.spec import JobSpec
 from rl_core.training.trainer import Trainer, trainer_config_from_spec
 

@@ -43,7 +43,7 @@ from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.metrics import Readings, StepMeter
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
-from rl_core.pipeline.runner import TrainResult
+from rl_core.pipeline.result import TrainResult
 from rl_core.records import CheckpointRecord, InflightEpisode, InflightSnapshot
 
 log = logging.getLogger(__name__)

@@ -12,67 +12,30 @@ heavy parts are imported inside `train`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from rl_core.errors import UnsupportedSpec
 from rl_core.host.control import RunControl
-from rl_core.host.sinks import NullSink, RunSink
-from rl_core.records import CheckpointRecord, Span, TrajectoryRecord
+from rl_core.host.sinks import RunSink
+from rl_core.pipeline.result import TrainResult
 from rl_core.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
 
-class StepSink(Protocol):
-    def on_step(self, step: int, metrics: Mapping[str, float]) -> None: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainResult:
-    steps_completed: int
-    stopped_early: bool
-    final_metrics: dict[str, float]
-
-
-class JsonlSink:
-    """Appends one JSON object per step, ``{"step": n, <metric>: value, ...}``, to ``path``."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
-        line = json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}})
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(line + "\n")
-
-    def on_spans(self, spans: Sequence[Span]) -> None:
-        pass
-
-    def on_trajectories(self, records: Sequence[TrajectoryRecord]) -> None:
-        pass
-
-    def on_checkpoint(self, record: CheckpointRecord) -> None:
-        pass
-
-
 def train(
     spec: JobSpec,
     *,
-    sink: RunSink | StepSink,
+    sink: RunSink,
     control: RunControl | None = None,
     artifacts_dir: Path | None = None,
     resume_from: str | None = None,
     episode_prefix: str = "",
     webhooks: Mapping[str, Any] | None = None,
     callbacks: Any = None,
-    should_stop: Callable[[], bool] | None = None,
-    start_step: int = 0,
 ) -> TrainResult:
     """Train ``spec`` to ``train.steps`` steps, reporting to ``sink``; see the module docstring.
 
@@ -84,10 +47,6 @@ def train(
     are ``f"{episode_prefix}g<task>-e<member>"``. ``webhooks``/``callbacks``
     reach `rl_core.envs.build_environment` for ``env_<id>`` environments.
 
-    ``should_stop`` and ``start_step`` are the simpler, older interface (the
-    worker now uses ``control`` and ``resume_from``): ``should_stop`` is polled
-    like ``control.stop_requested``; ``start_step`` continues the step count
-    of an attempt that left no checkpoint (the weights start afresh).
     Must be called from synchronous code (it runs its own event loop).
     """
     _check_supported(spec)
@@ -95,18 +54,15 @@ def train(
     from rl_core.pipeline.build import build_pipeline
 
     control = control or RunControl()
-    if should_stop is not None:
-        control = _PolledControl(control, should_stop)
     pipeline, close = build_pipeline(
         spec,
-        sink=_complete(sink),
+        sink=sink,
         control=control,
         artifacts_dir=artifacts_dir,
         resume_from=resume_from,
         episode_prefix=episode_prefix,
         webhooks=webhooks,
         callbacks=callbacks,
-        start_step=start_step,
     )
     try:
         return asyncio.run(pipeline.run())
@@ -148,37 +104,6 @@ def train_to_folder(spec: JobSpec, out: Path, *, resume: bool = False) -> TrainR
         files.close()
 
 
-class _PolledControl(RunControl):
-    """A `RunControl` whose stop also comes from a legacy ``should_stop`` callable."""
-
-    def __init__(self, inner: RunControl, should_stop: Callable[[], bool]) -> None:
-        super().__init__()
-        self._inner, self._should_stop = inner, should_stop
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._inner.stop_requested or self._should_stop()
-
-    def take_profile_request(self) -> int:
-        return self._inner.take_profile_request()
-
-    def publish_inflight(self, snapshot: Any) -> None:
-        self._inner.publish_inflight(snapshot)
-
-
-def _complete(sink: RunSink | StepSink) -> RunSink:
-    """A sink that only takes steps (an older host's) gets no-op handlers for the rest."""
-    if all(hasattr(sink, name) for name in ("on_spans", "on_trajectories", "on_checkpoint")):
-        return sink  # type: ignore[return-value]
-    steps_only = sink
-
-    class _StepsOnly(NullSink):
-        def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
-            steps_only.on_step(step, metrics)
-
-    return _StepsOnly()
-
-
 def _check_supported(spec: JobSpec) -> None:
     if spec.rollout.engine != "jax":
         raise UnsupportedSpec("rollout.engine", f"{spec.rollout.engine!r} is not supported yet")
@@ -186,4 +111,4 @@ def _check_supported(spec: JobSpec) -> None:
         raise UnsupportedSpec("agent.chat_template", "only the model's own template ('model')")
 
 
-__all__ = ["JsonlSink", "StepSink", "TrainResult", "train", "train_to_folder"]
+__all__ = ["TrainResult", "train", "train_to_folder"]

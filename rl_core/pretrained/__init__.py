@@ -14,8 +14,10 @@
 Tensors carry Hugging Face names and shapes (see `rl_core.pretrained.layout`); GGUF tensors
 are dequantised to float32, safetensors keep their stored dtype. Everything is checked
 against the config while loading, so a bad checkpoint fails here, naming the file, field or
-tensor, and never half-way through a run. Mapping into the NNX model is the model package's
-job. This package imports no JAX; the format libraries (gguf, safetensors, tokenizers) are
+tensor, and never half-way through a run. `weights` maps tensors into the NNX model and
+back, `sources` loads the model and tokenizer a spec names (a preset or a checkpoint), and
+`export` writes a trained policy as a Hugging Face folder; those three import JAX. This
+``__init__`` imports no JAX; the format libraries (gguf, safetensors, tokenizers) are
 imported when a checkpoint is loaded, not when this package is.
 """
 
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rl_core.models.config import RopeScaling
 from rl_core.pretrained.chat_template import chat_template_from_hf_dir, render_chat_template
 from rl_core.pretrained.errors import (
     ChatTemplateError,
@@ -44,7 +47,7 @@ from rl_core.pretrained.errors import (
     UnexpectedTensorError,
     UnsupportedConfigError,
 )
-from rl_core.pretrained.hf_config import ArchConfig, RopeScaling, parse_hf_config
+from rl_core.pretrained.hf_config import ArchConfig, parse_hf_config
 from rl_core.pretrained.layout import expected_tensor_shapes
 
 if TYPE_CHECKING:

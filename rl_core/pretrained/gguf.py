@@ -22,6 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
+from rl_core.models.config import ARCHITECTURES, Architecture, RopeScaling
 from rl_core.pretrained.errors import (
     CheckpointSourceError,
     ConfigError,
@@ -31,12 +32,7 @@ from rl_core.pretrained.errors import (
     UnexpectedTensorError,
     UnsupportedConfigError,
 )
-from rl_core.pretrained.hf_config import (
-    ARCHITECTURES,
-    ArchConfig,
-    Architecture,
-    RopeScaling,
-)
+from rl_core.pretrained.hf_config import ArchConfig
 from rl_core.pretrained.layout import Shape, check_tensor_shapes
 
 _TOP_LEVEL: Final[dict[str, str]] = {

@@ -23,19 +23,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, cast
 
+from rl_core.models.config import (
+    ARCHITECTURES,
+    ROPE_KINDS,
+    Architecture,
+    DType,
+    ModelConfig,
+    RopeKind,
+    RopeScaling,
+)
 from rl_core.pretrained.errors import (
     ConfigError,
     MissingConfigFieldError,
     UnsupportedConfigError,
 )
-
-Architecture = Literal["llama", "qwen2", "qwen3"]
-RopeKind = Literal["linear", "dynamic", "yarn", "llama3"]
-
-ARCHITECTURES: Final[tuple[Architecture, ...]] = ("llama", "qwen2", "qwen3")
-ROPE_KINDS: Final[tuple[RopeKind, ...]] = ("linear", "dynamic", "yarn", "llama3")
 
 # `architectures[0]` in config.json, for files that lack `model_type`.
 _CLASS_TO_ARCH: Final[dict[str, Architecture]] = {
@@ -53,33 +56,6 @@ _DEFAULT_MAX_POSITIONS: Final[dict[Architecture, int]] = {
 }
 _DEFAULT_ROPE_THETA: Final = 10000.0
 _DEFAULT_RMS_NORM_EPS: Final = 1e-6
-
-
-@dataclass(frozen=True, kw_only=True)
-class RopeScaling:
-    """A RoPE frequency-scaling variant, as in transformers' ``ROPE_INIT_FUNCTIONS``.
-
-    - ``linear``: positions divided by ``factor`` (Chen et al. 2023, position interpolation).
-    - ``dynamic``: NTK-aware base rescaling past ``original_max_position_embeddings``.
-    - ``yarn``: YaRN (Peng et al. 2023): ``beta_fast`` / ``beta_slow`` ramp,
-      ``attention_factor`` (defaults to ``0.1 ln(factor) + 1`` when None).
-    - ``llama3``: Llama 3.1's piecewise scaling of low frequencies by ``factor`` between
-      ``low_freq_factor`` and ``high_freq_factor`` wavelengths.
-
-    Fields a variant does not use are None. ``original_max_position_embeddings`` is None when
-    the file does not state it (transformers then uses ``max_position_embeddings``).
-    """
-
-    kind: RopeKind
-    factor: float
-    original_max_position_embeddings: int | None = None
-    low_freq_factor: float | None = None
-    high_freq_factor: float | None = None
-    beta_fast: float | None = None
-    beta_slow: float | None = None
-    attention_factor: float | None = None
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -326,3 +302,25 @@ def _token_ids(raw: Mapping[str, Any], key: str) -> tuple[int, ...]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ConfigError(key, f"expected an integer or a list of integers, got {value!r}")
     return tuple(values)
+
+
+def model_config(arch: ArchConfig, *, dtype: DType = "float32") -> ModelConfig:
+    """The model config of a loaded checkpoint's `ArchConfig`."""
+    return ModelConfig(
+        vocab_size=arch.vocab_size,
+        d_model=arch.hidden_size,
+        n_layers=arch.num_layers,
+        n_heads=arch.num_heads,
+        n_kv_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        d_ff=arch.intermediate_size,
+        max_seq_len=arch.max_position_embeddings,
+        rope_theta=arch.rope_theta,
+        rope_scaling=arch.rope_scaling,
+        norm_eps=arch.rms_norm_eps,
+        qkv_bias=arch.attention_bias,
+        qk_norm=arch.qk_norm,
+        tie_embeddings=arch.tie_word_embeddings,
+        architecture=arch.architecture,
+        dtype=dtype,
+    )

@@ -12,7 +12,7 @@ import dataclasses
 from flax import nnx
 
 from rl_core.errors import UnsupportedModelSource
-from rl_core.models.config import PRESETS, DType, ModelConfig
+from rl_core.models.config import PRESETS, DType
 from rl_core.models.decoder import Model
 from rl_core.models.tokenizer import BuiltinTokenizer, Tokenizer
 from rl_core.spec import ModelSpec
@@ -42,9 +42,10 @@ def load_pretrained(source: str, *, dtype: DType = "float32") -> tuple[Model, To
     """A real checkpoint (``gguf:``, ``hf:``, ``pkg:``) as a `Model` and a chat `Tokenizer`."""
     from rl_core.pretrained import load_checkpoint
     from rl_core.pretrained.chat_tokenizer import ChatTokenizer
+    from rl_core.pretrained.hf_config import model_config
     from rl_core.pretrained.weights import model_from_tensors
 
     checkpoint = load_checkpoint(source)
-    config = ModelConfig.from_arch(checkpoint.config, dtype=dtype)
+    config = model_config(checkpoint.config, dtype=dtype)
     model = model_from_tensors(config, checkpoint.tensors, where=source)
     return model, ChatTokenizer(checkpoint.tokenizer, checkpoint.chat_template)

@@ -32,9 +32,9 @@ from rl_core.errors import RolloutError
 from rl_core.models import Model
 from rl_core.rollout import steps
 from rl_core.rollout.base import Completion, SamplingParams
-from rl_core.rollout.scheduler import Request, Scheduler, SchedulerStats, next_bucket
+from rl_core.rollout.scheduler import Request, Scheduler, SchedulerStats
 
-__all__ = ["EngineConfig", "JaxEngine", "next_bucket"]
+__all__ = ["EngineConfig", "JaxEngine"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

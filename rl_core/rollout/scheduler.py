@@ -29,16 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rl_core.models.buckets import next_bucket
 from rl_core.models.config import ModelConfig
 from rl_core.models.kv_cache import KVCache
 from rl_core.rollout import steps
 from rl_core.rollout.base import Completion, SamplingParams
-
-
-def next_bucket(n: int, minimum: int) -> int:
-    """The smallest power of two >= max(n, minimum)."""
-    size = max(n, minimum, 1)
-    return 1 << (size - 1).bit_length()
 
 
 def packed_bucket(n: int, minimum: int) -> int:

@@ -34,7 +34,7 @@ from flax import nnx
 from rl_core.algorithms.grpo import GrpoConfig
 from rl_core.algorithms.ppo import PpoConfig, gae, last_token_rewards, whiten
 from rl_core.models import Model
-from rl_core.rollout.jax_engine import next_bucket
+from rl_core.models.buckets import next_bucket
 from rl_core.spec import JobSpec
 from rl_core.training import train_step as ts
 from rl_core.training.lora import LoraConfig, init_adapters

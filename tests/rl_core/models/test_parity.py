@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rl_core.models import ModelConfig
 from rl_core.pretrained import Checkpoint, load_checkpoint
+from rl_core.pretrained.hf_config import model_config
 from rl_core.pretrained.weights import model_from_tensors
 from tests.rl_core.models.hf_reference import hf_logits, hf_model_from_tensors, our_logits
 from tests.rl_core.pretrained.conftest import VARIED_TEXT, TinyModel
@@ -38,7 +38,7 @@ def assert_parity(ours: list[np.ndarray], theirs: list[np.ndarray]) -> None:
 def test_smollm2_logits_equal_transformers(smollm2: Checkpoint) -> None:
     prompts = [smollm2.tokenizer.encode(p) for p in PROMPTS]
     assert all(2 <= len(p) <= 48 for p in prompts)
-    model = model_from_tensors(ModelConfig.from_arch(smollm2.config), smollm2.tensors)
+    model = model_from_tensors(model_config(smollm2.config), smollm2.tensors)
     ours = our_logits(model, prompts, pad=48)
     reference = hf_model_from_tensors(smollm2.config, smollm2.tensors)
     assert_parity(ours, [hf_logits(reference, p) for p in prompts])
@@ -52,7 +52,7 @@ def test_tiny_random_models_equal_transformers(
 
     tiny = tiny_models[arch]
     ckpt = load_checkpoint(f"hf:{tiny.path}")
-    model = model_from_tensors(ModelConfig.from_arch(ckpt.config), ckpt.tensors)
+    model = model_from_tensors(model_config(ckpt.config), ckpt.tensors)
     prompts = [ckpt.tokenizer.encode(p) for p in PROMPTS]
     reference = AutoModelForCausalLM.from_pretrained(tiny.path).eval()
     assert_parity(our_logits(model, prompts, pad=64), [hf_logits(reference, p) for p in prompts])
@@ -98,7 +98,7 @@ def test_rope_scaling_variants_equal_transformers(tmp_path: Any, rope: dict[str,
     path = _rope_variant_dir(tmp_path, rope)
     ckpt = load_checkpoint(f"hf:{path}")
     assert ckpt.config.rope_scaling is not None
-    model = model_from_tensors(ModelConfig.from_arch(ckpt.config), ckpt.tensors)
+    model = model_from_tensors(model_config(ckpt.config), ckpt.tensors)
     reference = AutoModelForCausalLM.from_pretrained(path).eval()
     # One unpadded prompt past max_position_embeddings: dynamic NTK depends on the length.
     ids = ckpt.tokenizer.encode(VARIED_TEXT[:60])

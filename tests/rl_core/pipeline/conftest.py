@@ -24,7 +24,7 @@ from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.pipeline import Pipeline, PipelineConfig
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
-from rl_core.pipeline.runner import TrainResult
+from rl_core.pipeline.result import TrainResult
 from rl_core.records import CheckpointRecord
 from rl_core.rollout.base import SamplingParams
 from rl_core.rollout.fake import ScriptedEngine

@@ -125,23 +125,6 @@ def test_a_stopped_run_resumes_exactly_where_it_left_off(tmp_path: Path) -> None
     assert ids == {t.episode_id for t in whole.trajectories if t.step == 3}
 
 
-def test_the_older_worker_interface_still_works() -> None:
-    steps: list[int] = []
-
-    class Steps:
-        def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
-            steps.append(step)
-
-    result = train(
-        small_spec(train={"steps": 5}),
-        sink=Steps(),  # only on_step, like the worker's sink before RunSink
-        should_stop=lambda: len(steps) >= 1,
-        start_step=2,
-    )
-    assert result.stopped_early and result.steps_completed == 1 and steps == [3]
-    assert result.final_metrics["policy_version"] == 3
-
-
 def test_unknown_environment_is_typed() -> None:
     with pytest.raises(UnknownEnvironment, match="'tic_tac_toe'"):
         train(small_spec(environment={"name": "tic_tac_toe"}), sink=MemorySink())

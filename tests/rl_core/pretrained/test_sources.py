@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rl_core.errors import UnsupportedModelSource
-from rl_core.models import Model, ModelConfig
+from rl_core.models import Model
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.pretrained import (
     MissingTensorError,
@@ -20,6 +20,7 @@ from rl_core.pretrained import (
     render_chat_template,
 )
 from rl_core.pretrained.chat_tokenizer import ChatTokenizer
+from rl_core.pretrained.hf_config import model_config
 from rl_core.pretrained.sources import load_model
 from rl_core.pretrained.weights import model_from_tensors, model_to_tensors
 from rl_core.spec import ModelSpec
@@ -72,7 +73,7 @@ def test_chat_tokenizer_turns_concatenate_to_the_whole_conversation(
 def test_missing_tensor_fails_naming_it(tiny_models: dict[str, TinyModel]) -> None:
     tensors = dict(tiny_models["qwen2"].tensors)
     del tensors["model.layers.1.self_attn.k_proj.bias"]
-    config = ModelConfig.from_arch(load_checkpoint(f"hf:{tiny_models['qwen2'].path}").config)
+    config = model_config(load_checkpoint(f"hf:{tiny_models['qwen2'].path}").config)
     with pytest.raises(MissingTensorError, match=r"model\.layers\.1\.self_attn\.k_proj\.bias"):
         model_from_tensors(config, tensors)
 
@@ -80,7 +81,7 @@ def test_missing_tensor_fails_naming_it(tiny_models: dict[str, TinyModel]) -> No
 def test_wrong_shape_and_unexpected_tensors_fail_naming_them(
     tiny_models: dict[str, TinyModel],
 ) -> None:
-    config = ModelConfig.from_arch(load_checkpoint(f"hf:{tiny_models['llama'].path}").config)
+    config = model_config(load_checkpoint(f"hf:{tiny_models['llama'].path}").config)
     tensors = dict(tiny_models["llama"].tensors)
     tensors["model.layers.0.mlp.up_proj.weight"] = np.zeros((64, 31), np.float32)
     with pytest.raises(TensorShapeError, match=r"model\.layers\.0\.mlp\.up_proj\.weight"):

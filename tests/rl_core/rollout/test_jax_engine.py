@@ -10,9 +10,10 @@ from flax import nnx
 
 from rl_core.errors import RolloutError
 from rl_core.models import Model, ModelConfig
+from rl_core.models.buckets import next_bucket
 from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.rollout.base import RolloutEngine, SamplingParams
-from rl_core.rollout.jax_engine import EngineConfig, JaxEngine, next_bucket
+from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
 from rl_core.rollout.scheduler import packed_bucket
 from rl_core.training.trainer import Trainer, TrainerConfig
 
