@@ -1,8 +1,12 @@
-"""Build a `Pipeline` from a job spec, with the real parts: model, JAX engine, trainer."""
+"""Build a `Pipeline` from a job spec, with the real parts: model, JAX engine, trainer.
+
+One function per part (`build_engine`, `build_agent`, `build_evaluator`,
+`build_trainer`); each takes its settings from `rl_core.pipeline.configs`, the
+one place that maps spec fields onto configs. `build_pipeline` wires them.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -10,29 +14,28 @@ from typing import Any
 
 import jax
 
-from rl_core.agent.agent import Agent, AgentConfig
+from rl_core.agent.agent import Agent
 from rl_core.envs import build_environment
+from rl_core.envs.base import Environment
 from rl_core.host.control import RunControl
 from rl_core.host.sinks import RunSink
 from rl_core.host.telemetry import Profiler, SpanRecorder
-from rl_core.models.buckets import next_bucket
+from rl_core.models import Model
+from rl_core.models.tokenizer import Tokenizer
+from rl_core.pipeline import configs
 from rl_core.pipeline.batch import build_batch
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.evaluate import Evaluator
-from rl_core.pipeline.pipeline import Pipeline, PipelineConfig
+from rl_core.pipeline.pipeline import Pipeline
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
 from rl_core.pretrained.sources import load_model
 from rl_core.records import CheckpointRecord
-from rl_core.rollout.base import SamplingParams
-from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
+from rl_core.rollout.jax_engine import JaxEngine
 from rl_core.spec import JobSpec
-from rl_core.training.trainer import Trainer, trainer_config_from_spec
+from rl_core.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
-
-SINGLE_BUCKET_CONTEXT = 256
-TRAIN_MIN_LENGTH = 32
 
 
 class OrbaxCheckpointer:
@@ -58,6 +61,67 @@ def snapshot(params: Any) -> Any:
     return jax.tree.map(lambda x: x, params)
 
 
+def build_engine(
+    spec: JobSpec, model: Model, tokenizer: Tokenizer, device: DeviceThread
+) -> JaxEngine:
+    """The rollout engine the spec names, running its device work on ``device``."""
+    return JaxEngine(model, config=configs.engine_config(spec, tokenizer), executor=device)
+
+
+def build_agent(
+    spec: JobSpec,
+    engine: JaxEngine,
+    tokenizer: Tokenizer,
+    recorder: SpanRecorder,
+    *,
+    evaluation: bool = False,
+) -> Agent:
+    return Agent(
+        engine=engine,
+        tokenizer=tokenizer,
+        config=configs.agent_config(spec),
+        sampling=configs.sampling_params(spec, evaluation=evaluation),
+        recorder=recorder,
+    )
+
+
+def build_evaluator(
+    spec: JobSpec, agent: Agent, env: Environment, *, episode_prefix: str
+) -> Evaluator | None:
+    """Held-out episodes every ``train.eval_interval`` steps; None when that is 0."""
+    t = spec.train
+    if not t.eval_interval:
+        return None
+    return Evaluator(
+        agent=agent,
+        env=env,
+        env_config=spec.environment.config,
+        episodes=t.eval_episodes,
+        concurrency=spec.rollout.concurrency,
+        seed=t.seed,
+        episode_timeout_s=spec.rollout.episode_timeout_s,
+        episode_prefix=episode_prefix,
+    )
+
+
+def build_trainer(
+    spec: JobSpec, model: Model, resume_from: str | None
+) -> tuple[Trainer, int, Mapping[str, Any] | None]:
+    """The trainer, the step it starts after and the collector's saved position.
+
+    ``resume_from`` is a checkpoint of an earlier attempt; without it the run
+    starts at step 0 with a fresh collector.
+    """
+    trainer = Trainer(model, configs.trainer_config(spec))
+    if resume_from is None:
+        return trainer, 0, None
+    from rl_core.training.checkpointing import restore_checkpoint
+
+    start_step, extra = restore_checkpoint(resume_from, trainer=trainer)
+    log.info("resumed from %s at step %d", resume_from, start_step)
+    return trainer, start_step, extra.get("collector")
+
+
 def build_pipeline(
     spec: JobSpec,
     *,
@@ -68,81 +132,22 @@ def build_pipeline(
     episode_prefix: str,
     webhooks: Mapping[str, Any] | None,
     callbacks: Any,
-    start_step: int = 0,
 ) -> tuple[Pipeline, Callable[[], None]]:
     """The pipeline and a ``close`` to call when it has run (it stops the device thread)."""
-    a, r, ag = spec.algorithm, spec.rollout, spec.agent
+    r = spec.rollout
     env = build_environment(spec.environment, webhooks=webhooks or {}, callbacks=callbacks)
     model, tokenizer = load_model(spec.model, seed=spec.train.seed)
     recorder = SpanRecorder()
     device = DeviceThread(recorder)
-    # One fixed row count for generation: as episodes finish, later turns
-    # batch fewer rows, and padding them is cheaper than compiling again.
-    rows = next_bucket(min(r.concurrency, spec.batch_size * (spec.staleness.max_staleness + 1)), 1)
-    # Short contexts get one prefill row length (prompts packed up to it): padding a small
-    # model's prompts is far cheaper than compiling again as episodes grow (tens of
-    # seconds on a busy CPU).
-    single = ag.max_context <= SINGLE_BUCKET_CONTEXT
-    length = next_bucket(ag.max_context, 1) if single else 32
-    engine = JaxEngine(
-        model,
-        config=EngineConfig(
-            stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
-            pad_id=tokenizer.pad_id,
-            batch_buckets=(rows,) if rows <= 64 else (64, rows),
-            min_prompt_bucket=length,
-            max_packed_tokens=length if single else EngineConfig.max_packed_tokens,
-        ),
-        executor=device,
+    engine = build_engine(spec, model, tokenizer, device)
+    trainer, start_step, position = build_trainer(spec, model, resume_from)
+    agent = build_agent(spec, engine, tokenizer, recorder)
+    evaluator = build_evaluator(
+        spec,
+        build_agent(spec, engine, tokenizer, recorder, evaluation=True),
+        env,
+        episode_prefix=episode_prefix,
     )
-    sampling = SamplingParams(
-        temperature=r.sampling.temperature, top_p=r.sampling.top_p, top_k=r.sampling.top_k
-    )
-    trainer = Trainer(model, trainer_config_from_spec(spec))
-    position: Mapping[str, Any] | None = None
-    if resume_from is not None:
-        from rl_core.training.checkpointing import restore_checkpoint
-
-        start_step, extra = restore_checkpoint(resume_from, trainer=trainer)
-        position = extra.get("collector")
-        log.info("resumed from %s at step %d", resume_from, start_step)
-    agent_config = AgentConfig(
-        max_turns=ag.max_turns,
-        max_new_tokens=ag.max_new_tokens,
-        max_context=ag.max_context,
-        system_prompt=ag.system_prompt,
-        tool_call_format=ag.tool_call_format,
-        max_episode_tokens=ag.max_episode_tokens,
-        max_episode_s=ag.max_episode_s,
-        turn_timeout_s=ag.turn_timeout_s,
-        env_timeout_s=ag.env_timeout_s,
-    )
-    agent = Agent(
-        engine=engine,
-        tokenizer=tokenizer,
-        config=agent_config,
-        sampling=sampling,
-        recorder=recorder,
-    )
-    evaluator = None
-    if spec.train.eval_interval:
-        t = spec.train
-        evaluator = Evaluator(
-            agent=Agent(
-                engine=engine,
-                tokenizer=tokenizer,
-                config=agent_config,
-                sampling=dataclasses.replace(sampling, temperature=t.eval_temperature),
-                recorder=recorder,
-            ),
-            env=env,
-            env_config=spec.environment.config,
-            episodes=t.eval_episodes,
-            concurrency=r.concurrency,
-            seed=t.seed,
-            episode_timeout_s=r.episode_timeout_s,
-            episode_prefix=episode_prefix,
-        )
 
     def collector(admission: Admission, queue: GroupQueue) -> Collector:
         return Collector(
@@ -165,25 +170,12 @@ def build_pipeline(
             group_size=r.group_size,
             rows=spec.batch_size,
             pad_id=tokenizer.pad_id,
-            scale_rewards=a.scale_rewards,
-            # Train steps do bucket by length: their cost grows with it (8 passes of
-            # 64 rows at 128 tokens cost the tiny game twice what 64 tokens do), and
-            # a handful of power-of-two buckets compile once each.
-            min_length=TRAIN_MIN_LENGTH,
+            scale_rewards=spec.algorithm.scale_rewards,
+            min_length=configs.TRAIN_MIN_LENGTH,
         )
 
     pipeline = Pipeline(
-        config=PipelineConfig(
-            steps=spec.train.steps,
-            batch_groups=a.batch_groups,
-            group_size=r.group_size,
-            mode=spec.staleness.mode,
-            max_staleness=spec.staleness.max_staleness,
-            stale_policy=spec.staleness.policy,
-            checkpoint_interval=spec.train.checkpoint_interval,
-            eval_interval=spec.train.eval_interval,
-            trajectories_per_step=spec.train.trajectories_per_step,
-        ),
+        config=configs.pipeline_config(spec),
         collector_factory=collector,
         engine=engine,
         trainer=trainer,

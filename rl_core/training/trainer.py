@@ -35,7 +35,6 @@ from rl_core.algorithms.grpo import GrpoConfig
 from rl_core.algorithms.ppo import PpoConfig, gae, last_token_rewards, whiten
 from rl_core.models import Model
 from rl_core.models.buckets import next_bucket
-from rl_core.spec import JobSpec
 from rl_core.training import train_step as ts
 from rl_core.training.lora import LoraConfig, init_adapters
 
@@ -121,49 +120,6 @@ def learning_rate_schedule(config: TrainerConfig) -> optax.Schedule:
         return peak * ramp * decay
 
     return schedule
-
-
-def trainer_config_from_spec(spec: JobSpec, *, norm_tokens: int | None = None) -> TrainerConfig:
-    """The trainer settings a job spec asks for (schedules counted in optimiser updates)."""
-    a, ag = spec.algorithm, spec.agent
-    temperature = spec.rollout.sampling.temperature
-    lora = spec.model.lora
-    return TrainerConfig(
-        learning_rate=a.learning_rate,
-        lr_schedule=a.lr_schedule,
-        warmup_steps=a.warmup_steps * a.mini_batches * a.epochs,
-        total_steps=spec.train.steps * a.mini_batches * a.epochs,
-        max_grad_norm=a.max_grad_norm,
-        weight_decay=a.weight_decay,
-        mini_batches=a.mini_batches,
-        epochs=a.epochs,
-        micro_batches=a.micro_batches,
-        temperature=temperature if temperature > 0 else 1.0,
-        grpo=GrpoConfig(
-            clip_eps=a.clip_eps,
-            clip_eps_high=a.clip_eps_high,
-            kl_coef=a.kl_coef,
-            kl_estimator=a.kl_estimator,
-            entropy_coef=a.entropy_coef,
-            entropy_floor=a.entropy_floor,
-            aggregation=a.loss_aggregation,
-            importance_correction=a.importance_correction,
-            importance_cap=a.importance_cap,
-            norm_tokens=norm_tokens or ag.max_turns * ag.max_new_tokens,
-        ),
-        ppo=None
-        if a.name != "ppo"
-        else PpoConfig(
-            gamma=a.gae_gamma,
-            gae_lambda=a.gae_lambda,
-            value_coef=a.value_coef,
-            value_clip=a.value_clip,
-        ),
-        lora=None
-        if lora is None
-        else LoraConfig(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets)),
-        seed=spec.train.seed,
-    )
 
 
 class Trainer:
@@ -353,5 +309,4 @@ __all__ = [
     "Trainer",
     "TrainerConfig",
     "learning_rate_schedule",
-    "trainer_config_from_spec",
 ]

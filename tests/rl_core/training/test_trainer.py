@@ -12,6 +12,7 @@ from flax import nnx
 from rl_core.algorithms.grpo import GrpoConfig
 from rl_core.algorithms.ppo import PpoConfig
 from rl_core.models import Model, ModelConfig
+from rl_core.pipeline.configs import trainer_config
 from rl_core.spec import parse_spec
 from rl_core.training import train_step as ts
 from rl_core.training.lora import LoraConfig
@@ -20,7 +21,6 @@ from rl_core.training.trainer import (
     Trainer,
     TrainerConfig,
     learning_rate_schedule,
-    trainer_config_from_spec,
 )
 
 
@@ -223,7 +223,7 @@ def test_config_from_spec_maps_every_algorithm_field() -> None:
             "train": {"steps": 10, "seed": 5},
         }
     )
-    cfg = trainer_config_from_spec(spec)
+    cfg = trainer_config(spec)
     assert (cfg.mini_batches, cfg.micro_batches, cfg.warmup_steps, cfg.total_steps) == (2, 2, 6, 20)
     assert cfg.temperature == 1.0 and cfg.seed == 5 and cfg.grpo.kl_estimator == "k2"
     assert cfg.ppo is not None and cfg.ppo.gae_lambda == 0.9
