@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from app import state
+from app.services import run_states as state
 
 log = logging.getLogger("rlaas.fanout")
 

@@ -28,10 +28,10 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import state
 from app.db.models import ApiKey, Run, Tenant
 from app.errors import PayloadTooLarge, TooManyRequests
 from app.security import parse_prefix
+from app.services import run_states as state
 from app.settings import Settings
 
 CACHE_TTL_S = 10.0

@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import state
 from app.db.models import Run
+from app.services import run_states as state
 
 REQUEST_ID_HEADER = "X-Request-ID"
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)

@@ -6,10 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 
-from app import limits, state
+from app import limits
 from app.api.deps import AfterCommitDep, SessionDep, StateDep, TenantDep
 from app.errors import BadRequest
 from app.schemas import EventPage, EventRead, MetricsRead, PointRead, RunCreate, RunPage, RunRead
+from app.services import run_states as state
 from app.services import runs as service
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])

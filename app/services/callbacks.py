@@ -19,10 +19,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import state
 from app.crypto import SecretBox
 from app.db.models import EnvCallback, Environment, Run, utcnow
 from app.errors import Conflict, NotFound, Unauthorized, Unprocessable
+from app.services import run_states as state
 from app.services.environments import ID_PREFIX, environment_name
 from rl_core.protocol.signing import HEADER, SignatureError, verify
 

@@ -14,11 +14,11 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import state
 from app.crypto import SecretBox
 from app.db.models import Environment, Run
 from app.errors import Conflict, NotFound, Unprocessable
 from app.schemas.environments import EnvironmentCreate, EnvironmentGrant
+from app.services import run_states as state
 from app.urlcheck import Allowlist, UrlRefused, check_url
 
 ID_PREFIX = "env_"

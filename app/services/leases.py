@@ -13,8 +13,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import state
 from app.db.models import Run, utcnow
+from app.services import run_states as state
 
 
 async def reap_expired_leases(

@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import state
 from app.db.models import Artifact, Run, Span, Trajectory, utcnow
 from app.errors import BadRequest, Conflict
+from app.services import run_states as state
 from app.services.runs import get_run
 
 # Fixed rows first, in this order; other tracks (episodes) follow by first appearance.

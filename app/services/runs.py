@@ -13,11 +13,11 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import state
 from app.db.models import MetricPoint, Run, RunEvent, utcnow
 from app.errors import BadRequest, Conflict, NotFound
 from app.schemas import RunCreate
 from app.services import environments
+from app.services import run_states as state
 
 
 def request_hash(body: RunCreate) -> str:

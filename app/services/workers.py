@@ -9,13 +9,13 @@ from typing import Any
 from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import state
 from app.db.models import Artifact, MetricPoint, Run, utcnow
 from app.errors import Conflict, NotFound
 from app.notes import note_step
 from app.schemas import PointIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 from app.services import ingest
+from app.services import run_states as state
 
 
 async def _locked_run(session: AsyncSession, run_id: str) -> Run:

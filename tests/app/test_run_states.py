@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import state
 from app.db.models import Run, RunEvent, Tenant, utcnow
 from app.errors import Conflict
+from app.services import run_states as state
 from tests.app.conftest import Api
 
 pytestmark = pytest.mark.anyio
