@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from app.services import run_states as state
+from app.services import run_states
 
 log = logging.getLogger("rlaas.fanout")
 
@@ -159,7 +159,7 @@ class Feed:
                 self.done = True
             else:
                 self.status, self.cursor = found
-                self.done = self.status in state.TERMINAL
+                self.done = self.status in run_states.TERMINAL
             self._ready.set()
         while not self.done:
             try:
@@ -192,7 +192,7 @@ class Feed:
         if status is not None and status != self.status:
             self.status = status
             self._emit(self._reader.status_frame(status))
-        if status is None or status in state.TERMINAL:
+        if status is None or status in run_states.TERMINAL:
             self.done = True
             self._emit(END)
 

@@ -31,12 +31,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.db.models import ApiKey, Run, Tenant
 from app.errors import PayloadTooLarge, TooManyRequests
 from app.security import parse_prefix
-from app.services import run_states as state
+from app.services import run_states
 from app.settings import Settings
 
 CACHE_TTL_S = 10.0
 _CACHE_MAX = 10_000
-_UNFINISHED = (state.QUEUED, state.STARTING, state.RUNNING)
+_UNFINISHED = (run_states.QUEUED, run_states.STARTING, run_states.RUNNING)
 V = TypeVar("V")
 
 

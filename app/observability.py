@@ -28,7 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db.models import Run
-from app.services import run_states as state
+from app.services import run_states
 
 REQUEST_ID_HEADER = "X-Request-ID"
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
@@ -78,7 +78,7 @@ class Observability:
         async with sessions() as session:
             rows = await session.execute(select(Run.status, func.count()).group_by(Run.status))
             counts: dict[str, int] = {status: int(n) for status, n in rows.all()}
-        for status in state.ALL:
+        for status in run_states.ALL:
             self.runs.labels(status).set(counts.get(status, 0))
         return generate_latest(self.registry)
 

@@ -10,7 +10,7 @@ from app import limits
 from app.api.deps import AfterCommitDep, SessionDep, StateDep, TenantDep
 from app.errors import BadRequest
 from app.schemas import EventPage, EventRead, MetricsRead, PointRead, RunCreate, RunPage, RunRead
-from app.services import run_states as state
+from app.services import run_states
 from app.services import runs as service
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -48,8 +48,8 @@ async def list_runs(
     cursor: str | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> RunPage:
-    if status is not None and status not in state.ALL:
-        raise BadRequest(f"status must be one of {', '.join(state.ALL)}", field="status")
+    if status is not None and status not in run_states.ALL:
+        raise BadRequest(f"status must be one of {', '.join(run_states.ALL)}", field="status")
     rows, next_cursor = await service.list_runs(
         session, tenant_id, status=status, cursor=cursor, limit=limit
     )

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.crypto import SecretBox
 from app.db.models import EnvCallback, Environment, Run, utcnow
 from app.errors import Conflict, NotFound, Unauthorized, Unprocessable
-from app.services import run_states as state
+from app.services import run_states
 from app.services.environments import ID_PREFIX, environment_name
 from rl_core.protocol.signing import HEADER, SignatureError, verify
 
@@ -95,7 +95,7 @@ async def accept(
         raise Unauthorized(
             f"{exc}; sign the raw body with the environment's secret", field=HEADER
         ) from None
-    if run.status not in (state.STARTING, state.RUNNING):
+    if run.status not in (run_states.STARTING, run_states.RUNNING):
         raise Conflict(f"run {run_id} is {run.status}; no episode waits any more", field="status")
     try:
         body = json.loads(raw)

@@ -18,11 +18,11 @@ from app.crypto import SecretBox
 from app.db.models import Environment, Run
 from app.errors import Conflict, NotFound, Unprocessable
 from app.schemas.environments import EnvironmentCreate, EnvironmentGrant
-from app.services import run_states as state
+from app.services import run_states
 from app.urlcheck import Allowlist, UrlRefused, check_url
 
 ID_PREFIX = "env_"
-_UNFINISHED = (state.QUEUED, state.STARTING, state.RUNNING)
+_UNFINISHED = (run_states.QUEUED, run_states.STARTING, run_states.RUNNING)
 
 
 async def create(

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Run, utcnow
-from app.services import run_states as state
+from app.services import run_states
 
 
 async def reap_expired_leases(
@@ -24,7 +24,9 @@ async def reap_expired_leases(
     now = now or utcnow()
     expired = await session.scalars(
         select(Run)
-        .where(Run.status.in_((state.STARTING, state.RUNNING)), Run.lease_expires_at < now)
+        .where(
+            Run.status.in_((run_states.STARTING, run_states.RUNNING)), Run.lease_expires_at < now
+        )
         .with_for_update(skip_locked=True)
     )
     requeued: list[str] = []
@@ -32,13 +34,13 @@ async def reap_expired_leases(
         lost = f"lease held by {run.lease_owner} expired"
         if run.attempts >= max_attempts:
             reason = f"lease expired {run.attempts} times; giving up"
-            state.transition(session, run, state.FAILED, reason=reason, now=now)
+            run_states.transition(session, run, run_states.FAILED, reason=reason, now=now)
             run.error = f"{reason} (last: {lost})"
         elif run.cancel_requested:
             # The owner asked to stop and the worker died: nothing left to resume.
-            state.transition(session, run, state.CANCELLED, reason=lost, now=now)
+            run_states.transition(session, run, run_states.CANCELLED, reason=lost, now=now)
         else:
-            state.transition(session, run, state.QUEUED, reason=lost, now=now)
+            run_states.transition(session, run, run_states.QUEUED, reason=lost, now=now)
             requeued.append(run.id)
     await session.flush()
     return requeued

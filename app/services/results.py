@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Artifact, Run, Span, Trajectory, utcnow
 from app.errors import BadRequest, Conflict
-from app.services import run_states as state
+from app.services import run_states
 from app.services.runs import get_run
 
 # Fixed rows first, in this order; other tracks (episodes) follow by first appearance.
@@ -154,7 +154,7 @@ async def inflight(session: AsyncSession, tenant_id: str, run_id: str) -> Run:
 async def request_profile(session: AsyncSession, tenant_id: str, run_id: str, steps: int) -> int:
     """Ask the run's worker to profile the next ``steps`` steps (told at its next heartbeat)."""
     run = await get_run(session, tenant_id, run_id)
-    if run.status in state.TERMINAL:
+    if run.status in run_states.TERMINAL:
         raise Conflict(
             f"run {run.id} is {run.status}; only unfinished runs can be profiled", field="status"
         )

@@ -16,8 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db.models import MetricPoint, Run, RunEvent, utcnow
 from app.errors import BadRequest, Conflict, NotFound
 from app.schemas import RunCreate
-from app.services import environments
-from app.services import run_states as state
+from app.services import environments, run_states
 
 
 def request_hash(body: RunCreate) -> str:
@@ -50,7 +49,7 @@ async def create_run(
         id=f"run_{uuid.uuid4().hex}",
         tenant_id=tenant_id,
         name=body.name or body.spec.name,
-        status=state.QUEUED,
+        status=run_states.QUEUED,
         spec=body.spec.model_dump(mode="json"),
         idempotency_key=idempotency_key,
         request_hash=digest,
@@ -65,7 +64,7 @@ async def create_run(
         # the loser's insert fails on the unique key and it answers with the winner's run.
         async with session.begin_nested():
             session.add(run)
-            state.record_creation(session, run)
+            run_states.record_creation(session, run)
     except IntegrityError:
         if idempotency_key is None:
             raise
@@ -142,9 +141,9 @@ async def list_runs(
 async def cancel_run(session: AsyncSession, tenant_id: str, run_id: str) -> Run:
     """Queued runs end now; running ones are told at their next heartbeat."""
     run = await get_run(session, tenant_id, run_id)
-    if run.status == state.QUEUED:
-        state.transition(session, run, state.CANCELLED, reason="cancelled by the owner")
-    elif run.status in (state.STARTING, state.RUNNING):
+    if run.status == run_states.QUEUED:
+        run_states.transition(session, run, run_states.CANCELLED, reason="cancelled by the owner")
+    elif run.status in (run_states.STARTING, run_states.RUNNING):
         run.cancel_requested = True
         run.updated_at = utcnow()
     else:

@@ -14,8 +14,7 @@ from app.errors import Conflict, NotFound
 from app.notes import note_step
 from app.schemas import PointIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
-from app.services import ingest
-from app.services import run_states as state
+from app.services import ingest, run_states
 
 
 async def _locked_run(session: AsyncSession, run_id: str) -> Run:
@@ -27,12 +26,14 @@ async def _locked_run(session: AsyncSession, run_id: str) -> Run:
 
 async def claim(session: AsyncSession, run_id: str, worker_id: str, lease_s: float) -> Run:
     run = await _locked_run(session, run_id)
-    if run.status != state.QUEUED:
+    if run.status != run_states.QUEUED:
         raise Conflict(
             f"run {run_id} is {run.status}; only queued runs can be claimed", field="status"
         )
     now = utcnow()
-    state.transition(session, run, state.STARTING, reason=f"claimed by {worker_id}", now=now)
+    run_states.transition(
+        session, run, run_states.STARTING, reason=f"claimed by {worker_id}", now=now
+    )
     run.attempts += 1
     run.lease_owner = worker_id
     run.lease_expires_at = now + timedelta(seconds=lease_s)
@@ -76,7 +77,7 @@ async def report_status(
     session: AsyncSession, run_id: str, worker_id: str, status: str, error: str | None
 ) -> Run:
     run = await _owned_run(session, run_id, worker_id)
-    state.transition(session, run, status, reason=error or f"reported by {worker_id}")
+    run_states.transition(session, run, status, reason=error or f"reported by {worker_id}")
     if error is not None:
         run.error = error
     await session.flush()

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Run, RunEvent, Tenant, utcnow
 from app.errors import Conflict
-from app.services import run_states as state
+from app.services import run_states
 from tests.app.conftest import Api
 
 pytestmark = pytest.mark.anyio
@@ -31,9 +31,9 @@ LEGAL = {
 
 
 def test_the_table_is_exactly_the_designed_one() -> None:
-    assert {(a, b) for a, targets in state.ALLOWED.items() for b in targets} == LEGAL
-    assert set(state.ALLOWED) == set(state.ALL)
-    assert all(not state.ALLOWED[t] for t in state.TERMINAL)
+    assert {(a, b) for a, targets in run_states.ALLOWED.items() for b in targets} == LEGAL
+    assert set(run_states.ALLOWED) == set(run_states.ALL)
+    assert all(not run_states.ALLOWED[t] for t in run_states.TERMINAL)
 
 
 async def _run_in(session: AsyncSession, status: str) -> Run:
@@ -54,26 +54,28 @@ async def _run_in(session: AsyncSession, status: str) -> Run:
     return run
 
 
-@pytest.mark.parametrize(("current", "target"), list(itertools.product(state.ALL, state.ALL)))
+@pytest.mark.parametrize(
+    ("current", "target"), list(itertools.product(run_states.ALL, run_states.ALL))
+)
 async def test_every_transition(api: Api, current: str, target: str) -> None:
     async with api.state.sessions() as session:
         run = await _run_in(session, current)
         if (current, target) not in LEGAL:
             with pytest.raises(Conflict) as caught:
-                state.transition(session, run, target, reason="test")
+                run_states.transition(session, run, target, reason="test")
             assert caught.value.status_code == 409
             assert f"is {current}" in caught.value.message and target in caught.value.message
             assert run.status == current
             return
-        state.transition(session, run, target, reason="test")
+        run_states.transition(session, run, target, reason="test")
         await session.flush()
         event = await session.scalar(select(RunEvent).where(RunEvent.run_id == run.id))
         assert event is not None
         assert (event.from_status, event.to_status, event.reason) == (current, target, "test")
         assert run.status == target and run.updated_at == event.created_at
-        if target in state.TERMINAL:
+        if target in run_states.TERMINAL:
             assert run.finished_at == event.created_at
-        if target in state.TERMINAL or target == "queued":
+        if target in run_states.TERMINAL or target == "queued":
             assert run.lease_owner is None and run.lease_expires_at is None
         else:
             assert run.lease_owner == "w1"
