@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.crypto import SecretBox
 from app.dispatch import Dispatcher, dispatch_committed
 from app.errors import Unauthorized
-from app.limits import Limiter
 from app.security import same_secret
 from app.services.callbacks import CallbackRelay
+from app.services.quotas import Limiter
 from app.services.tenants import KnownKeys, authenticate
 from app.settings import Settings
 from app.urlcheck import Allowlist

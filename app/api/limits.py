@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import SessionDep, StateDep, TenantDep
-from app.limits import runs_in_flight
 from app.schemas.limits import LimitsRead, QuotasRead, UsageRead
+from app.services.quotas import runs_in_flight
 
 router = APIRouter(prefix="/v1/limits", tags=["limits"])
 

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 
-from app import limits
 from app.api.deps import AfterCommitDep, SessionDep, StateDep, TenantDep
 from app.errors import BadRequest
 from app.schemas import EventPage, EventRead, MetricsRead, PointRead, RunCreate, RunPage, RunRead
+from app.services import quotas as limits
 from app.services import run_states
 from app.services import runs as service
 

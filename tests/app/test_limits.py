@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import update
 
 from app.db.models import Tenant
-from app.limits import TokenBucket
+from app.services.quotas import TokenBucket
 from app.services.tenants import authenticate
 from tests.app.conftest import WORKER, Api, running_api, spec
 
