@@ -31,6 +31,7 @@ from app.api import (
     runs,
     stream,
 )
+from app.api.body_limit import BodyLimitMiddleware
 from app.api.deps import AppState
 from app.crypto import SecretBox
 from app.db.session import make_engine, make_sessionmaker
@@ -38,7 +39,7 @@ from app.dispatch import CeleryDispatcher, Dispatcher, dispatch_committed
 from app.errors import AppError
 from app.observability import Observability, ObservabilityMiddleware, configure_logging
 from app.services.leases import reap_expired_leases
-from app.services.quotas import BodyLimitMiddleware, Limiter
+from app.services.quotas import Limiter
 from app.services.stream import live_updates
 from app.settings import Settings
 from app.urlcheck import Allowlist

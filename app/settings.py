@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     # Webhook URLs a tenant may register (app.urlcheck documents the entries). Unset:
     # "public" on a server; "public,loopback" on the embedded default.
     env_url_allowlist: str | None = None
-    # Per-tenant quota defaults (tenants.quota_* override them, app.limits applies them).
+    # Per-tenant quota defaults (tenants.quota_* override them, app.services.quotas applies them).
     quota_runs_in_flight: int = 10
     quota_requests_per_minute: int = 1200
     quota_body_bytes: int = 1_048_576

@@ -9,8 +9,7 @@ from fastapi import APIRouter, Header, Query, Response
 from app.api.deps import AfterCommitDep, SessionDep, StateDep, TenantDep
 from app.errors import BadRequest
 from app.schemas import EventPage, EventRead, MetricsRead, PointRead, RunCreate, RunPage, RunRead
-from app.services import quotas as limits
-from app.services import run_states
+from app.services import quotas, run_states
 from app.services import runs as service
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -31,7 +30,7 @@ async def create_run(
         tenant_id,
         body,
         idempotency_key,
-        admit=lambda: limits.admit_run(session, tenant_id, app_state.settings),
+        admit=lambda: quotas.admit_run(session, tenant_id, app_state.settings),
     )
     if created:
         after_commit.run_ids.append(run.id)

@@ -60,7 +60,7 @@ class KnownKeys:
     The key lookup was one of the four database round trips of every tenant request
     (B9 in ``bench/`` polls ``GET /v1/runs/{id}``). Only a key that passed
     ``authenticate`` is remembered; a key revoked in the database keeps working
-    here for at most ``ttl_s``, the window the quota cache (``app.limits``) has too.
+    here for at most ``ttl_s``, the window the quota cache (``app.services.quotas``) has too.
     """
 
     def __init__(

@@ -1,0 +1,119 @@
+"""The body limit at the HTTP edge: 413 before a route reads a body over the caller's quota.
+
+From ``Content-Length`` when sent, and by counting while the body streams in
+(a chunked body has no length to trust). The limit is the tenant's
+``body_bytes`` quota (``app.services.quotas.Limiter.body_limit``), or the
+worker's for ``/internal/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from app.errors import PayloadTooLarge
+from app.security import parse_prefix
+from app.services.quotas import Limiter
+from app.settings import Settings
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    """413 for a body over the caller's limit, before and while it is read (pure ASGI).
+
+    When the limit trips mid-stream the route's own answer (FastAPI turns the
+    failed read into a 400) is dropped and the 413 goes out instead.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        declared = _int_or_none(headers.get("content-length"))
+        if not declared and "transfer-encoding" not in headers:
+            await self.app(scope, receive, send)  # no body to limit
+            return
+        limit = await _limit_for(scope, headers)
+        if declared is not None and declared > limit:
+            await _reject(send, declared, limit)
+            return
+        received = 0
+        tripped = started = False
+
+        async def counted() -> Any:
+            nonlocal received, tripped
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    tripped = True
+                    raise _TooLarge
+            return message
+
+        async def guarded(message: Any) -> None:
+            nonlocal started
+            if tripped:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        with contextlib.suppress(_TooLarge):
+            await self.app(scope, counted, guarded)
+        if tripped and not started:
+            await _reject(send, received, limit, at_least=True)
+
+
+async def _limit_for(scope: Any, headers: dict[str, str]) -> int:
+    app_state = scope["app"].state.rlaas
+    settings: Settings = app_state.settings
+    if scope["path"].startswith("/internal/"):
+        return settings.internal_body_bytes
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    prefix = parse_prefix(token.strip()) if scheme.lower() == "bearer" else None
+    limiter: Limiter = app_state.limits
+    return await limiter.body_limit(app_state.sessions, prefix)
+
+
+async def _reject(send: Any, size: int, limit: int, *, at_least: bool = False) -> None:
+    error = PayloadTooLarge(
+        f"the request body is {'over ' if at_least else ''}{size} bytes; the limit is "
+        f"{limit} bytes (quota body_bytes): send less per request",
+        limit_bytes=limit,
+    )
+    body = json.dumps(
+        {
+            "error": {
+                "code": error.code,
+                "message": error.message,
+                "field": error.field,
+                **error.extra,
+            }
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
