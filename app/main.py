@@ -37,10 +37,10 @@ from app.crypto import SecretBox
 from app.db.session import make_engine, make_sessionmaker
 from app.dispatch import CeleryDispatcher, Dispatcher, dispatch_committed
 from app.errors import AppError
+from app.live.stream import live_updates
 from app.observability import Observability, ObservabilityMiddleware, configure_logging
 from app.services.leases import reap_expired_leases
 from app.services.quotas import Limiter
-from app.services.stream import live_updates
 from app.settings import Settings
 from app.urlcheck import Allowlist
 

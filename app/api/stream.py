@@ -12,9 +12,9 @@ from starlette.types import Receive, Scope, Send
 
 from app.api.deps import SessionDep, StateDep, TenantDep
 from app.errors import BadRequest
-from app.fanout import Hub
+from app.live import stream as service
+from app.live.fanout import Hub
 from app.schemas.results import INT32
-from app.services import stream as service
 from app.services.runs import get_run
 
 router = APIRouter(prefix="/v1/runs", tags=["results"])

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Artifact, MetricPoint, Run, utcnow
 from app.errors import Conflict, NotFound
-from app.notes import note_step
+from app.live.notes import note_step
 from app.schemas import PointIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 from app.services import ingest, run_states

@@ -19,8 +19,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from app.fanout import Note
-from app.notes import PostgresListener
+from app.live.fanout import Note
+from app.live.notes import PostgresListener
 from tests.app.conftest import Api, plain, running_api
 
 pytestmark = pytest.mark.anyio

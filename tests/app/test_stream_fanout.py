@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from app.fanout import Frame, Hub, Note
-from app.services.stream import metrics_events, metrics_frame, status_frame
+from app.live.fanout import Frame, Hub, Note
+from app.live.stream import metrics_events, metrics_frame, status_frame
 
 pytestmark = pytest.mark.anyio
 RUN = "run_x"

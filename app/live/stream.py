@@ -24,10 +24,10 @@ from itertools import groupby
 from sqlalchemy import make_url, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import notes
 from app.db.models import MetricPoint, Run
 from app.db.session import make_engine
-from app.fanout import Frame, Hub
+from app.live import notes
+from app.live.fanout import Frame, Hub
 
 KEEPALIVE = b": keep-alive\n\n"
 RETRY = b"retry: 2000\n\n"  # how long a browser's EventSource waits before reconnecting

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, UOWTransaction
 
 from app.db.models import RunEvent
-from app.fanout import Note
+from app.live.fanout import Note
 
 log = logging.getLogger("rlaas.notes")
 
