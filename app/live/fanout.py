@@ -12,7 +12,7 @@ are hints, not data: what a subscriber is sent is always read from the
 database, so a lost note costs a late read (every feed re-reads on its own
 every ``resync_s``) and a spurious one costs a read that finds nothing.
 
-Where notes come from (``app.notes``): on Postgres a ``NOTIFY`` issued inside
+Where notes come from (``app.live.notes``): on Postgres a ``NOTIFY`` issued inside
 the storing transaction, which Postgres delivers at commit to every API process
 that ``LISTEN``s (this one included, by ``PostgresListener``); on SQLite (the
 embedded default, one API process) straight from the session's commit.
@@ -59,7 +59,7 @@ END = Frame(kind="end", data=b"")
 
 
 class FeedReader(Protocol):
-    """How a feed reads the database (``app.services.stream.DatabaseReader``)."""
+    """How a feed reads the database (``app.live.stream.DatabaseReader``)."""
 
     async def state(self, run_id: str) -> tuple[str, int] | None:
         """(status, newest step stored), or None when there is no such run."""

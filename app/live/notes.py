@@ -1,4 +1,4 @@
-"""Where the fan-out's notes (``app.fanout.Note``) come from.
+"""Where the fan-out's notes (``app.live.fanout.Note``) come from.
 
 A service that stores points calls ``note_step(session, run_id, step)``; a
 status change needs nothing: every transition adds a ``RunEvent`` row and a

@@ -46,7 +46,7 @@ def status_frame(status: str) -> Frame:
 
 
 class DatabaseReader:
-    """``app.fanout.FeedReader`` over the app's sessions; also the catch-up reads."""
+    """``app.live.fanout.FeedReader`` over the app's sessions; also the catch-up reads."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession], *, page_points: int = 5000):
         self._sessions = sessions

@@ -1,4 +1,4 @@
-"""The hub and the subscriber loop (``app.fanout``, ``app.services.stream``) over a fake reader.
+"""The hub and the subscriber loop (``app.live.fanout``, ``app.live.stream``) over a fake reader.
 
 A unit test of the fan-out alone: the database is replaced by an in-memory
 ``FeedReader`` so a slow consumer and an overflow can be set up exactly.
