@@ -30,7 +30,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.db.models import Run
 from app.services import run_states
 
-REQUEST_ID_HEADER = "X-Request-ID"
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 _INGEST = re.compile(r"^/internal/runs/\{run_id\}/(metrics|spans|trajectories)$")

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import Artifact, MetricPoint, Run, utcnow
+from app.db.models import Artifact, Run, utcnow
 from app.errors import Conflict, NotFound
 from app.live.notes import note_step
 from app.schemas import PointIn
@@ -152,12 +152,3 @@ async def record_artifact(session: AsyncSession, run_id: str, body: ArtifactBody
 
 async def newest_checkpoint(session: AsyncSession, run_id: str) -> Artifact | None:
     return await ingest.newest_checkpoint(session, run_id)
-
-
-async def count_points(session: AsyncSession, run_id: str) -> int:
-    return int(
-        await session.scalar(
-            select(func.count()).select_from(MetricPoint).where(MetricPoint.run_id == run_id)
-        )
-        or 0
-    )
