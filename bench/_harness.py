@@ -4,7 +4,7 @@ Every benchmark here builds the project's own `Collector`, `Admission`,
 `GroupQueue`, `Agent` and `Pipeline` on the simulated-latency environment
 (`rl_core.envs.simulated`); only the model is stood in for: `DelayEngine`
 answers each call after ``g`` seconds (the model-call latency of the
-performance model in BENCHMARKS.md) and `SleepTrainer` takes ``T`` seconds per
+performance model in docs/benchmarks.md) and `SleepTrainer` takes ``T`` seconds per
 step. B2 swaps in the real JAX trainer on the builtin tiny model.
 
 Workarounds of the pipeline's public API (said in bench/README.md): spans

@@ -14,7 +14,7 @@ transaction and one ``unnest`` upsert per batch). Phases, back to back:
 Baseline, same run and same Postgres: one ``INSERT`` per point, autocommit,
 over as many connections as the candidate has workers.
 
-Targets (BENCHMARKS.md): >= 50k points/s sustained; p99 request <= 100 ms;
+Targets (docs/benchmarks.md): >= 50k points/s sustained; p99 request <= 100 ms;
 nothing lost at 2x overload.
 """
 

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
-# The stage names of DESIGN.md. The same names annotate jax.profiler traces.
+# The stage names of the run timeline (README.md). The same names annotate jax.profiler traces.
 STAGES = (
     "rollout",  # one whole episode, reset to close
     "model_call",  # one generate call of one episode (its wait for the engine included)

@@ -4,7 +4,7 @@ Pure pydantic, importable without JAX (the control plane validates specs with
 it). Every model forbids unknown fields, so a typo in a spec is a 422 that names
 the field instead of a silently ignored setting.
 
-Sections follow DESIGN.md: ``model``, ``environment``, ``agent``, ``rollout``,
+Sections (docs/lifecycle.md): ``model``, ``environment``, ``agent``, ``rollout``,
 ``algorithm``, ``staleness`` and ``train``. Defaults are chosen so that the
 smallest useful spec is a model and an environment.
 """

@@ -1,4 +1,4 @@
-"""Serve any `rl_core` Environment as a webhook environment (protocol v1, DESIGN.md).
+"""Serve any `rl_core` Environment as a webhook environment (v1, docs/environment-protocol.md).
 
     rlaas env serve mypackage.envs:MyEnv --port 9000 --secret-env RLAAS_ENV_SECRET
 

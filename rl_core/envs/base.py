@@ -1,4 +1,4 @@
-"""The environment seam, chat-native, mirroring the webhook protocol (v1) of DESIGN.md.
+"""The environment seam, chat-native, mirroring webhook protocol v1 (docs/environment-protocol.md).
 
 Observations are messages to append to the conversation; an action is the
 assistant's message. ``(episode_id, step)`` identifies a step: a retried step

@@ -1,4 +1,4 @@
-"""``sim_latency``: an environment that only takes time, with the presets of BENCHMARKS.md.
+"""``sim_latency``: an environment that only takes time, with the presets of docs/benchmarks.md.
 
 For benchmarks of the collector and pipeline: each episode's number of turns
 and each step's latency are drawn from lognormals (median m, log-sd sigma),
@@ -15,7 +15,7 @@ inputs (E[W], tail CV).
   ``timeout_s`` (scaled), then fails as an `EnvironmentFailure`, as a
   webhook call that times out would.
 
-Turn counts use a log-sd of ``turns_sigma`` (0.5; BENCHMARKS.md gives only
+Turn counts use a log-sd of ``turns_sigma`` (0.5; the presets give only
 the median and cap). Latencies are multiplied by ``time_scale``.
 
 Reward: ``reward: "echo"`` (default) pays 1/turns for each reply that
