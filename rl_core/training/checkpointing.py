@@ -4,7 +4,9 @@ One checkpoint is a folder ``<artifacts>/checkpoints/step-00000012/``::
 
     state/                  Orbax (tensorstore) arrays: trainable weights, optimiser
                             state, update count, the trainer's RNG key
-    extra.json              the caller's JSON (the collector's position, its RNG, ...)
+    extra.json              the caller's JSON (the collector's position: the next task and
+                            the tasks started but unfinished; episode seeds derive
+                            from the run seed, so no collector RNG is kept)
     rlaas_checkpoint.json   written last: format, step, trainer layout; its presence
                             is what makes the folder a checkpoint
 
