@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import random
 import re
 from collections.abc import Mapping
@@ -77,10 +78,64 @@ def best_expected_reward(config: GuessNumberConfig) -> float:
 def random_guess_reward(config: GuessNumberConfig) -> float:
     """The expected episode reward of a uniform guess in [low, high] every turn.
 
-    What a policy earns that has learned the answer format but reads no hints:
-    a learning test must ask for clearly more than this.
+    What a policy earns that has learned the answer format and nothing else. It
+    reads no hints, but neither does the best blind policy (`best_blind_reward`),
+    which earns more: a test that claims hints are read must beat that one.
     """
     return _expected_reward(config, optimal=False)
+
+
+# Past this many sets of guesses the blind bound would take seconds: refuse instead.
+MAX_BLIND_STATES = 100_000
+
+
+def best_blind_reward(config: GuessNumberConfig) -> float:
+    """The best expected episode reward of any observation-blind policy, exactly.
+
+    A blind policy never reads a reply: it plays one fixed sequence of guesses
+    (the game stops it at the right one). The best such sequence is the bar a
+    learning test must clear to show that hints are read; on a small range it
+    comes close to the optimum (1..3 in 4 turns: always 1, 2, 3 earns 1.05 of a
+    best 1.058), on a large one it is far below (1..16 in 5 turns, the defaults:
+    0.275 of 0.593).
+
+    Dynamic programming over the set of numbers guessed so far. Repeating a
+    guess earns nothing (it is wrong, so the hints rule it out), so the best
+    sequence has no repeats, and what a next guess earns depends only on the
+    set, not the order: for each target not yet guessed, the interval the hints
+    leave open is bounded by the nearest guesses below and above it.
+    """
+    cfg, per_guess = config, config.format_reward / config.max_turns
+    numbers = range(cfg.low, cfg.high + 1)
+    n = len(numbers)
+    states = sum(math.comb(n, k) for k in range(min(cfg.max_turns, n) + 1))
+    if states > MAX_BLIND_STATES:
+        raise ValueError(
+            f"the blind bound of {n} numbers in {cfg.max_turns} turns has {states} states "
+            f"(at most {MAX_BLIND_STATES}): use a smaller range or fewer turns"
+        )
+
+    @functools.cache
+    def value(guessed: frozenset[int]) -> float:
+        used = len(guessed)
+        if used >= cfg.max_turns or used >= n:
+            return 0.0
+        solved = max(0.0, cfg.correct_reward - cfg.turn_penalty * used)
+        open_games = [t for t in numbers if t not in guessed]  # a guessed target has ended
+        intervals = [
+            (
+                max((g + 1 for g in guessed if g < t), default=cfg.low),
+                min((g - 1 for g in guessed if g > t), default=cfg.high),
+            )
+            for t in open_games
+        ]
+        best = 0.0
+        for guess in open_games:
+            now = sum(per_guess for lo, hi in intervals if lo <= guess <= hi) + solved
+            best = max(best, now / n + value(guessed | {guess}))
+        return best
+
+    return value(frozenset())
 
 
 def _expected_reward(config: GuessNumberConfig, *, optimal: bool) -> float:
