@@ -31,9 +31,10 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -41,11 +42,13 @@ from starlette.routing import Route
 
 from rl_core.envs.base import Action, Environment, Reset, Step, ToolCall
 from rl_core.errors import EnvironmentFailure
+from rl_core.protocol import webhook as wire
 from rl_core.protocol.signing import HEADER, SignatureError, sign, verify
 
 log = logging.getLogger(__name__)
 
 CALLBACK_ATTEMPTS = 5
+R = TypeVar("R", bound=BaseModel)
 
 
 class BadRequest(ValueError):
@@ -137,11 +140,8 @@ class EnvServer:
             return _error(500, "environment_error", f"{type(exc).__name__}: {exc}")
 
     async def _do_reset(self, body: Mapping[str, Any]) -> Response:
-        episode_id = _field(body, "episode_id", str)
-        seed = _field(body, "seed", int)
-        config = body.get("config") or {}
-        if not isinstance(config, dict):
-            raise BadRequest("'config' must be an object")
+        request = _parse(wire.ResetRequest, body)
+        episode_id, seed, config = request.episode_id, request.seed, request.config
         episode = self._episode(episode_id)
         if episode.steps:
             # A retried reset never follows a step (the client steps only after a
@@ -153,12 +153,19 @@ class EnvServer:
                 episode, "reset", self.env.reset(episode_id, seed, config)
             )
         reset = await asyncio.shield(episode.reset)
-        return JSONResponse({"messages": reset.messages, "tools": reset.tools, "info": reset.info})
+        answer = {"messages": reset.messages, "tools": reset.tools, "info": reset.info}
+        return JSONResponse(_checked(wire.ResetAnswer, answer))
 
     async def _do_step(self, body: Mapping[str, Any]) -> Response:
-        episode_id = _field(body, "episode_id", str)
-        step = _field(body, "step", int)
-        action = _action(body.get("action"))
+        request = _parse(wire.StepRequest, body)
+        episode_id, step = request.episode_id, request.step
+        action = Action(
+            content=request.action.content,
+            tool_calls=tuple(
+                ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                for c in request.action.tool_calls
+            ),
+        )
         episode = self._episode(episode_id)
         task = episode.steps.get(step)
         if task is None:
@@ -170,15 +177,17 @@ class EnvServer:
                 if step not in episode.deferred:
                     episode.deferred.add(step)
                     self._spawn(self._deliver(episode_id, step, task))
-                return JSONResponse({"deferred": True}, status_code=202)
+                return JSONResponse(
+                    wire.DeferredAnswer(deferred=True).model_dump(), status_code=202
+                )
         # shield: a client that hangs up must not cancel the environment's step.
         return JSONResponse(_step_body(await asyncio.shield(task)))
 
     async def _do_close(self, body: Mapping[str, Any]) -> Response:
-        episode_id = _field(body, "episode_id", str)
+        episode_id = _parse(wire.CloseRequest, body).episode_id
         self._forget(episode_id)
         await self.env.close(episode_id)
-        return JSONResponse({"closed": True})
+        return JSONResponse(wire.CloseAnswer(closed=True).model_dump())
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -231,7 +240,8 @@ class EnvServer:
         try:
             payload: dict[str, Any] = _step_body(await task)
         except Exception as exc:
-            payload = {"error": {"code": "environment_error", "message": f"{exc}"}}
+            failure = wire.ErrorDetail(code="environment_error", message=f"{exc}")
+            payload = wire.ErrorAnswer(error=failure).model_dump()
         raw = json.dumps(payload, separators=(",", ":")).encode()
         url = f"{self.callback_url}/{episode_id}/{step}"
         for attempt in range(CALLBACK_ATTEMPTS):
@@ -252,41 +262,34 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
-def _field(body: Mapping[str, Any], name: str, kind: type) -> Any:
-    value = body.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise BadRequest(f"'{name}' must be a {kind.__name__}")
-    return value
+def _parse(model: type[R], body: Mapping[str, Any]) -> R:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(wire.problems(exc)) from None
 
 
-def _action(value: Any) -> Action:
-    if not isinstance(value, dict) or not isinstance(value.get("content"), str):
-        raise BadRequest("'action' must be an object with a string 'content'")
-    calls = value.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise BadRequest("'action.tool_calls' must be a list")
-    parsed = []
-    for call in calls:
-        if not (
-            isinstance(call, dict)
-            and isinstance(call.get("id"), str)
-            and isinstance(call.get("name"), str)
-            and isinstance(call.get("arguments"), dict)
-        ):
-            raise BadRequest(
-                "each tool call needs a string 'id' and 'name' and an object 'arguments'"
-            )
-        parsed.append(ToolCall(id=call["id"], name=call["name"], arguments=call["arguments"]))
-    return Action(content=value["content"], tool_calls=tuple(parsed))
+def _checked(model: type[BaseModel], answer: dict[str, Any]) -> dict[str, Any]:
+    """``answer`` as it goes out, checked against the protocol: an environment whose result
+    is not protocol-shaped (a NaN reward, a message role the protocol lacks) is a 500 here,
+    with the reason, rather than a protocol error on the worker's side."""
+    try:
+        model.model_validate(answer)
+    except ValidationError as exc:
+        raise ValueError(
+            f"the environment's result is not protocol v1: {wire.problems(exc)}"
+        ) from None
+    return answer
 
 
 def _step_body(result: Step) -> dict[str, Any]:
-    return {
+    answer = {
         "messages": result.messages,
         "reward": result.reward,
         "done": result.done,
         "info": result.info,
     }
+    return _checked(wire.StepAnswer, answer)
 
 
 def load_environment(target: str) -> Environment:

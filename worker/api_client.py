@@ -7,6 +7,11 @@ Errors::
     ├── LeaseLost         a heartbeat or report was refused: this worker no longer owns the run
     └── ApiUnavailable    the API did not answer within the retry budget
 
+Every body and answer is a model of ``rl_core.protocol.internal``, the models
+the control plane declares for these routes. A body that does not validate
+here is refused before it is sent (a `ControlPlaneError`, as the control
+plane's 422 would be).
+
 Transient failures (connection errors, 5xx, 429) are retried with capped
 exponential backoff for up to ``retry_seconds``; every call has a timeout.
 """
@@ -16,12 +21,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
+
+from rl_core.protocol.internal import (
+    BATCHES,
+    ArtifactBody,
+    ClaimBody,
+    ClaimRead,
+    HeartbeatBody,
+    HeartbeatRead,
+    IngestRead,
+    StatusBody,
+)
 
 log = logging.getLogger(__name__)
+A = TypeVar("A", bound=BaseModel)
 
 
 class ControlPlaneError(Exception):
@@ -40,29 +57,9 @@ class ApiUnavailable(ControlPlaneError):
     pass
 
 
-@dataclass(frozen=True)
-class Claim:
-    run_id: str
-    spec: dict[str, Any]
-    attempt: int
-    # The newest checkpoint an earlier attempt recorded: {step, uri, size_bytes}, or None.
-    checkpoint: dict[str, Any] | None = None
-    # The registered webhook environment the spec names: {id, url, secret, ...}, or None.
-    environment: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    cancel_requested: bool
-    profile_steps: int = 0
-
-
-# Where each kind of report batch goes, and the key its items travel under.
-BATCH_ROUTES = {
-    "metrics": ("metrics", "points"),
-    "spans": ("spans", "spans"),
-    "trajectories": ("trajectories", "trajectories"),
-}
+# The claim answer and the heartbeat answer, as the wire contract defines them.
+Claim = ClaimRead
+Heartbeat = HeartbeatRead
 
 
 class ControlPlane:
@@ -91,30 +88,23 @@ class ControlPlane:
         self._http.close()
 
     def claim(self, run_id: str, lease_seconds: float) -> Claim:
-        body = {"worker_id": self.worker_id, "lease_seconds": lease_seconds}
+        body = _body(ClaimBody, worker_id=self.worker_id, lease_seconds=lease_seconds)
         data = self._post(f"/internal/runs/{run_id}/claim", body, on_conflict=ClaimRefused)
-        return Claim(
-            run_id=data["run_id"],
-            spec=data["spec"],
-            attempt=int(data.get("attempt", 1)),
-            checkpoint=data.get("checkpoint"),
-            environment=data.get("environment"),
-        )
+        return _answer(ClaimRead, data, "claim")
 
     def heartbeat(self, run_id: str, inflight: Mapping[str, Any] | None = None) -> Heartbeat:
-        body: dict[str, Any] = {"worker_id": self.worker_id}
+        fields: dict[str, Any] = {"worker_id": self.worker_id}
         if inflight is not None:
-            body["inflight"] = dict(inflight)
+            fields["inflight"] = inflight
+        body = _body(HeartbeatBody, **fields)
         data = self._post(f"/internal/runs/{run_id}/heartbeat", body, on_conflict=LeaseLost)
-        return Heartbeat(
-            cancel_requested=bool(data.get("cancel_requested", False)),
-            profile_steps=int(data.get("profile_steps") or 0),
-        )
+        return _answer(HeartbeatRead, data, "heartbeat")
 
     def report_status(self, run_id: str, status: str, error: str | None = None) -> None:
-        body: dict[str, Any] = {"worker_id": self.worker_id, "status": status}
+        fields: dict[str, Any] = {"worker_id": self.worker_id, "status": status}
         if error is not None:
-            body["error"] = error[:4000]
+            fields["error"] = error[:4000]
+        body = _body(StatusBody, **fields)
         self._post(f"/internal/runs/{run_id}/status", body, on_conflict=LeaseLost)
 
     def send_batch(
@@ -126,16 +116,16 @@ class ControlPlane:
         *,
         retry_seconds: float | None = None,
     ) -> bool:
-        """Send one numbered batch of ``kind`` (see BATCH_ROUTES); True if already stored."""
-        route, key = BATCH_ROUTES[kind]
-        body = {"worker_id": self.worker_id, "seq": seq, key: list(items)}
+        """Send one numbered batch of ``kind`` (see BATCHES); True if already stored."""
+        route, model, key = BATCHES[kind]
+        body = _body(model, worker_id=self.worker_id, seq=seq, **{key: list(items)})
         data = self._post(
             f"/internal/runs/{run_id}/{route}",
             body,
             on_conflict=LeaseLost,
             retry_seconds=retry_seconds,
         )
-        return bool(data.get("duplicate", False))
+        return _answer(IngestRead, data, route).duplicate
 
     def send_metrics(
         self,
@@ -156,7 +146,7 @@ class ControlPlane:
         retry_seconds: float | None = None,
     ) -> None:
         """Record a file the run wrote (a checkpoint, a profile); idempotent on (kind, step)."""
-        body = {"worker_id": self.worker_id, "kind": kind, **record}
+        body = _body(ArtifactBody, worker_id=self.worker_id, kind=kind, **record)
         self._post(
             f"/internal/runs/{run_id}/artifacts",
             body,
@@ -204,3 +194,20 @@ def _message(response: httpx.Response) -> str:
         return str(error.get("message") or response.text)
     except ValueError:
         return response.text[:500]
+
+
+def _body(model: type[BaseModel], **fields: Any) -> dict[str, Any]:
+    """``fields`` validated as ``model``, as JSON (fields left out stay out: the server's
+    defaults apply); a body the control plane would refuse is refused here."""
+    try:
+        body = model.model_validate(fields)
+    except ValidationError as exc:
+        raise ControlPlaneError(f"{model.__name__} is not valid: {exc}") from None
+    return body.model_dump(mode="json", exclude_unset=True)
+
+
+def _answer(model: type[A], data: dict[str, Any], what: str) -> A:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ControlPlaneError(f"the control plane's {what} answer is not valid: {exc}") from None

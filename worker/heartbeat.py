@@ -59,6 +59,6 @@ class Heartbeater:
                 log.info("cancel requested for %s", self._run_id)
                 self.cancel_requested.set()
                 self.control.request_stop()
-            if beat.profile_steps > 0:
+            if beat.profile_steps:
                 log.info("profile of %d steps requested for %s", beat.profile_steps, self._run_id)
                 self.control.request_profile(beat.profile_steps)

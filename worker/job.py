@@ -66,20 +66,18 @@ def _train_claimed(
 
     run_id = claim.run_id
     webhooks = {}
-    if claim.environment is not None:
-        env = claim.environment
-        webhooks[env["id"]] = WebhookTarget(
-            id=env["id"],
-            url=env["url"],
-            secret=env["secret"],
-            timeout_s=float(env["timeout_s"]),
-            max_concurrency=int(env["max_concurrency"]),
+    if (grant := claim.environment) is not None:
+        webhooks[grant.id] = WebhookTarget(
+            id=grant.id,
+            url=grant.url,
+            secret=grant.secret,
+            timeout_s=grant.timeout_s,
+            max_concurrency=grant.max_concurrency,
         )
     resume_from = None
     if claim.checkpoint is not None:
-        resume_from = str(claim.checkpoint["uri"])
-        step = claim.checkpoint["step"]
-        log.info("run %s: resuming from step %s (%s)", run_id, step, resume_from)
+        resume_from = claim.checkpoint.uri
+        log.info("run %s: resuming from step %s (%s)", run_id, claim.checkpoint.step, resume_from)
     try:
         spec = parse_spec(claim.spec)
         api.report_status(run_id, "running")

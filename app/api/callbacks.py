@@ -7,13 +7,13 @@ against the secret of the environment the episode's run uses.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Request, Response
-from pydantic import BaseModel
 
 from app.api.deps import SessionDep, StateDep, WorkerDep
 from app.schemas.environments import CallbackAccepted
+from app.schemas.internal import CallbackRead
 from app.services import callbacks as service
 
 router = APIRouter(prefix="/v1/env-callbacks", tags=["environments"])
@@ -37,10 +37,6 @@ async def post_callback(
     # Background tasks run after the response, i.e. after the commit: a woken poll finds the row.
     background.add_task(app_state.relay.notify, (episode_id, step))
     return CallbackAccepted(accepted=True)
-
-
-class CallbackRead(BaseModel):
-    body: dict[str, Any]
 
 
 @internal_router.get(

@@ -12,6 +12,7 @@ from app.schemas.results import (
     INT64,
     CheckpointPage,
     CheckpointRead,
+    InflightIn,
     InflightRead,
     ProfileCreate,
     ProfileRead,
@@ -71,7 +72,8 @@ async def list_checkpoints(
 @router.get("/{run_id}/inflight", response_model=InflightRead)
 async def get_inflight(run_id: str, session: SessionDep, tenant_id: TenantDep) -> InflightRead:
     run = await service.inflight(session, tenant_id, run_id)
-    return InflightRead(reported_at=run.inflight_at, snapshot=run.inflight)
+    snapshot = None if run.inflight is None else InflightIn.model_validate(run.inflight)
+    return InflightRead(reported_at=run.inflight_at, snapshot=snapshot)
 
 
 @router.post("/{run_id}/profile", status_code=202, response_model=ProfileRead)

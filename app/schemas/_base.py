@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Annotated
+from pydantic import BaseModel, ConfigDict
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
-
-
-def _utc(value: datetime) -> datetime:
-    # SQLite keeps no zone; every stored time is UTC, so say so in the response.
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
-
-
-Timestamp = Annotated[datetime, AfterValidator(_utc)]
+# A time in UTC (one without a zone, as SQLite keeps them, is read as UTC); the wire
+# contract's own type, so the public reads and the worker's answers say times alike.
+from rl_core.protocol.internal import Timestamp
 
 
 class Body(BaseModel):
     """A request body: unknown fields are a 422 naming them, never silently dropped."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+__all__ = ["Body", "Timestamp"]

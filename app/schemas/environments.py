@@ -8,6 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from app.schemas._base import Body, Timestamp
 
+# What crosses to the worker and back from an environment: the wire contract's own models.
+from rl_core.protocol.internal import EnvironmentGrant
+from rl_core.protocol.webhook import CallbackAccepted
+
 MIN_SECRET_CHARS = 16
 
 
@@ -53,15 +57,13 @@ class CheckRead(BaseModel):
     calls: list[CheckCall]
 
 
-class CallbackAccepted(BaseModel):
-    accepted: bool
-
-
-class EnvironmentGrant(BaseModel):
-    """What a worker needs to call the environment (over /internal, to the lease owner only)."""
-
-    id: str
-    url: str
-    secret: str
-    timeout_s: float
-    max_concurrency: int
+__all__ = [
+    "MIN_SECRET_CHARS",
+    "CallbackAccepted",
+    "CheckCall",
+    "CheckRead",
+    "EnvironmentCreate",
+    "EnvironmentGrant",
+    "EnvironmentPage",
+    "EnvironmentRead",
+]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -25,6 +26,7 @@ from app.errors import Conflict, NotFound, Unauthorized, Unprocessable
 from app.services import run_states
 from app.services.environments import ID_PREFIX, environment_name
 from rl_core.protocol.signing import HEADER, SignatureError, verify
+from rl_core.protocol.webhook import parse_callback, problems
 
 Key = tuple[str, int]
 
@@ -103,6 +105,14 @@ async def accept(
         raise Unprocessable(f"body is not valid JSON: {exc}", field="body") from None
     if not isinstance(body, dict):
         raise Unprocessable("body must be a JSON object (the step's result)", field="body")
+    try:
+        parse_callback(body)  # stored as posted; the worker parses it again when it takes it
+    except ValidationError as exc:
+        raise Unprocessable(
+            f"the body is neither a step answer {{messages, reward, done, info}} nor a "
+            f"failure {{error: {{code, message}}}}: {problems(exc)}",
+            field="body",
+        ) from None
     replay = Conflict(
         f"a result for episode {episode_id} step {step} was stored already; a step is "
         "answered once",

@@ -18,16 +18,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import logging
 import random
 import ssl
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import certifi
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from rl_core.envs.base import Action, Message, Reset, Step
 from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
@@ -41,10 +41,12 @@ from rl_core.envs.errors import (
     WebhookUnavailable,
 )
 from rl_core.envs.resilience import CircuitBreaker, FailureBudget, backoff_s
+from rl_core.protocol import webhook as wire
 from rl_core.protocol.signing import HEADER, sign
 from rl_core.spec import WebhookCallSpec
 
 log = logging.getLogger(__name__)
+A = TypeVar("A", bound=BaseModel)
 
 _RETRYABLE_STATUS = frozenset({408, 425, 429})
 CALLBACK_POLL_S = 25.0  # one long-poll of the CallbackSource; the loop runs to the deadline
@@ -89,35 +91,49 @@ class WebhookEnvironment:
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
         self._check_budget()
         self.budget.start()
-        payload = {"episode_id": episode_id, "seed": seed, "config": dict(config)}
+        payload = wire.ResetRequest(episode_id=episode_id, seed=seed, config=dict(config))
         body = await self._episode_call(episode_id, "reset", payload, self.policy.step_deadline_s)
-        return Reset(
-            messages=_messages(body.get("messages"), {"system", "user"}, self.target.id),
-            tools=_list_of_dicts(body.get("tools", []), "tools", self.target.id),
-            info=_info(body, self.target.id),
-        )
+        answer = self._parse(wire.ResetAnswer, body, f"{episode_id}: the /reset answer")
+        return Reset(messages=_messages(answer.messages), tools=answer.tools, info=answer.info)
 
     async def step(self, episode_id: str, step: int, action: Action) -> Step:
         self._check_budget()
-        payload = {
-            "episode_id": episode_id,
-            "step": step,
-            "action": {
-                "content": action.content,
-                "tool_calls": [dataclasses.asdict(call) for call in action.tool_calls],
-            },
-        }
+        payload = wire.StepRequest(
+            episode_id=episode_id,
+            step=step,
+            action=wire.Action(
+                content=action.content,
+                tool_calls=[wire.ToolCall(**dataclasses.asdict(c)) for c in action.tool_calls],
+            ),
+        )
         body = await self._episode_call(
             episode_id, "step", payload, self.policy.step_deadline_s, step=step
         )
-        return _step(body, self.target.id)
+        answer = self._parse(wire.StepAnswer, body, f"{episode_id}: the answer to step {step}")
+        return Step(
+            messages=_messages(answer.messages),
+            reward=answer.reward,
+            done=answer.done,
+            info=answer.info,
+        )
 
     async def close(self, episode_id: str) -> None:
         try:
             deadline = time.monotonic() + self.call_timeout_s * 2
-            await self._call("close", {"episode_id": episode_id}, deadline, retries=1)
+            await self._call("close", wire.CloseRequest(episode_id=episode_id), deadline, retries=1)
         finally:
             self.budget.close(episode_id)
+
+    def _parse(self, model: type[A], body: dict[str, Any], what: str) -> A:
+        """``body`` as ``model``, or a `WebhookProtocolError` naming each wrong field."""
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise WebhookProtocolError(
+                self.target.id,
+                f"{what} is not protocol {wire.VERSION}: {wire.problems(exc)} "
+                "(docs/environment-protocol.md)",
+            ) from None
 
     async def aclose(self) -> None:
         """Close the HTTP client (the runner calls this once the run ends)."""
@@ -138,7 +154,7 @@ class WebhookEnvironment:
         self,
         episode_id: str,
         route: str,
-        payload: dict[str, Any],
+        payload: BaseModel,
         deadline_s: float,
         *,
         step: int | None = None,
@@ -146,12 +162,15 @@ class WebhookEnvironment:
         deadline = time.monotonic() + deadline_s
         try:
             status, body = await self._call(route, payload, deadline)
-            if status == 202 and body.get("deferred") is True and step is not None:
-                body = await self._await_deferred(episode_id, step, deadline)
-            elif status == 202:
+            if status == 202 and route != "step":
                 raise WebhookProtocolError(
                     self.target.id, f"/{route} answered 202; only /step may defer its result"
                 )
+            if status == 202 and step is not None:
+                self._parse(
+                    wire.DeferredAnswer, body, f"{episode_id}: the 202 answer to step {step}"
+                )
+                body = await self._await_deferred(episode_id, step, deadline)
             return body
         except WebhookError as exc:
             self.budget.fail(episode_id, str(exc))
@@ -176,11 +195,18 @@ class WebhookEnvironment:
                     self.target.id, f"waiting for the deferred result failed: {exc!r}"
                 ) from exc
             if result is not None:
-                error = result.get("error")
-                if isinstance(error, dict):  # the server's step failed after it deferred
+                try:
+                    answer = wire.parse_callback(dict(result))
+                except ValidationError as exc:
+                    raise WebhookProtocolError(
+                        self.target.id,
+                        f"{episode_id}: the deferred result of step {step} is not protocol "
+                        f"{wire.VERSION}: {wire.problems(exc)} (docs/environment-protocol.md)",
+                    ) from None
+                if isinstance(answer, wire.ErrorAnswer):  # the step failed after it deferred
                     raise WebhookUnavailable(
                         self.target.id,
-                        f"deferred step {step} of {episode_id} failed: {error.get('message')}",
+                        f"deferred step {step} of {episode_id} failed: {answer.error.message}",
                     )
                 return dict(result)
         raise DeferredTimeout(
@@ -190,12 +216,12 @@ class WebhookEnvironment:
         )
 
     async def _call(
-        self, route: str, payload: dict[str, Any], deadline: float, *, retries: int | None = None
+        self, route: str, payload: BaseModel, deadline: float, *, retries: int | None = None
     ) -> tuple[int, dict[str, Any]]:
         """POST with retries; the status and decoded JSON body of the first good answer."""
         client, slots = self._bind()
         url = f"{self.target.url.rstrip('/')}/{route}"
-        raw = json.dumps(payload, separators=(",", ":")).encode()
+        raw = payload.model_dump_json().encode()
         attempts = 1 + (self.policy.retries if retries is None else retries)
         failure = "no attempt made"
         made = 0
@@ -337,46 +363,9 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def _messages(value: Any, roles: set[str], target_id: str) -> list[Message]:
-    items = _list_of_dicts(value, "messages", target_id)
-    for item in items:
-        if item.get("role") not in roles or not isinstance(item.get("content"), str):
-            raise WebhookProtocolError(
-                target_id,
-                f"each message needs a role in {sorted(roles)} and a string content; got {item}",
-            )
-    return items
-
-
-def _list_of_dicts(value: Any, field: str, target_id: str) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise WebhookProtocolError(target_id, f"'{field}' must be a list of objects")
-    return value
-
-
-def _info(body: Mapping[str, Any], target_id: str) -> dict[str, Any]:
-    info = body.get("info") or {}
-    if not isinstance(info, dict):
-        raise WebhookProtocolError(target_id, "'info' must be an object")
-    return info
-
-
-def _step(body: Mapping[str, Any], target_id: str) -> Step:
-    reward, done = body.get("reward"), body.get("done")
-    if (
-        isinstance(reward, bool)
-        or not isinstance(reward, int | float)
-        or not isinstance(done, bool)
-    ):
-        raise WebhookProtocolError(
-            target_id, "a step answer needs a numeric 'reward' and a boolean 'done'"
-        )
-    return Step(
-        messages=_messages(body.get("messages", []), {"tool", "user"}, target_id),
-        reward=float(reward),
-        done=done,
-        info=_info(body, target_id),
-    )
+def _messages(messages: Sequence[wire.Message]) -> list[Message]:
+    # As the server wrote them, unknown fields included: they reach the chat template.
+    return [m.model_dump(exclude_unset=True) for m in messages]
 
 
 __all__ = ["CallbackSource", "MemoryCallbacks", "WebhookEnvironment", "WebhookTarget"]

@@ -1,0 +1,288 @@
+"""The worker boundary: the bodies of ``/internal/runs/{run_id}/...`` (pure pydantic, no JAX).
+
+The control plane serves these routes (``app/api/internal.py``, ``app/api/ingest.py``,
+``app/api/callbacks.py``) and declares exactly these models as their bodies
+(``app/schemas`` re-exports them); the worker (``worker/api_client.py``) builds
+its requests from them and parses the answers into them. One definition, so
+the two sides cannot drift.
+
+Naming follows the control plane's: ``...Body`` is what the worker sends,
+``...Read`` is what the control plane answers, ``...In`` is an item of a body.
+
+Strict and tolerant sides:
+
+- What the worker **sends** forbids unknown fields (``extra="forbid"``): a
+  misspelt field is a 422 naming it, never silently dropped. Integer bounds
+  are the database columns' bounds, so a value the database would refuse is a
+  422 naming the field, not a 500.
+- What the control plane **answers** ignores unknown fields, so a control
+  plane that adds a field to an answer does not break a worker of the version
+  before.
+
+``rl_core.records`` holds the same records as frozen dataclasses: those are
+made on the pipeline's hot path (thousands of spans a second) without
+validation, and their ``to_json`` is the wire shape validated here.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+INT32 = 2**31 - 1
+INT64 = 2**63 - 1
+Scalar = str | int | float | bool
+
+
+def _utc(value: datetime) -> datetime:
+    # A time without a zone is UTC (SQLite keeps no zone; every stored time is UTC).
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
+WorkerId = Annotated[str, Field(min_length=1, max_length=200)]
+LeaseSeconds = Annotated[float, Field(gt=0, le=3600)]
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+class Sent(BaseModel):
+    """A body the worker sends: unknown fields are refused (a 422 naming them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Answer(BaseModel):
+    """An answer of the control plane: unknown fields are ignored (newer servers may add some)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- claim ----------------------------------------------------------------------------
+
+
+class ClaimBody(Sent):
+    worker_id: WorkerId
+    lease_seconds: LeaseSeconds = 60.0
+
+
+class EnvironmentGrant(Answer):
+    """What a worker needs to call the environment (over /internal, to the lease owner only)."""
+
+    id: str
+    url: str
+    secret: str = Field(repr=False)  # decrypted; never logged
+    timeout_s: float
+    max_concurrency: int
+
+
+class CheckpointRef(Answer):
+    """The newest checkpoint of a run, in the claim answer: where a new attempt resumes."""
+
+    step: int
+    uri: str
+    size_bytes: int | None = None
+
+
+class ClaimRead(Answer):
+    run_id: str
+    # The job spec as submitted; the worker validates it with rl_core.spec.parse_spec, so a
+    # spec it cannot run fails the run with the reason instead of failing the claim.
+    spec: dict[str, Any]
+    attempt: int
+    lease_expires_at: Timestamp
+    resume_step: int
+    # The registered webhook environment the spec names (secret decrypted), or None.
+    environment: EnvironmentGrant | None = None
+    checkpoint: CheckpointRef | None = None  # the newest checkpoint: where to resume from
+
+
+# --- heartbeat and status ------------------------------------------------------------
+
+
+class InflightEpisodeIn(Sent):
+    """``rl_core.records.InflightEpisode``."""
+
+    episode_id: str = Field(min_length=1, max_length=300)
+    stage: str = Field(min_length=1, max_length=64)
+    since_s: float = Field(ge=0)
+    turn: int = Field(ge=0, le=INT32)
+
+
+class InflightIn(Sent):
+    """``rl_core.records.InflightSnapshot`` as the heartbeat carries it."""
+
+    step: int = Field(ge=0, le=INT32)
+    trainer: str = Field(min_length=1, max_length=64)
+    trainer_since_s: float = Field(ge=0)
+    queue_depth: int = Field(ge=0, le=INT32)
+    episodes: list[InflightEpisodeIn] = Field(max_length=10_000)
+
+
+class HeartbeatBody(Sent):
+    worker_id: WorkerId
+    lease_seconds: LeaseSeconds = 60.0
+    inflight: InflightIn | None = None  # what the run waits on now (GET /v1/runs/{id}/inflight)
+
+
+class HeartbeatRead(Answer):
+    cancel_requested: bool
+    lease_expires_at: Timestamp
+    profile_steps: int | None = None  # profile the next N steps; handed out once
+
+
+class StatusBody(Sent):
+    worker_id: WorkerId
+    status: Literal["running", "succeeded", "failed", "cancelled"]
+    error: str | None = Field(default=None, max_length=20_000)
+
+
+class StatusRead(Answer):
+    status: str
+
+
+# --- numbered report batches ---------------------------------------------------------
+
+
+class WorkerBatch(Sent):
+    """A numbered batch: the control plane stores each ``(run, kind, seq)`` once."""
+
+    worker_id: WorkerId
+    seq: int = Field(ge=0, le=INT64)
+
+
+class PointIn(Sent):
+    step: int = Field(ge=0, le=INT32)
+    name: str = Field(min_length=1, max_length=200)
+    # Checked in pydantic-core, not a Python validator: a batch holds thousands of points.
+    value: float = Field(allow_inf_nan=False)
+
+
+class MetricsBody(WorkerBatch):
+    points: list[PointIn] = Field(max_length=100_000)
+
+
+class SpanIn(Sent):
+    """``rl_core.records.Span``."""
+
+    name: str = Field(min_length=1, max_length=64)
+    start_us: int = Field(ge=0, le=INT64)
+    dur_us: int = Field(ge=0, le=INT64)
+    track: str = Field(min_length=1, max_length=300)
+    step: int = Field(ge=0, le=INT32)
+    args: dict[str, Scalar] | None = None
+
+
+class SpansBody(WorkerBatch):
+    spans: list[SpanIn] = Field(max_length=100_000)
+
+
+class SegmentIn(Sent):
+    """``rl_core.records.TextSegment``."""
+
+    text: str
+    trained: bool
+
+
+class TrajectoryIn(Sent):
+    """``rl_core.records.TrajectoryRecord``."""
+
+    episode_id: str = Field(min_length=1, max_length=300)
+    step: int = Field(ge=0, le=INT32)
+    policy_version: int = Field(ge=0, le=INT32)
+    group: int = Field(ge=0, le=INT32)
+    reward: float
+    turns: int = Field(ge=0, le=INT32)
+    end_state: Literal["done", "truncated", "timeout", "env_error", "cancelled"]
+    end_reason: str | None = Field(default=None, max_length=2000)
+    model_tokens: int = Field(ge=0, le=INT64)
+    total_tokens: int = Field(ge=0, le=INT64)
+    duration_s: float = Field(ge=0)
+    segments: list[SegmentIn] = Field(max_length=10_000)
+    sampling: dict[str, float | int]
+    info: dict[str, Any] = Field(default_factory=dict)
+
+    _reward_finite = field_validator("reward", "duration_s")(_finite)
+
+
+class TrajectoriesBody(WorkerBatch):
+    trajectories: list[TrajectoryIn] = Field(max_length=10_000)
+
+
+class IngestRead(Answer):
+    accepted: int
+    duplicate: bool  # True: this (kind, seq) was stored before; nothing was added
+
+
+# --- artifacts ------------------------------------------------------------------------
+
+
+class ArtifactBody(Sent):
+    """A file the run wrote (``rl_core.records.CheckpointRecord`` plus its kind)."""
+
+    worker_id: WorkerId
+    kind: Literal["checkpoint", "profile", "export"]
+    step: int = Field(ge=0, le=INT32)
+    uri: str = Field(min_length=1, max_length=4096)
+    size_bytes: int | None = Field(default=None, ge=0, le=INT64)
+
+
+class ArtifactStored(Answer):
+    stored: bool
+
+
+# --- deferred environment results -----------------------------------------------------
+
+
+class CallbackRead(Answer):
+    """``GET /internal/runs/{id}/env-callbacks/{episode_id}/{step}``: a deferred step's
+    result as the environment posted it (``rl_core.protocol.webhook.CallbackBody``)."""
+
+    body: dict[str, Any]
+
+
+# Each kind of numbered batch: its route under /internal/runs/{id}/, its body, and the
+# field its items travel under.
+BATCHES: dict[str, tuple[str, type[WorkerBatch], str]] = {
+    "metrics": ("metrics", MetricsBody, "points"),
+    "spans": ("spans", SpansBody, "spans"),
+    "trajectories": ("trajectories", TrajectoriesBody, "trajectories"),
+}
+
+__all__ = [
+    "BATCHES",
+    "INT32",
+    "INT64",
+    "Answer",
+    "ArtifactBody",
+    "ArtifactStored",
+    "CallbackRead",
+    "CheckpointRef",
+    "ClaimBody",
+    "ClaimRead",
+    "EnvironmentGrant",
+    "HeartbeatBody",
+    "HeartbeatRead",
+    "InflightEpisodeIn",
+    "InflightIn",
+    "IngestRead",
+    "MetricsBody",
+    "PointIn",
+    "SegmentIn",
+    "Sent",
+    "SpanIn",
+    "SpansBody",
+    "StatusBody",
+    "StatusRead",
+    "Timestamp",
+    "TrajectoriesBody",
+    "TrajectoryIn",
+    "WorkerBatch",
+]
