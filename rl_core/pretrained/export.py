@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +95,14 @@ def export_hf(
     *,
     tokenizer: ChatTokenizer | CheckpointTokenizer | None = None,
     chat_template: str | None = None,
+    untie: bool = False,
 ) -> Path:
-    """Write ``directory`` (created; files replaced) and return it."""
-    from safetensors.numpy import save_file
+    """Write ``directory`` (created; files replaced) and return it.
 
+    ``untie`` writes a tied model as an untied one (``lm_head.weight`` a copy of the
+    embedding; the same function): what vLLM must serve to reload weights in place,
+    since its in-place reload skips a tied LM head and leaves the old one serving.
+    """
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     base = tokenizer.tokenizer if isinstance(tokenizer, ChatTokenizer) else tokenizer
@@ -109,12 +114,10 @@ def export_hf(
         eos_token_id=None if base is None else base.eos_id,
         pad_token_id=None if base is None else base.pad_id,
     )
+    if untie:
+        config["tie_word_embeddings"] = False
     _write_json(target / "config.json", config)
-    # Atomic per file: a reader never sees a half-written safetensors file.
-    with tempfile.NamedTemporaryFile(dir=target, suffix=".tmp", delete=False) as tmp:
-        temp_path = Path(tmp.name)
-    save_file(model_to_tensors(model), str(temp_path), metadata={"format": "pt"})
-    os.replace(temp_path, target / "model.safetensors")
+    write_weights(model, target, untie=untie)
     if base is not None:
         base.backend.save(str(target / "tokenizer.json"))
         tokenizer_config: dict[str, Any] = {
@@ -125,6 +128,42 @@ def export_hf(
             tokenizer_config["chat_template"] = chat_template
         _write_json(target / "tokenizer_config.json", tokenizer_config)
     return target
+
+
+def write_weights(model: Model, directory: str | Path, *, untie: bool = False) -> Path:
+    """Write only ``directory/model.safetensors`` (the folder is created) and return its path.
+
+    What a server that already runs the architecture reloads in place (`VllmEngine`);
+    ``untie`` as in `export_hf`. Atomic: a reader never sees a half-written file.
+    """
+    from safetensors.numpy import save_file
+
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target, suffix=".tmp", delete=False) as tmp:
+        temp_path = Path(tmp.name)
+    tensors = model_to_tensors(model)
+    if untie and "lm_head.weight" not in tensors:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    save_file(tensors, str(temp_path), metadata={"format": "pt"})
+    os.replace(temp_path, target / "model.safetensors")
+    return target / "model.safetensors"
+
+
+def weights_writer(model: Model, *, untie: bool = False) -> Callable[[Any, Path], Path]:
+    """``write(params, directory)``: `write_weights` of ``model``'s structure holding ``params``.
+
+    ``params`` is what the trainer hands the engine (`nnx.state` of a model of this
+    structure). Lets an engine that imports no JAX (`VllmEngine`) publish new weights.
+    """
+    from flax import nnx
+
+    graphdef = nnx.graphdef(model)
+
+    def write(params: Any, directory: Path) -> Path:
+        return write_weights(nnx.merge(graphdef, params), directory, untie=untie)
+
+    return write
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:

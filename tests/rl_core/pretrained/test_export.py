@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -56,3 +57,20 @@ def test_configs_transformers_cannot_express_are_refused() -> None:
         hf_config(ModelConfig.tiny(vocab_size=10, qkv_bias=True))
     with pytest.raises(ValueError, match="qk_norm"):
         hf_config(ModelConfig.tiny(vocab_size=10, qk_norm=True))
+
+
+def test_untie_writes_a_tied_model_as_an_untied_one_of_the_same_function(tmp_path: Path) -> None:
+    """What vLLM serves: its in-place weight reload skips a tied LM head."""
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = Model(ModelConfig.tiny(vocab_size=97), rngs=nnx.Rngs(2))
+    out = export_hf(model, tmp_path, untie=True)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+    tensors = load_file(str(out / "model.safetensors"))
+    np.testing.assert_array_equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"])
+    ids = [3, 14, 15, 92, 65, 35]
+    theirs = AutoModelForCausalLM.from_pretrained(out).eval()
+    np.testing.assert_allclose(
+        our_logits(model, [ids], pad=8)[0], hf_logits(theirs, ids), atol=1e-5
+    )

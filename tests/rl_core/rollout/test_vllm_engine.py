@@ -1,0 +1,301 @@
+"""`VllmEngine` against one real vLLM CPU server per session, on a tiny model written here.
+
+The server runs from vLLM's own venv (built by scripts/vllm_venv.sh when missing) and
+serves a random Llama exported by `rl_core.pretrained.export`; our JAX model holding the
+same weights is the reference for every logprob the server returns. ``head_dim`` is 32:
+vLLM's CPU attention refuses anything smaller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_core.errors import RolloutError
+from rl_core.models import Model, ModelConfig
+from rl_core.pretrained.export import export_hf, weights_writer
+from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
+from rl_core.rollout.vllm_engine import VllmEngine
+from rl_core.rollout.vllm_server import VllmServer, VllmServerConfig, vllm_python
+from tests.rl_core.models.hf_reference import our_logits
+
+CONFIG = ModelConfig.tiny(vocab_size=96, n_heads=2, n_kv_heads=1, head_dim=32)
+STOP = 3
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17], [20]]
+MAX_LEN = 512
+# float32 on both sides; the kernels differ (vLLM's CPU attention vs XLA), so the last bits do.
+TOL = 2e-4
+REPO = Path(__file__).resolve().parents[3]
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class Served:
+    server: VllmServer
+    engine: VllmEngine
+    model: Model  # what the server holds now; the update test replaces it
+
+
+@pytest.fixture(scope="session")
+def vllm_interpreter() -> Path:
+    """The vLLM venv's python; built here (minutes, once per machine) when it is missing."""
+    python = vllm_python()
+    if not python.exists():
+        subprocess.run([str(REPO / "scripts" / "vllm_venv.sh")], check=True, timeout=1800)
+    return python
+
+
+@pytest.fixture(scope="session")
+def served(vllm_interpreter: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    folder = tmp_path_factory.mktemp("vllm-model")
+    model = Model(CONFIG, rngs=nnx.Rngs(0))
+    export_hf(model, folder, untie=True)
+    config = VllmServerConfig(max_model_len=MAX_LEN, max_num_seqs=32, python=vllm_interpreter)
+    server = VllmServer(folder, config, log_path=folder.parent / "vllm-server.log")
+    server.start()
+    engine = VllmEngine(
+        server.url, stop_ids=(STOP,), write_weights=weights_writer(model, untie=True)
+    )
+    try:
+        yield Served(server, engine, model)
+    finally:
+        engine.close()
+        server.stop()
+
+
+def run(engine: VllmEngine, coro: Coroutine[Any, Any, T]) -> T:
+    """``coro`` on a fresh event loop, the engine's connections closed at its end."""
+
+    async def main() -> T:
+        async with engine.serving():
+            return await coro
+
+    return asyncio.run(main())
+
+
+def our_logprobs(
+    model: Model, prompt: Sequence[int], tokens: Sequence[int], **filt: float
+) -> np.ndarray:
+    """Our model's log-probability of each of ``tokens`` after ``prompt`` ([N]).
+
+    ``filt`` takes ``temperature`` and ``top_k``: the distribution then is that of the
+    sampler (logits / T, all but the k largest removed, renormalised).
+    """
+    ids = [*prompt, *tokens]
+    logits = our_logits(model, [ids], pad=MAX_LEN)[0][len(prompt) - 1 : len(ids) - 1]
+    logits = logits / filt.get("temperature", 1.0)
+    k = int(filt.get("top_k", 0))
+    if k:
+        kth = np.sort(logits, axis=-1)[:, -k][:, None]
+        logits = np.where(logits >= kth, logits, -np.inf)
+    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+    return logp[np.arange(len(tokens)), tokens]
+
+
+def generate(
+    engine: VllmEngine, sampling: SamplingParams, seeds: Sequence[int], n: int = 24
+) -> list[Completion]:
+    return run(engine, engine.generate(PROMPTS, max_new_tokens=n, sampling=sampling, seeds=seeds))
+
+
+def test_is_a_rollout_engine(served: Served) -> None:
+    assert isinstance(served.engine, RolloutEngine)
+    assert served.server.start_s is not None and served.server.running
+
+
+def test_sampled_tokens_come_with_their_logprobs_under_our_model(served: Served) -> None:
+    sampling = SamplingParams(temperature=1.0)
+    out = generate(served.engine, sampling, seeds=[1, 2, 3, 4])
+    assert [len(c.tokens) for c in out] == [len(c.logprobs) for c in out]
+    worst = 0.0
+    for prompt, c in zip(PROMPTS, out, strict=True):
+        assert c.tokens, "every prompt got at least one token"
+        if c.finish_reason == "stop":
+            assert c.tokens[-1] == STOP and STOP not in c.tokens[:-1]
+        else:
+            assert len(c.tokens) == 24 and STOP not in c.tokens
+        ours = our_logprobs(served.model, prompt, c.tokens)
+        worst = max(worst, float(np.max(np.abs(ours - np.asarray(c.logprobs)))))
+    print(f"max |Δ logprob| (T=1, initial weights): {worst:.2e}")
+    assert worst < TOL
+    # Seeds make sampling reproducible; other seeds sample other tokens.
+    again = generate(served.engine, sampling, seeds=[1, 2, 3, 4])
+    assert [c.tokens for c in again] == [c.tokens for c in out]
+    other = generate(served.engine, sampling, seeds=[5, 6, 7, 8])
+    assert [c.tokens for c in other] != [c.tokens for c in out]
+
+
+def test_logprobs_are_those_of_the_filtered_distribution(served: Served) -> None:
+    """After temperature and top-k (--logprobs-mode processed_logprobs), not the raw ones."""
+    sampling = SamplingParams(temperature=0.7, top_k=5)
+    out = generate(served.engine, sampling, seeds=[11, 12, 13, 14])
+    for prompt, c in zip(PROMPTS, out, strict=True):
+        filtered = our_logprobs(served.model, prompt, c.tokens, temperature=0.7, top_k=5)
+        raw = our_logprobs(served.model, prompt, c.tokens)
+        np.testing.assert_allclose(c.logprobs, filtered, atol=TOL)
+        assert np.max(np.abs(raw - filtered)) > 0.1  # the check could tell the two apart
+
+
+def test_greedy_continues_with_the_argmax_and_logprob_zero(served: Served) -> None:
+    out = generate(served.engine, SamplingParams(temperature=0.0), seeds=[0, 0, 0, 0], n=8)
+    for prompt, c in zip(PROMPTS, out, strict=True):
+        assert c.logprobs == [0.0] * len(c.tokens)
+        ids = [*prompt, *c.tokens]
+        logits = our_logits(served.model, [ids], pad=MAX_LEN)[0]
+        assert c.tokens == [
+            int(np.argmax(logits[len(prompt) - 1 + i])) for i in range(len(c.tokens))
+        ]
+
+
+def test_many_requests_in_flight_each_get_their_own_budget(served: Served) -> None:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(40)]
+    limits = [1 + i % 7 for i in range(40)]
+    out = run(
+        served.engine,
+        served.engine.generate(
+            prompts, max_new_tokens=limits, sampling=SamplingParams(), seeds=list(range(40))
+        ),
+    )
+    for c, limit in zip(out, limits, strict=True):
+        assert len(c.tokens) == limit or (c.finish_reason == "stop" and len(c.tokens) < limit)
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.MULTILINE)
+    assert match, name
+    return float(match.group(1))
+
+
+def test_a_cancelled_generate_aborts_its_request_on_the_server(served: Served) -> None:
+    url = served.server.url
+    # No stop ids: the request runs to its token budget unless it is aborted.
+    engine = VllmEngine(url, stop_ids=())
+    budget = MAX_LEN - len(PROMPTS[0])
+
+    def gauges() -> tuple[float, float]:  # (requests running, tokens generated so far)
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        return (
+            _metric(text, "vllm:num_requests_running"),
+            _metric(text, "vllm:generation_tokens_total"),
+        )
+
+    async def poll(until: Callable[[float, float], bool], what: str) -> tuple[float, float]:
+        for _ in range(150):
+            running, tokens = await asyncio.to_thread(gauges)
+            if until(running, tokens):
+                return running, tokens
+            await asyncio.sleep(0.2)
+        raise AssertionError(what)
+
+    async def cancel_midway() -> float:
+        _, before = await asyncio.to_thread(gauges)
+        task = asyncio.create_task(
+            engine.generate(
+                [PROMPTS[0]], max_new_tokens=budget, sampling=SamplingParams(), seeds=[0]
+            )
+        )
+        await poll(lambda _, tokens: tokens >= before + 5, "the request never generated")
+        # Frozen while it is cancelled, so it cannot race to the end of its budget first.
+        await asyncio.to_thread(httpx.post, f"{url}/pause", params={"mode": "keep"}, timeout=30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)  # the server sees the disconnect
+        await asyncio.to_thread(httpx.post, f"{url}/resume", timeout=30)
+        _, after = await poll(lambda running, _: running == 0, "the request still runs")
+        await asyncio.sleep(1.0)
+        _, later = await asyncio.to_thread(gauges)
+        assert later == after, "tokens are still being generated"
+        return after - before
+
+    generated = run(engine, cancel_midway())
+    engine.close()
+    print(f"cancelled after {generated:.0f} of {budget} tokens")
+    assert generated < budget
+
+
+def _serves(engine: VllmEngine, model: Model) -> float:
+    """max |Δ logprob| between the server and ``model`` over fixed tokens."""
+    tokens = [1, *range(5, 60)]
+    theirs = np.asarray(run(engine, engine.score(tokens)))
+    ours = our_logprobs(model, tokens[:1], tokens[1:])
+    return float(np.max(np.abs(theirs - ours)))
+
+
+def test_weight_updates_are_live_and_a_stale_server_is_caught(served: Served) -> None:
+    engine = served.engine
+    assert _serves(engine, served.model) < TOL
+    for version in (1, 2):
+        old = served.model
+        new = Model(CONFIG, rngs=nnx.Rngs(100 + version))
+        engine.update_weights(nnx.state(new), version=version)
+        served.model = new
+        fresh, stale = _serves(engine, new), _serves(engine, old)
+        update = engine.updates[-1]
+        out = generate(engine, SamplingParams(), seeds=[1, 2, 3, 4], n=8)
+        sampled = np.concatenate(
+            [
+                np.asarray(c.logprobs) - our_logprobs(new, p, c.tokens)
+                for p, c in zip(PROMPTS, out, strict=True)
+            ]
+        )
+        print(
+            f"update {version}: max |Δ logprob| new {fresh:.2e}, vs old weights {stale:.2f}; "
+            f"sampled tokens max |Δ| {np.max(np.abs(sampled)):.2e}, KL estimate "
+            f"{float(np.mean(sampled)):.1e}; write {update.write_s * 1e3:.0f} ms, "
+            f"pause {update.pause_s * 1e3:.0f} ms, total {update.total_s * 1e3:.0f} ms"
+        )
+        assert fresh < TOL
+        assert stale > 100 * TOL  # a server still on the old weights fails the check above
+        assert np.max(np.abs(sampled)) < TOL
+        assert engine.policy_version == version
+        assert {c.policy_version for c in out} == {version}
+
+
+def test_the_engine_and_server_modules_load_no_jax() -> None:
+    code = (
+        "import sys, rl_core.rollout.vllm_engine, rl_core.rollout.vllm_server; "
+        "assert 'jax' not in sys.modules and 'vllm' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_missing_vllm_venv_is_reported_with_the_fix(tmp_path: Path) -> None:
+    export_hf(Model(CONFIG, rngs=nnx.Rngs(0)), tmp_path / "m")
+    config = VllmServerConfig(max_model_len=64, python=tmp_path / "no-venv" / "python")
+    with pytest.raises(RolloutError, match=r"scripts/vllm_venv\.sh"):
+        VllmServer(tmp_path / "m", config).start()
+
+
+def test_a_server_that_is_gone_is_reported() -> None:
+    engine = VllmEngine("http://127.0.0.1:9", stop_ids=(STOP,), request_timeout_s=5)
+    with pytest.raises(RolloutError, match="unreachable"):
+        generate(engine, SamplingParams(), seeds=[0, 0, 0, 0], n=1)
+    engine.close()
+
+
+def test_the_server_process_group_ends_with_stop(served: Served) -> None:
+    """Last in the file: the session server is stopped here, so nothing outlives the run."""
+    pgid = served.server.pid
+    assert pgid is not None
+    started = time.monotonic()
+    served.server.stop()
+    assert not served.server.running
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    assert time.monotonic() - started < 60
