@@ -148,11 +148,15 @@ class RolloutSpec(_Section):
     episode_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
 
     @model_validator(mode="after")
-    def _vllm_needs_url(self) -> RolloutSpec:
-        if self.engine == "vllm" and not self.vllm_url:
-            raise ValueError("vllm_url is required when engine is 'vllm'")
+    def _vllm_url_only_for_vllm(self) -> RolloutSpec:
+        # engine 'vllm' without a URL: rlaas starts a vLLM server for the run itself.
         if self.engine == "jax" and self.vllm_url:
             raise ValueError("vllm_url is only used when engine is 'vllm'")
+        if self.vllm_url is not None and not self.vllm_url.startswith(("http://", "https://")):
+            raise ValueError(
+                "vllm_url must be an http:// or https:// URL of a vLLM server; "
+                "leave it out to have rlaas start one"
+            )
         return self
 
 

@@ -78,7 +78,7 @@ async def test_an_unknown_run_is_404(api: Api) -> None:
         (spec(algorithm={"lr": 0.1}), "spec.algorithm.lr", "Extra inputs"),
         (spec(rollout={"group_size": "many"}), "spec.rollout.group_size", "valid integer"),
         ({"environment": {}}, "spec.environment.name", "Field required"),
-        (spec(rollout={"engine": "vllm"}), "spec.rollout", "vllm_url is required"),
+        (spec(rollout={"vllm_url": "http://10.0.0.2:8000"}), "spec.rollout", "only used when"),
     ],
 )
 async def test_an_invalid_spec_names_the_field_and_writes_nothing(

@@ -49,7 +49,8 @@ def test_round_trips_through_json() -> None:
         ({"version": 2}, "version", "Input should be 1"),
         ({"model": {"source": "tiny"}}, "model.source", "'<kind>:<name>'"),
         ({"model": {"source": "s3:bucket/x"}}, "model.source", "unknown model source kind"),
-        ({"rollout": {"engine": "vllm"}}, "rollout", "vllm_url is required"),
+        ({"rollout": {"vllm_url": "http://10.0.0.2:8000"}}, "rollout", "only used when engine"),
+        ({"rollout": {"engine": "vllm", "vllm_url": "10.0.0.2"}}, "rollout", "http:// or https://"),
         ({"algorithm": {"batch_groups": 6, "mini_batches": 4}}, "algorithm", "must divide"),
         ({"algorithm": {"entropy_floor": 0.1}}, "algorithm", "needs entropy_coef > 0"),
     ],
@@ -89,3 +90,10 @@ def test_quickstart_demo_is_the_tiny_game_example() -> None:
 def test_spec_module_imports_no_jax() -> None:
     code = "import sys, rl_core.spec; sys.exit('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_engine_vllm_takes_a_url_or_none() -> None:
+    """Without vllm_url the run starts its own vLLM server; with one it uses that server."""
+    assert parse_spec({**minimal(), "rollout": {"engine": "vllm"}}).rollout.vllm_url is None
+    spec = parse_spec({**minimal(), "rollout": {"engine": "vllm", "vllm_url": "http://h:8000"}})
+    assert spec.rollout.vllm_url == "http://h:8000"
