@@ -7,6 +7,11 @@ worker posts to ``/internal/runs/{id}/...``, so the control plane, the worker an
 the files written by ``rlaas train`` all agree on one format. Pure Python: the
 control plane may import this module (it imports no JAX).
 
+The wire shape is validated by the models of ``rl_core.protocol.internal``
+(``SpanIn``, ``TrajectoryIn``, ``InflightIn``, ...); these stay dataclasses
+because the pipeline makes them on its hot path, where validation would cost
+for nothing (tests/rl_core/protocol/test_records_wire.py holds the two to one shape).
+
 Times are integers in microseconds. ``start_us`` is wall-clock (Unix epoch),
 so spans from several processes line up on one timeline; durations come from
 a monotonic clock.
@@ -118,6 +123,28 @@ class TrajectoryRecord:
             "info": dict(self.info),
         }
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrajectoryRecord:
+        """The inverse of `to_json`; keys it does not know (a stored row's ``id``) are ignored."""
+        return cls(
+            episode_id=data["episode_id"],
+            step=int(data["step"]),
+            policy_version=int(data["policy_version"]),
+            group=int(data["group"]),
+            reward=float(data["reward"]),
+            turns=int(data["turns"]),
+            end_state=data["end_state"],
+            end_reason=data.get("end_reason"),
+            model_tokens=int(data["model_tokens"]),
+            total_tokens=int(data["total_tokens"]),
+            duration_s=float(data["duration_s"]),
+            segments=tuple(
+                TextSegment(text=s["text"], trained=bool(s["trained"])) for s in data["segments"]
+            ),
+            sampling=dict(data.get("sampling", {})),
+            info=dict(data.get("info", {})),
+        )
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointRecord:
@@ -166,6 +193,25 @@ class InflightSnapshot:
             "queue_depth": self.queue_depth,
             "episodes": [e.to_json() for e in self.episodes],
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> InflightSnapshot:
+        """The inverse of `to_json`; unknown keys are ignored."""
+        return cls(
+            step=int(data["step"]),
+            trainer=data["trainer"],
+            trainer_since_s=float(data["trainer_since_s"]),
+            queue_depth=int(data["queue_depth"]),
+            episodes=tuple(
+                InflightEpisode(
+                    episode_id=e["episode_id"],
+                    stage=e["stage"],
+                    since_s=float(e["since_s"]),
+                    turn=int(e["turn"]),
+                )
+                for e in data.get("episodes", [])
+            ),
+        )
 
 
 __all__ = [

@@ -3,7 +3,11 @@
 Each keeps the JSON it came from in ``raw`` where the API may add fields, so a
 newer server never breaks an older client. The records the RL core defines
 (text segments, in-flight snapshots, trajectories) are ``rl_core.records``'
-own types: one definition on both sides of the wire.
+own types: one definition on both sides of the wire, read with their own
+``from_json``. The rest stay here, each for a stated reason: a client's
+return types keep ``raw`` and never refuse a field a newer server adds, and
+some differ from the worker's records (``Span`` is read back from Chrome
+trace events; ``Checkpoint`` has ``created_at``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from rl_core.records import InflightEpisode, InflightSnapshot, TextSegment, TrajectoryRecord
+from rl_core.records import InflightSnapshot, TrajectoryRecord
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 T = TypeVar("T")
@@ -106,6 +110,7 @@ class StatusChange:
 StreamEvent = MetricsStep | StatusChange
 
 
+# Not rl_core.records.Span: read back from the timeline's Chrome trace events (track by name).
 @dataclass(frozen=True)
 class Span:
     name: str
@@ -164,24 +169,7 @@ class Trajectory:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Trajectory:
-        record = TrajectoryRecord(
-            episode_id=data["episode_id"],
-            step=int(data["step"]),
-            policy_version=int(data["policy_version"]),
-            group=int(data["group"]),
-            reward=float(data["reward"]),
-            turns=int(data["turns"]),
-            end_state=data["end_state"],
-            end_reason=data.get("end_reason"),
-            model_tokens=int(data["model_tokens"]),
-            total_tokens=int(data["total_tokens"]),
-            duration_s=float(data["duration_s"]),
-            segments=tuple(
-                TextSegment(text=s["text"], trained=bool(s["trained"])) for s in data["segments"]
-            ),
-            sampling=dict(data.get("sampling", {})),
-            info=dict(data.get("info", {})),
-        )
+        record = TrajectoryRecord.from_json(data)
         return cls(id=int(data["id"]), record=record)
 
     @property
@@ -190,6 +178,7 @@ class Trajectory:
         return "".join(s.text for s in self.record.segments if s.trained)
 
 
+# rl_core.records.CheckpointRecord plus created_at, as the public read gives it.
 @dataclass(frozen=True)
 class Checkpoint:
     step: int
@@ -217,25 +206,7 @@ class Inflight:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Inflight:
         snap = data.get("snapshot")
-        snapshot = (
-            InflightSnapshot(
-                step=int(snap["step"]),
-                trainer=snap["trainer"],
-                trainer_since_s=float(snap["trainer_since_s"]),
-                queue_depth=int(snap["queue_depth"]),
-                episodes=tuple(
-                    InflightEpisode(
-                        episode_id=e["episode_id"],
-                        stage=e["stage"],
-                        since_s=float(e["since_s"]),
-                        turn=int(e["turn"]),
-                    )
-                    for e in snap.get("episodes", [])
-                ),
-            )
-            if snap
-            else None
-        )
+        snapshot = InflightSnapshot.from_json(snap) if snap else None
         return cls(reported_at=_time(data.get("reported_at")), snapshot=snapshot)
 
 

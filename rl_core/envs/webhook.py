@@ -294,7 +294,10 @@ class WebhookEnvironment:
                 return await client.post(
                     url,
                     content=raw,
-                    headers={HEADER: sign(self.target.secret, raw)},
+                    headers={
+                        "Content-Type": "application/json",
+                        HEADER: sign(self.target.secret, raw),
+                    },
                     timeout=min(self.call_timeout_s, remaining),
                 )
             except asyncio.CancelledError:

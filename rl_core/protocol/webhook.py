@@ -242,6 +242,21 @@ BODIES: dict[str, Any] = {
     "callback-accepted": CallbackAccepted,
 }
 
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of each body, by name: what docs/schemas/<name>.json holds."""
+    out = {}
+    for name, body in BODIES.items():
+        schema = body.json_schema() if isinstance(body, TypeAdapter) else body.model_json_schema()
+        out[name] = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"{name}.json",
+            **schema,
+        }
+        out[name].setdefault("title", name)
+    return out
+
+
 __all__ = [
     "BODIES",
     "CALLBACK_BODY",
@@ -262,6 +277,7 @@ __all__ = [
     "StepMessage",
     "StepRequest",
     "ToolCall",
+    "json_schemas",
     "parse_callback",
     "problems",
 ]

@@ -1,0 +1,96 @@
+"""docs/environment-protocol.md is executed: its worked signature example verifies, each
+JSON example validates against the model (and schema file) it is marked with, the JSON
+Schema files are what the models generate, and its numbers are the code's."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import TypeAdapter
+
+from rl_core.protocol import signing
+from rl_core.protocol.webhook import BODIES, json_schemas
+from rl_core.spec import WebhookCallSpec
+
+REPO = Path(__file__).resolve().parents[3]
+DOC = (REPO / "docs" / "environment-protocol.md").read_text(encoding="utf-8")
+EXAMPLE = re.compile(r"<!-- schema: ([a-z-]+) -->\s*```json\n(.*?)\n```", re.S)
+
+
+def _worked_example() -> dict[str, str]:
+    block = re.search(r"<!-- worked-example\b.*?-->\s*```text\n(.*?)\n```", DOC, re.S)
+    assert block, "the worked example block is missing"
+    fields = {}
+    for line in block.group(1).splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    assert set(fields) == {"secret", "timestamp", "body", "header"}, fields
+    return fields
+
+
+def test_the_worked_signature_example_verifies() -> None:
+    example = _worked_example()
+    name, _, value = example["header"].partition(": ")
+    body, ts = example["body"].encode(), int(example["timestamp"])
+    assert name == signing.HEADER
+    assert signing.sign(example["secret"], body, timestamp=ts) == value
+    assert signing.verify(example["secret"], body, value, now=ts) == ts
+    # The window the page states is the one enforced.
+    assert signing.verify(example["secret"], body, value, now=ts + signing.WINDOW_S) == ts
+    with pytest.raises(signing.SignatureError, match="window"):
+        signing.verify(example["secret"], body, value, now=ts + signing.WINDOW_S + 1)
+    with pytest.raises(signing.SignatureError, match="does not match"):
+        signing.verify(example["secret"], body + b" ", value, now=ts)
+
+
+def test_the_page_states_the_window_the_code_enforces() -> None:
+    assert signing.WINDOW_S == 300
+    assert "300 seconds (5 minutes)" in DOC
+
+
+def test_every_json_example_validates_against_its_model_and_every_body_has_one() -> None:
+    examples = EXAMPLE.findall(DOC)
+    # Every ```json block on the page is marked with the body it shows.
+    assert len(examples) == DOC.count("```json"), "a ```json block lacks its <!-- schema: -->"
+    assert {name for name, _ in examples} == set(BODIES), "a body has no example (or vice versa)"
+    for name, text in examples:
+        body = BODIES[name]
+        adapter = body if isinstance(body, TypeAdapter) else TypeAdapter(body)
+        adapter.validate_python(json.loads(text))  # raises, naming the field, if it drifts
+
+
+def test_the_schema_files_are_what_the_models_generate() -> None:
+    files = {p.stem: json.loads(p.read_text()) for p in (REPO / "docs/schemas").glob("*.json")}
+    assert files == json_schemas()
+    # The script that regenerates them agrees (it writes nothing with --check).
+    check = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "protocol_schemas.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    for name in files:
+        assert f"(schemas/{name}.json)" in DOC, f"the page does not link schemas/{name}.json"
+
+
+def test_every_route_is_documented() -> None:
+    for route in ("POST {url}/reset", "POST {url}/step", "POST {url}/close"):
+        assert route in DOC
+    assert "/v1/env-callbacks/{episode_id}/{step}" in DOC
+
+
+def test_the_defaults_table_is_the_specs() -> None:
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| ([^|]+) \|", DOC, re.M))
+    defaults = WebhookCallSpec()
+    for name in WebhookCallSpec.model_fields:
+        assert name in rows, f"environment.webhook.{name} is not in the page's table"
+        value = getattr(defaults, name)
+        if value is None:  # timeout_s: the registered one
+            assert "registered" in rows[name]
+        else:
+            assert float(rows[name].strip()) == float(value), name
