@@ -127,16 +127,6 @@ class ControlPlane:
         )
         return _answer(IngestRead, data, route).duplicate
 
-    def send_metrics(
-        self,
-        run_id: str,
-        seq: int,
-        points: Sequence[Mapping[str, Any]],
-        *,
-        retry_seconds: float | None = None,
-    ) -> bool:
-        return self.send_batch(run_id, "metrics", seq, points, retry_seconds=retry_seconds)
-
     def record_artifact(
         self,
         run_id: str,

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.crypto import SecretBox
 from app.dispatch import Dispatcher, dispatch_committed
 from app.errors import Unauthorized
+from app.observability import Observability
 from app.security import same_secret
 from app.services.callbacks import CallbackRelay
 from app.services.quotas import Limiter
@@ -48,6 +49,14 @@ def get_state(request: Request) -> AppState:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def get_observability(request: Request) -> Observability:
+    obs: Observability = request.app.state.observability
+    return obs
+
+
+ObservabilityDep = Annotated[Observability, Depends(get_observability)]
 
 
 async def get_session(request: Request, app_state: StateDep) -> AsyncIterator[AsyncSession]:

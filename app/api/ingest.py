@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import SessionDep, WorkerDep
+from app.api.deps import ObservabilityDep, SessionDep, WorkerDep
 from app.schemas import IngestRead
 from app.schemas.results import ArtifactBody, ArtifactStored, SpansBody, TrajectoriesBody
 from app.services import workers as service
@@ -17,20 +17,24 @@ router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[Wor
 
 
 @router.post("/{run_id}/spans", response_model=IngestRead)
-async def ingest_spans(run_id: str, body: SpansBody, session: SessionDep) -> IngestRead:
+async def ingest_spans(
+    run_id: str, body: SpansBody, session: SessionDep, obs: ObservabilityDep
+) -> IngestRead:
     accepted, duplicate = await service.ingest_spans(
         session, run_id, body.worker_id, body.seq, body.spans
     )
+    obs.record_ingest("spans", accepted, duplicate)
     return IngestRead(accepted=accepted, duplicate=duplicate)
 
 
 @router.post("/{run_id}/trajectories", response_model=IngestRead)
 async def ingest_trajectories(
-    run_id: str, body: TrajectoriesBody, session: SessionDep
+    run_id: str, body: TrajectoriesBody, session: SessionDep, obs: ObservabilityDep
 ) -> IngestRead:
     accepted, duplicate = await service.ingest_trajectories(
         session, run_id, body.worker_id, body.seq, body.trajectories
     )
+    obs.record_ingest("trajectories", accepted, duplicate)
     return IngestRead(accepted=accepted, duplicate=duplicate)
 
 

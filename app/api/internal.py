@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter
 
-from app.api.deps import SessionDep, StateDep, WorkerDep
+from app.api.deps import ObservabilityDep, SessionDep, StateDep, WorkerDep
 from app.api.jsonbody import documented, json_body
 from app.schemas import (
     ClaimBody,
@@ -70,9 +70,13 @@ async def report_status(run_id: str, body: StatusBody, session: SessionDep) -> S
 
 @router.post("/{run_id}/metrics", response_model=IngestRead, openapi_extra=documented(MetricsBody))
 async def ingest_metrics(
-    run_id: str, body: Annotated[MetricsBody, json_body(MetricsBody)], session: SessionDep
+    run_id: str,
+    body: Annotated[MetricsBody, json_body(MetricsBody)],
+    session: SessionDep,
+    obs: ObservabilityDep,
 ) -> IngestRead:
     accepted, duplicate = await service.ingest_metrics(
         session, run_id, body.worker_id, body.seq, body.points
     )
+    obs.record_ingest("metrics", accepted, duplicate)
     return IngestRead(accepted=accepted, duplicate=duplicate)

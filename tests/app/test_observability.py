@@ -113,4 +113,7 @@ async def test_metrics_count_requests_by_route_template_runs_by_status_and_inges
     assert got[("rlaas_runs", (("status", "starting"),))] == 1
     assert got[("rlaas_runs", (("status", "failed"),))] == 0
     assert got[("rlaas_ingest_batches_total", (("kind", "metrics"), ("status", "200")))] == 2
+    # The second batch repeated the first's seq: one point stored, one duplicate counted.
+    assert got[("rlaas_ingest_items_total", (("kind", "metrics"),))] == 1
+    assert got[("rlaas_ingest_duplicate_batches_total", (("kind", "metrics"),))] == 1
     assert not any("run_missing" in str(labels) for _, labels in got)  # no raw ids as labels
