@@ -183,6 +183,10 @@ class AlgorithmSpec(_Section):
     entropy_floor: Annotated[float, Field(gt=0)] | None = None
     loss_aggregation: Literal["token_mean", "sequence_mean", "token_sum_norm"] = "token_mean"
     scale_rewards: bool = True
+    # GRPO's credit: "episode" gives every token its episode's advantage; "turn" gives
+    # each turn's tokens that turn's return-to-go against the group's at the same turn
+    # (rewards the environment gives per step then reach the turn that earned them).
+    credit: Literal["episode", "turn"] = "episode"
     batch_groups: Annotated[int, Field(ge=1, le=100_000)] = 8
     mini_batches: Annotated[int, Field(ge=1)] = 1
     # Passes over each batch (PPO's epochs): more updates per collected episode; the
@@ -209,6 +213,8 @@ class AlgorithmSpec(_Section):
             )
         if self.entropy_floor is not None and self.entropy_coef == 0:
             raise ValueError("entropy_floor needs entropy_coef > 0 (the floor's weight)")
+        if self.credit == "turn" and self.name == "ppo":
+            raise ValueError("credit 'turn' is GRPO's; PPO assigns credit with its value head")
         return self
 
 

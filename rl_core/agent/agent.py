@@ -178,7 +178,7 @@ class Agent:
             completion = await self._model_call(traj, budget, sample_seed)
             if completion is None:
                 return traj.end("truncated", "turn_timeout_s")
-            traj.sample.append_model(completion.tokens, completion.logprobs)
+            traj.sample.append_model(completion.tokens, completion.logprobs, traj.turns)
             traj.turns += 1
             if completion.finish_reason != "stop":
                 # The turn never ended; its text is not a finished answer to act on.
@@ -189,6 +189,7 @@ class Agent:
                 traj, "step", env.step(traj.episode_id, traj.turns, action), turn=traj.turns
             )
             traj.reward += float(result.reward)
+            traj.turn_rewards.append(float(result.reward))
             traj.info.update(result.info)
             if result.done:
                 with self._span("reward", traj, turn=traj.turns):

@@ -33,23 +33,31 @@ END_STATES: tuple[EpisodeEnd, ...] = ("done", "truncated", "timeout", "env_error
 
 @dataclasses.dataclass
 class Sample:
-    """One training sequence. The three lists are aligned."""
+    """One training sequence. The four lists are aligned.
+
+    ``turns[i]`` is the turn (0-based) whose model call produced token i, and -1
+    for observation tokens: turn-level credit gives each turn's tokens that
+    turn's advantage.
+    """
 
     tokens: list[int] = dataclasses.field(default_factory=list)
     loss_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    turns: list[int] = dataclasses.field(default_factory=list)
 
     def append_observation(self, ids: Sequence[int]) -> None:
         self.tokens.extend(ids)
         self.loss_mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
+        self.turns.extend([-1] * len(ids))
 
-    def append_model(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def append_model(self, ids: Sequence[int], logprobs: Sequence[float], turn: int = 0) -> None:
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} tokens but {len(logprobs)} logprobs")
         self.tokens.extend(ids)
         self.loss_mask.extend([1] * len(ids))
         self.logprobs.extend(logprobs)
+        self.turns.extend([turn] * len(ids))
 
     @property
     def model_tokens(self) -> int:
@@ -65,6 +73,7 @@ class Trajectory:
     member: int = 0
     samples: list[Sample] = dataclasses.field(default_factory=lambda: [Sample()])
     reward: float = 0.0
+    turn_rewards: list[float] = dataclasses.field(default_factory=list)  # one per env step
     turns: int = 0
     end_state: EpisodeEnd = "truncated"
     end_reason: str | None = None

@@ -4,6 +4,8 @@ Advantages are group-relative: every episode of a group starts from the same
 environment seed, and its advantage is its reward minus the group mean,
 optionally divided by the group std (``scale_rewards``; Dr.GRPO, Liu et al.
 2025, drops the division, which otherwise up-weights near-unanimous groups).
+`turn_advantages` is the multi-turn form: each turn's tokens get that turn's
+return-to-go against the group's at the same turn, instead of the episode's.
 
 The per-token objective is PPO's clipped surrogate (Schulman et al., 2017)
 with asymmetric clipping (DAPO's clip-higher, Yu et al. 2025)::
@@ -86,6 +88,33 @@ def group_advantages(
     centred = (rewards - mean) * valid_f
     std = jnp.sqrt((centred**2).sum(axis=1, keepdims=True) / count)
     return jnp.where(scale, centred / (std + eps), centred) * valid_f
+
+
+@jax.jit
+def turn_advantages(
+    rewards: jax.Array,  # [G, K, T] the reward of each member's turn t (0 past its end)
+    reached: jax.Array,  # [G, K, T] bool: the member took turn t and is in the batch
+    scale: bool | jax.Array = True,
+    eps: float = 1e-6,
+) -> jax.Array:  # [G, K, T]; 0 where not reached
+    """Turn-level GRPO: each turn's return-to-go against the group's at the same turn.
+
+    ``G_t = sum_{j >= t} r_j`` (what turn t and the turns after it earned; a turn
+    is not credited with rewards that came before it), and
+    ``A_t = (G_t - mean_group G_t) [/ (std_group G_t + eps)]`` over the members
+    that reached turn t. Every member of a group starts from the same
+    environment seed, so the mean is a per-turn baseline: the estimate stays
+    unbiased, and a turn's tokens are no longer credited with the luck of the
+    turns before it. With one turn this is `group_advantages`.
+    """
+    reached_f = reached.astype(jnp.float32)
+    earned = rewards * reached_f
+    togo = jnp.flip(jnp.cumsum(jnp.flip(earned, axis=-1), axis=-1), axis=-1)
+    count = jnp.maximum(reached_f.sum(axis=1, keepdims=True), 1.0)  # [G, 1, T]
+    mean = (togo * reached_f).sum(axis=1, keepdims=True) / count
+    centred = (togo - mean) * reached_f
+    std = jnp.sqrt((centred**2).sum(axis=1, keepdims=True) / count)
+    return jnp.where(scale, centred / (std + eps), centred) * reached_f
 
 
 def token_logprobs(

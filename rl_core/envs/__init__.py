@@ -10,6 +10,7 @@ from rl_core.envs.calculator import Calculator
 from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
 from rl_core.envs.code_exec import CodeExec
 from rl_core.envs.guess_number import GuessNumber
+from rl_core.envs.next_number import NextNumber
 from rl_core.envs.scored import Scored
 from rl_core.envs.simulated import SimulatedLatency
 from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 BUILTINS: dict[str, Callable[[], Environment]] = {
     "guess_number": GuessNumber,
+    "next_number": NextNumber,
     "calculator": Calculator,
     "code_exec": CodeExec,
     "sim_latency": SimulatedLatency,

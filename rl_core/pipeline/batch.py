@@ -1,8 +1,10 @@
 """From consumed groups to the trainer's padded `TrainBatch` (runs in the device thread).
 
-Advantages are GRPO's, over each group's surviving episodes. Every training
-sample of an episode (more than one when the template rewrote history) gets
-the episode's advantage, and its reward (PPO's trainer ignores the advantage
+Advantages are GRPO's, over each group's surviving episodes. With episode
+credit (the default) every training sample of an episode (more than one when
+the template rewrote history) gets the episode's advantage; with turn credit
+each model token gets the advantage of its turn (`turn_credit`). Each row keeps
+its episode's reward (PPO's trainer ignores the advantage
 and runs GAE from the reward on the row's last model token instead; with
 terminal rewards and gamma = 1 that is the episode's return for every sample).
 Rows come in multiples of the run's batch size, so the train step compiles
@@ -12,13 +14,16 @@ once per length bucket, not once per batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import jax.numpy as jnp
 import numpy as np
 
-from rl_core.algorithms.grpo import group_advantages
+from rl_core.algorithms.grpo import group_advantages, turn_advantages
 from rl_core.pipeline.queue import Group
 from rl_core.training.trainer import TrainBatch
+
+Credit = Literal["episode", "turn"]
 
 
 def build_batch(
@@ -29,8 +34,10 @@ def build_batch(
     pad_id: int,
     scale_rewards: bool,
     min_length: int = 32,
+    credit: Credit = "episode",
 ) -> TrainBatch:
     ordered = sorted(groups, key=lambda g: g.task)  # completion order must not change the math
+    per_turn = turn_credit(ordered, group_size, scale_rewards) if credit == "turn" else None
     rewards = np.zeros((len(ordered), group_size), np.float32)
     valid = np.zeros((len(ordered), group_size), bool)
     for i, group in enumerate(ordered):
@@ -42,7 +49,7 @@ def build_batch(
     tokens: list[list[int]] = []
     masks: list[list[int]] = []
     logprobs: list[list[float]] = []
-    advs: list[float] = []
+    advs: list[float | list[float]] = []
     row_rewards: list[float] = []
     for i, group in enumerate(ordered):
         for t in sorted(group.kept, key=lambda t: t.member):
@@ -50,7 +57,11 @@ def build_batch(
                 tokens.append(sample.tokens)
                 masks.append(sample.loss_mask)
                 logprobs.append(sample.logprobs)
-                advs.append(float(advantages[i, t.member]))
+                if per_turn is None:
+                    advs.append(float(advantages[i, t.member]))
+                else:
+                    turn_adv = per_turn[i, t.member]
+                    advs.append([float(turn_adv[k]) if k >= 0 else 0.0 for k in sample.turns])
                 row_rewards.append(t.reward)
     n_rows = rows * max(1, -(-len(tokens) // rows))
     return TrainBatch.pack(
@@ -65,4 +76,20 @@ def build_batch(
     )
 
 
-__all__ = ["build_batch"]
+def turn_credit(groups: Sequence[Group], group_size: int, scale_rewards: bool) -> np.ndarray:
+    """Turn-level advantages, [groups, group_size, turns] (`turn_advantages`).
+
+    A turn whose model call ended the episode before the environment answered
+    (a truncated turn) earned 0.
+    """
+    turns = max((t.turns for g in groups for t in g.trajectories), default=1)
+    rewards = np.zeros((len(groups), group_size, max(turns, 1)), np.float32)
+    reached = np.zeros(rewards.shape, bool)
+    for i, group in enumerate(groups):
+        for t in group.trajectories:
+            rewards[i, t.member, : len(t.turn_rewards)] = t.turn_rewards
+            reached[i, t.member, : t.turns] = t.kept
+    return np.asarray(turn_advantages(jnp.asarray(rewards), jnp.asarray(reached), scale_rewards))
+
+
+__all__ = ["build_batch", "turn_credit"]

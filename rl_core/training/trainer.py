@@ -73,7 +73,7 @@ class TrainBatch:
     tokens: np.ndarray  # [B, T] int32
     loss_mask: np.ndarray  # [B, T] float32
     logprobs: np.ndarray  # [B, T] float32, sampler's, aligned with tokens
-    advantages: np.ndarray  # [B] float32 (GRPO; ignored by PPO)
+    advantages: np.ndarray  # [B] or, per token, [B, T] float32 (GRPO; ignored by PPO)
     rewards: np.ndarray | None = None  # [B] float32 episode rewards (PPO)
 
     @classmethod
@@ -82,7 +82,7 @@ class TrainBatch:
         tokens: Sequence[Sequence[int]],
         loss_mask: Sequence[Sequence[int]],
         logprobs: Sequence[Sequence[float]],
-        advantages: Sequence[float],
+        advantages: Sequence[float | Sequence[float]],
         *,
         rows: int,
         min_length: int = 32,
@@ -95,10 +95,15 @@ class TrainBatch:
         tok = np.full((rows, length), pad_id, np.int32)
         mask = np.zeros((rows, length), np.float32)
         lp = np.zeros((rows, length), np.float32)
-        adv = np.zeros((rows,), np.float32)
+        per_token = any(isinstance(a, Sequence) for a in advantages)
+        adv = np.zeros((rows, length) if per_token else (rows,), np.float32)
         for i, (t, m, p) in enumerate(zip(tokens, loss_mask, logprobs, strict=True)):
             tok[i, : len(t)], mask[i, : len(m)], lp[i, : len(p)] = t, m, p
-            adv[i] = advantages[i]
+            a = advantages[i]
+            if isinstance(a, Sequence):
+                adv[i, : len(a)] = a
+            else:
+                adv[i] = a
         rew = None
         if rewards is not None:
             rew = np.zeros((rows,), np.float32)
@@ -240,6 +245,8 @@ class Trainer:
         mask = jnp.asarray(batch.loss_mask[:, 1:])
         old = ref = old_values = returns = None
         advantages = jnp.asarray(batch.advantages)
+        if advantages.ndim == 2:  # per token: aligned with tokens[:, 1:], as the mask is
+            advantages = advantages[:, 1:]
         needs_old = cfg.mini_batches > 1 or cfg.epochs > 1 or cfg.ppo is not None
         if needs_old:
             old, old_values = self._score_chunked(

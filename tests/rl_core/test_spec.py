@@ -53,6 +53,8 @@ def test_round_trips_through_json() -> None:
         ({"rollout": {"engine": "vllm", "vllm_url": "10.0.0.2"}}, "rollout", "http:// or https://"),
         ({"algorithm": {"batch_groups": 6, "mini_batches": 4}}, "algorithm", "must divide"),
         ({"algorithm": {"entropy_floor": 0.1}}, "algorithm", "needs entropy_coef > 0"),
+        ({"algorithm": {"name": "ppo", "credit": "turn"}}, "algorithm", "credit 'turn' is GRPO"),
+        ({"algorithm": {"credit": "step"}}, "algorithm.credit", "'episode' or 'turn'"),
     ],
 )
 def test_bad_spec_names_field_and_reason(patch: dict[str, object], field: str, reason: str) -> None:

@@ -13,6 +13,7 @@ from rl_core.algorithms.grpo import (
     group_advantages,
     policy_loss,
     token_logprobs,
+    turn_advantages,
 )
 
 ALL = jnp.ones((2, 4), bool)
@@ -41,6 +42,35 @@ def test_dropped_episodes_are_ignored() -> None:
     valid = jnp.array([[True, True, False]])
     adv = group_advantages(rewards, valid, False)
     np.testing.assert_allclose(adv, [[0.5, -0.5, 0.0]], atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_turn_advantages_of_one_turn_are_the_episode_advantages(scale: bool) -> None:
+    rewards = jax.random.uniform(jax.random.key(1), (3, 5)) * 2
+    valid = jnp.array([[True] * 5, [True, True, False, True, True], [True] * 5])
+    turn = turn_advantages(rewards[..., None], valid[..., None], scale)[..., 0]
+    np.testing.assert_allclose(turn, group_advantages(rewards, valid, scale), atol=1e-5)
+
+
+def test_a_turn_is_credited_with_what_it_and_later_turns_earned_not_earlier_luck() -> None:
+    # Two members, three turns. They differ only in turn 0's reward (luck before turn 1)
+    # and in turn 2's reward (earned at turn 2).
+    rewards = jnp.array([[[1.0, 0.5, 1.0], [0.0, 0.5, 0.0]]])
+    reached = jnp.ones((1, 2, 3), bool)
+    adv = np.asarray(turn_advantages(rewards, reached, False))
+    # Returns-to-go: member 0 (2.5, 1.5, 1.0), member 1 (0.5, 0.5, 0.0).
+    np.testing.assert_allclose(adv[0, :, 0], [1.0, -1.0], atol=1e-6)
+    np.testing.assert_allclose(adv[0, :, 1], [0.5, -0.5], atol=1e-6)  # turn 0 left out
+    np.testing.assert_allclose(adv[0, :, 2], [0.5, -0.5], atol=1e-6)
+
+
+def test_members_that_did_not_reach_a_turn_are_out_of_its_baseline() -> None:
+    rewards = jnp.array([[[0.0, 1.0], [0.0, 0.0], [1.0, 0.0]]])
+    reached = jnp.array([[[True, True], [True, True], [True, False]]])
+    adv = np.asarray(turn_advantages(rewards, reached, False))
+    # Turn 1: members 0 and 1 only (1.0 and 0.0); member 2 ended at turn 0.
+    np.testing.assert_allclose(adv[0, :, 1], [0.5, -0.5, 0.0], atol=1e-6)
+    np.testing.assert_allclose(adv[0, :, 0], [1 - 2 / 3, -2 / 3, 1 - 2 / 3], atol=1e-6)
 
 
 def loss_of(ratio: float, adv: float, **cfg: object) -> tuple[float, dict[str, float], float]:
