@@ -172,6 +172,7 @@ def build_pipeline(
             pad_id=tokenizer.pad_id,
             scale_rewards=spec.algorithm.scale_rewards,
             min_length=configs.TRAIN_MIN_LENGTH,
+            credit=spec.algorithm.credit,
         )
 
     pipeline = Pipeline(
