@@ -1,4 +1,4 @@
-"""Build a `Pipeline` from a job spec, with the real parts: model, JAX engine, trainer.
+"""Build a `Pipeline` from a job spec, with the real parts: model, rollout engine, trainer.
 
 One function per part (`build_engine`, `build_agent`, `build_evaluator`,
 `build_trainer`); each takes its settings from `rl_core.pipeline.configs`, the
@@ -7,7 +7,10 @@ one place that maps spec fields onto configs. `build_pipeline` wires them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from rl_core.pipeline.pipeline import Pipeline
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
 from rl_core.pretrained.sources import load_model
 from rl_core.records import CheckpointRecord
+from rl_core.rollout.base import RolloutEngine
 from rl_core.rollout.jax_engine import JaxEngine
 from rl_core.spec import JobSpec
 from rl_core.training.trainer import Trainer
@@ -62,15 +66,68 @@ def snapshot(params: Any) -> Any:
 
 
 def build_engine(
-    spec: JobSpec, model: Model, tokenizer: Tokenizer, device: DeviceThread
-) -> JaxEngine:
-    """The rollout engine the spec names, running its device work on ``device``."""
+    spec: JobSpec,
+    model: Model,
+    tokenizer: Tokenizer,
+    device: DeviceThread,
+    cleanup: contextlib.ExitStack,
+    *,
+    log_dir: Path | None = None,
+) -> RolloutEngine:
+    """The rollout engine the spec names: the JAX engine, running its device work on
+    ``device``, or vLLM (`build_vllm_engine`). What must be undone when the run ends
+    (a server, its files) is pushed on ``cleanup``."""
+    if spec.rollout.engine == "vllm":
+        return build_vllm_engine(spec, model, tokenizer, cleanup, log_dir=log_dir)
     return JaxEngine(model, config=configs.engine_config(spec, tokenizer), executor=device)
+
+
+def build_vllm_engine(
+    spec: JobSpec,
+    model: Model,
+    tokenizer: Tokenizer,
+    cleanup: contextlib.ExitStack,
+    *,
+    log_dir: Path | None = None,
+) -> RolloutEngine:
+    """`VllmEngine` over ``rollout.vllm_url``, or over a server started here for the run.
+
+    The started server serves ``model`` exported as an untied HF folder (vLLM's in-place
+    reload skips a tied LM head; see docs/vllm.md) with no tokenizer: token ids only.
+    Weight updates are written as HF safetensors that the server reloads from this
+    machine's filesystem, so a server at ``vllm_url`` must see the same files.
+    """
+    from rl_core.pretrained.export import export_hf, weights_writer
+    from rl_core.rollout.vllm_engine import VllmEngine
+    from rl_core.rollout.vllm_server import VllmServer
+
+    url = spec.rollout.vllm_url
+    if url is None:
+        folder = Path(tempfile.mkdtemp(prefix="rlaas-vllm-model-"))
+        cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
+        export_hf(model, folder, untie=True)
+        log_path = (log_dir or folder) / "vllm-server.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        server = VllmServer(
+            folder, configs.vllm_server_config(spec, model.config.max_seq_len), log_path=log_path
+        )
+        cleanup.callback(server.stop)
+        server.start()
+        log.info("vLLM server on %s ready in %.1f s (log %s)", server.url, server.start_s, log_path)
+        url = server.url
+    engine = VllmEngine(
+        url,
+        stop_ids=configs.engine_config(spec, tokenizer).stop_ids,
+        write_weights=weights_writer(model, untie=True),
+        max_in_flight=spec.rollout.concurrency,
+    )
+    cleanup.callback(engine.close)
+    return engine
 
 
 def build_agent(
     spec: JobSpec,
-    engine: JaxEngine,
+    engine: RolloutEngine,
     tokenizer: Tokenizer,
     recorder: SpanRecorder,
     *,
@@ -133,63 +190,71 @@ def build_pipeline(
     webhooks: Mapping[str, Any] | None,
     callbacks: Any,
 ) -> tuple[Pipeline, Callable[[], None]]:
-    """The pipeline and a ``close`` to call when it has run (it stops the device thread)."""
+    """The pipeline and a ``close`` to call when it has run (it stops the device thread and,
+    with engine vllm, the server rlaas started)."""
     r = spec.rollout
     env = build_environment(spec.environment, webhooks=webhooks or {}, callbacks=callbacks)
     model, tokenizer = load_model(spec.model, seed=spec.train.seed)
     recorder = SpanRecorder()
     device = DeviceThread(recorder)
-    engine = build_engine(spec, model, tokenizer, device)
-    trainer, start_step, position = build_trainer(spec, model, resume_from)
-    agent = build_agent(spec, engine, tokenizer, recorder)
-    evaluator = build_evaluator(
-        spec,
-        build_agent(spec, engine, tokenizer, recorder, evaluation=True),
-        env,
-        episode_prefix=episode_prefix,
-    )
-
-    def collector(admission: Admission, queue: GroupQueue) -> Collector:
-        return Collector(
-            agent=agent,
-            env=env,
-            admission=admission,
-            queue=queue,
-            group_size=r.group_size,
-            concurrency=r.concurrency,
-            seed=spec.train.seed,
-            env_config=spec.environment.config,
-            episode_timeout_s=r.episode_timeout_s,
+    # Undone by `close`, or here if building fails half-way (a vLLM server may be running).
+    cleanup = contextlib.ExitStack()
+    cleanup.callback(device.shutdown, wait=True)
+    try:
+        engine = build_engine(spec, model, tokenizer, device, cleanup, log_dir=artifacts_dir)
+        trainer, start_step, position = build_trainer(spec, model, resume_from)
+        agent = build_agent(spec, engine, tokenizer, recorder)
+        evaluator = build_evaluator(
+            spec,
+            build_agent(spec, engine, tokenizer, recorder, evaluation=True),
+            env,
             episode_prefix=episode_prefix,
-            position=position,
         )
 
-    def batch(groups: list[Group]) -> Any:
-        return build_batch(
-            groups,
-            group_size=r.group_size,
-            rows=spec.batch_size,
-            pad_id=tokenizer.pad_id,
-            scale_rewards=spec.algorithm.scale_rewards,
-            min_length=configs.TRAIN_MIN_LENGTH,
-            credit=spec.algorithm.credit,
-        )
+        def collector(admission: Admission, queue: GroupQueue) -> Collector:
+            return Collector(
+                agent=agent,
+                env=env,
+                admission=admission,
+                queue=queue,
+                group_size=r.group_size,
+                concurrency=r.concurrency,
+                seed=spec.train.seed,
+                env_config=spec.environment.config,
+                episode_timeout_s=r.episode_timeout_s,
+                episode_prefix=episode_prefix,
+                position=position,
+            )
 
-    pipeline = Pipeline(
-        config=configs.pipeline_config(spec),
-        collector_factory=collector,
-        engine=engine,
-        trainer=trainer,
-        build_batch=batch,
-        snapshot=snapshot,
-        tokenizer=tokenizer,
-        device=device,
-        recorder=recorder,
-        sink=sink,
-        control=control,
-        profiler=Profiler(artifacts_dir / "profiles" if artifacts_dir else None),
-        checkpointer=OrbaxCheckpointer(artifacts_dir, trainer) if artifacts_dir else None,
-        evaluator=evaluator,
-        start_step=start_step,
-    )
-    return pipeline, lambda: device.shutdown(wait=True)
+        def batch(groups: list[Group]) -> Any:
+            return build_batch(
+                groups,
+                group_size=r.group_size,
+                rows=spec.batch_size,
+                pad_id=tokenizer.pad_id,
+                scale_rewards=spec.algorithm.scale_rewards,
+                min_length=configs.TRAIN_MIN_LENGTH,
+                credit=spec.algorithm.credit,
+            )
+
+        pipeline = Pipeline(
+            config=configs.pipeline_config(spec),
+            collector_factory=collector,
+            engine=engine,
+            trainer=trainer,
+            build_batch=batch,
+            snapshot=snapshot,
+            tokenizer=tokenizer,
+            device=device,
+            recorder=recorder,
+            sink=sink,
+            control=control,
+            profiler=Profiler(artifacts_dir / "profiles" if artifacts_dir else None),
+            checkpointer=OrbaxCheckpointer(artifacts_dir, trainer) if artifacts_dir else None,
+            evaluator=evaluator,
+            start_step=start_step,
+        )
+    except BaseException:
+        cleanup.close()
+        raise
+    return pipeline, cleanup.close

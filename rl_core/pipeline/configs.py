@@ -17,6 +17,7 @@ from rl_core.models.tokenizer import Tokenizer
 from rl_core.pipeline.pipeline import PipelineConfig
 from rl_core.rollout.base import SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig
+from rl_core.rollout.vllm_server import VllmServerConfig
 from rl_core.spec import JobSpec
 from rl_core.training.lora import LoraConfig
 from rl_core.training.trainer import TrainerConfig
@@ -45,6 +46,19 @@ def engine_config(spec: JobSpec, tokenizer: Tokenizer) -> EngineConfig:
         batch_buckets=(rows,) if rows <= 64 else (64, rows),
         min_prompt_bucket=length,
         max_packed_tokens=length if single else EngineConfig.max_packed_tokens,
+    )
+
+
+def vllm_server_config(spec: JobSpec, max_seq_len: int) -> VllmServerConfig:
+    """The vLLM server rlaas starts for a run with ``rollout.engine: vllm`` and no URL.
+
+    Its context is the model's, as the JAX engine's cache; it decodes at most as many
+    sequences together as episodes can be in flight (vLLM's own cap is 256 here).
+    """
+    return VllmServerConfig(
+        max_model_len=max_seq_len,
+        max_num_seqs=min(spec.rollout.concurrency, 256),
+        seed=spec.train.seed,
     )
 
 

@@ -105,8 +105,6 @@ def train_to_folder(spec: JobSpec, out: Path, *, resume: bool = False) -> TrainR
 
 
 def _check_supported(spec: JobSpec) -> None:
-    if spec.rollout.engine != "jax":
-        raise UnsupportedSpec("rollout.engine", f"{spec.rollout.engine!r} is not supported yet")
     if spec.agent.chat_template != "model":
         raise UnsupportedSpec("agent.chat_template", "only the model's own template ('model')")
 

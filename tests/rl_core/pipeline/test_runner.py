@@ -136,8 +136,8 @@ def test_unsupported_model_sources_are_typed() -> None:
 
 
 def test_unsupported_features_are_typed() -> None:
-    spec = small_spec(rollout={"engine": "vllm", "vllm_url": "http://127.0.0.1:9"})
-    with pytest.raises(UnsupportedSpec, match=r"rollout\.engine"):
+    spec = small_spec(agent={"chat_template": "{{ messages }}"})
+    with pytest.raises(UnsupportedSpec, match=r"agent\.chat_template"):
         train(spec, sink=MemorySink())
 
 

@@ -31,8 +31,9 @@ from rl_core.models import Model, ModelConfig
 from rl_core.pretrained.export import export_hf, weights_writer
 from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
 from rl_core.rollout.vllm_engine import VllmEngine
-from rl_core.rollout.vllm_server import VllmServer, VllmServerConfig, vllm_python
+from rl_core.rollout.vllm_server import VllmServer, VllmServerConfig
 from tests.rl_core.models.hf_reference import our_logits
+from tests.rl_core.rollout.vllm_venv import ensure_vllm_venv
 
 CONFIG = ModelConfig.tiny(vocab_size=96, n_heads=2, n_kv_heads=1, head_dim=32)
 STOP = 3
@@ -40,7 +41,6 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17], [20]]
 MAX_LEN = 512
 # float32 on both sides; the kernels differ (vLLM's CPU attention vs XLA), so the last bits do.
 TOL = 2e-4
-REPO = Path(__file__).resolve().parents[3]
 T = TypeVar("T")
 
 
@@ -54,10 +54,7 @@ class Served:
 @pytest.fixture(scope="session")
 def vllm_interpreter() -> Path:
     """The vLLM venv's python; built here (minutes, once per machine) when it is missing."""
-    python = vllm_python()
-    if not python.exists():
-        subprocess.run([str(REPO / "scripts" / "vllm_venv.sh")], check=True, timeout=1800)
-    return python
+    return ensure_vllm_venv()
 
 
 @pytest.fixture(scope="session")
