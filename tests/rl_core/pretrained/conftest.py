@@ -313,3 +313,11 @@ def hf_smollm2_tokenizer(smollm2_path: Path) -> Any:
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     return TokenizersBackend.from_pretrained(str(smollm2_path.parent), gguf_file=smollm2_path.name)
+
+
+@pytest.fixture
+def copy_model_dir(tiny_models: dict[str, TinyModel], tmp_path: Path) -> Path:
+    """A private copy of the tiny Llama folder, for tests that break it."""
+    target = tmp_path / "llama"
+    shutil.copytree(tiny_models["llama"].path, target)
+    return target
