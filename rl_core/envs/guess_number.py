@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rl_core.envs.base import Action, Reset, Step
+from rl_core.envs.episodes import Episodes
 from rl_core.errors import EnvironmentFailure
 
 _INTEGER = re.compile(r"-?\d+")
@@ -179,8 +180,7 @@ class _Episode:
     lo: int  # the interval the hints so far leave open
     hi: int
     turns: int = 0
-    done: bool = False
-    results: dict[int, Step] = dataclasses.field(default_factory=dict)
+    over: bool = False
 
 
 class GuessNumber:
@@ -189,29 +189,22 @@ class GuessNumber:
     name = "guess_number"
 
     def __init__(self) -> None:
-        self._episodes: dict[str, _Episode] = {}
+        self._episodes: Episodes[_Episode] = Episodes(self.name)
 
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
         cfg = GuessNumberConfig.from_mapping(config)
         target = random.Random(seed).randint(cfg.low, cfg.high)
-        self._episodes[episode_id] = _Episode(config=cfg, target=target, lo=cfg.low, hi=cfg.high)
+        self._episodes.start(
+            episode_id, _Episode(config=cfg, target=target, lo=cfg.low, hi=cfg.high)
+        )
         prompt = f"Guess the number between {cfg.low} and {cfg.high}."
         return Reset(messages=[{"role": "user", "content": prompt}], info={"target": target})
 
     async def step(self, episode_id: str, step: int, action: Action) -> Step:
-        episode = self._episodes.get(episode_id)
-        if episode is None:
-            raise EnvironmentFailure(f"guess_number: no episode {episode_id!r}; call reset first")
-        if step in episode.results:  # a retried step: same answer, no second turn
-            return episode.results[step]
-        if episode.done:
-            raise EnvironmentFailure(f"guess_number: episode {episode_id!r} is already over")
-        result = self._judge(episode, action.content)
-        episode.results[step] = result
-        return result
+        return self._episodes.play(episode_id, step, lambda e: self._judge(e, action.content))
 
     async def close(self, episode_id: str) -> None:
-        self._episodes.pop(episode_id, None)
+        self._episodes.close(episode_id)
 
     @staticmethod
     def _judge(episode: _Episode, content: str) -> Step:
@@ -236,11 +229,11 @@ class GuessNumber:
             reward += max(0.0, cfg.correct_reward - cfg.turn_penalty * (episode.turns - 1))
         if cfg.hints == "interval" and reply in ("higher", "lower"):
             reply += f", between {episode.lo} and {episode.hi}"
-        episode.done = guess == episode.target or episode.turns >= cfg.max_turns
+        episode.over = guess == episode.target or episode.turns >= cfg.max_turns
         info = {"guess": guess, "turns": episode.turns, "solved": guess == episode.target}
         return Step(
             messages=[{"role": "user", "content": reply}],
             reward=reward,
-            done=episode.done,
+            done=episode.over,
             info=info,
         )

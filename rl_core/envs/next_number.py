@@ -27,7 +27,7 @@ from typing import Any
 
 from rl_core.envs.base import Action, Reset, Step
 from rl_core.envs.config import parse_config
-from rl_core.errors import EnvironmentFailure
+from rl_core.envs.episodes import Episodes
 
 _INTEGER = re.compile(r"-?\d+")
 PROMPT = "Answer each number with the number after it."
@@ -70,7 +70,10 @@ class _Episode:
     config: NextNumberConfig
     numbers: list[int]
     turn: int = 0
-    results: dict[int, Step] = dataclasses.field(default_factory=dict)
+
+    @property
+    def over(self) -> bool:
+        return self.turn >= self.config.turns
 
 
 class NextNumber:
@@ -79,30 +82,21 @@ class NextNumber:
     name = "next_number"
 
     def __init__(self) -> None:
-        self._episodes: dict[str, _Episode] = {}
+        self._episodes: Episodes[_Episode] = Episodes(self.name)
 
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
         cfg = parse_config(NextNumberConfig, config, self.name)
         rng = random.Random(seed)
         numbers = [rng.randint(cfg.low, cfg.high) for _ in range(cfg.turns)]
-        self._episodes[episode_id] = _Episode(config=cfg, numbers=numbers)
+        self._episodes.start(episode_id, _Episode(config=cfg, numbers=numbers))
         messages = [{"role": "user", "content": f"{PROMPT}\n{numbers[0]}"}]
         return Reset(messages=messages, info={"numbers": numbers})
 
     async def step(self, episode_id: str, step: int, action: Action) -> Step:
-        episode = self._episodes.get(episode_id)
-        if episode is None:
-            raise EnvironmentFailure(f"next_number: no episode {episode_id!r}; call reset first")
-        if step in episode.results:  # a retried step: same answer, no second turn
-            return episode.results[step]
-        if episode.turn >= episode.config.turns:
-            raise EnvironmentFailure(f"next_number: episode {episode_id!r} is already over")
-        result = self._judge(episode, action.content)
-        episode.results[step] = result
-        return result
+        return self._episodes.play(episode_id, step, lambda e: self._judge(e, action.content))
 
     async def close(self, episode_id: str) -> None:
-        self._episodes.pop(episode_id, None)
+        self._episodes.close(episode_id)
 
     @staticmethod
     def _judge(episode: _Episode, content: str) -> Step:
@@ -115,7 +109,7 @@ class NextNumber:
         reward = cfg.correct_reward / cfg.turns if right else 0.0
         if answer is not None and content.strip() == str(answer):
             reward += cfg.format_reward / cfg.turns
-        done = episode.turn >= cfg.turns
+        done = episode.over
         messages = [] if done else [{"role": "user", "content": str(episode.numbers[episode.turn])}]
         info = {"expected": expected, "answer": answer, "right": right, "turn": episode.turn}
         return Step(messages=messages, reward=reward, done=done, info=info)
