@@ -101,12 +101,13 @@ def build_vllm_engine(
     from rl_core.rollout.vllm_engine import VllmEngine
     from rl_core.rollout.vllm_server import VllmServer
 
-    url = spec.rollout.vllm_url
+    url, log_path = spec.rollout.vllm_url, None
     if url is None:
         folder = Path(tempfile.mkdtemp(prefix="rlaas-vllm-model-"))
         cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
         export_hf(model, folder, untie=True)
-        log_path = (log_dir or folder) / "vllm-server.log"
+        # Kept after the run (outside the folder removed at the end): a crash is read there.
+        log_path = log_dir / "vllm-server.log" if log_dir else folder.with_suffix(".log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         server = VllmServer(
             folder, configs.vllm_server_config(spec, model.config.max_seq_len), log_path=log_path
@@ -120,6 +121,7 @@ def build_vllm_engine(
         stop_ids=configs.engine_config(spec, tokenizer).stop_ids,
         write_weights=weights_writer(model, untie=True),
         max_in_flight=spec.rollout.concurrency,
+        server_log=log_path,
     )
     cleanup.callback(engine.close)
     return engine

@@ -69,8 +69,12 @@ class VllmEngine:
         request_timeout_s: float = 600.0,
         admin_timeout_s: float = 300.0,
         weights_dir: Path | None = None,
+        server_log: Path | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,  # tests: an in-memory server
     ) -> None:
+        self._transport = transport
         self.base_url = base_url.rstrip("/")
+        self.server_log = server_log  # named in errors: where a crashed server says why
         self.stop_ids = tuple(stop_ids)
         self._write_weights = write_weights
         self._version = policy_version
@@ -121,8 +125,10 @@ class VllmEngine:
                 ]
         except ExceptionGroup as group:
             # One failed request fails the call (the others are cancelled, hence aborted);
-            # the caller sees its error as the JAX engine's callers do, not a group.
-            raise _first_leaf(group) from group
+            # the caller sees its error as the JAX engine's callers do, not a group, with
+            # its own cause (the HTTP error) kept.
+            leaf = _first_leaf(group)
+            raise leaf from leaf.__cause__
         return [t.result() for t in tasks]
 
     async def _one(
@@ -156,17 +162,28 @@ class VllmEngine:
             # Cancelling this await (episode cancelled or timed out) closes the connection;
             # vLLM aborts the request on the disconnect.
             try:
-                response = await client.post("/inference/v1/generate", json=body)
+                try:
+                    response = await client.post("/inference/v1/generate", json=body)
+                except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+                    # A pooled connection the server closed as we sent on it (its idle
+                    # timeout raced ours; seen under load). Whatever the server got of
+                    # the request was aborted with the connection: sent again, once.
+                    body["request_id"] = f"rlaas-{uuid.uuid4().hex}"
+                    response = await client.post("/inference/v1/generate", json=body)
             except httpx.TimeoutException as e:
                 raise RolloutError(
                     f"vLLM did not answer a generate request within {self.request_timeout_s:.0f} s "
                     f"({self.base_url}); raise request_timeout_s or lower the load"
                 ) from e
             except httpx.TransportError as e:
-                raise RolloutError(f"vLLM at {self.base_url} is unreachable: {e}") from e
+                raise RolloutError(
+                    f"vLLM at {self.base_url} is unreachable ({type(e).__name__}: {e})"
+                    + self._log_hint()
+                ) from e
         if response.status_code != 200:
             raise RolloutError(
-                f"vLLM refused a generate request ({response.status_code}): {response.text[:500]}"
+                f"vLLM refused a generate request ({response.status_code}): "
+                f"{response.text[:500]}" + self._log_hint()
             )
         return self._completion(response.json(), greedy=greedy)
 
@@ -191,6 +208,9 @@ class VllmEngine:
             finish_reason=finish,
             policy_version=self._first_version(choice.get("weight_versions")),
         )
+
+    def _log_hint(self) -> str:
+        return f"; the server's log: {self.server_log}" if self.server_log else ""
 
     def _first_version(self, spans: list[dict[str, Any]] | None) -> int:
         """The version that sampled the first token (as the JAX engine reports it).
@@ -232,10 +252,14 @@ class VllmEngine:
         if self._client is None or self._client_loop is not loop:
             self._client = httpx.AsyncClient(
                 base_url=self.base_url,
+                transport=self._transport,
                 timeout=httpx.Timeout(self.request_timeout_s, connect=10.0),
                 limits=httpx.Limits(
                     max_connections=self.max_in_flight,
                     max_keepalive_connections=self.max_in_flight,
+                    # Below vLLM's own idle timeout (5 s unless VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+                    # says otherwise): we drop an idle connection before the server does.
+                    keepalive_expiry=2.0,
                 ),
             )
             self._client_loop = loop
@@ -302,7 +326,10 @@ class VllmEngine:
         try:
             response = client.post(path, **kwargs)
         except httpx.HTTPError as e:
-            raise RolloutError(f"vLLM at {self.base_url}: {path} failed: {e}") from e
+            raise RolloutError(
+                f"vLLM at {self.base_url}: {path} failed ({type(e).__name__}: {e})"
+                + self._log_hint()
+            ) from e
         if response.status_code == 404:
             raise RolloutError(
                 f"vLLM at {self.base_url} has no {path}; start it with VLLM_SERVER_DEV_MODE=1 "

@@ -118,6 +118,9 @@ class VllmServer:
             VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib),
             # Binding OpenMP threads to cores assumes the machine is vLLM's alone.
             VLLM_CPU_OMP_THREADS_BIND="nobind",
+            # Idle HTTP connections live 60 s (default 5): the engine's pool keeps them 2 s,
+            # so the server never closes one the engine is about to send on.
+            VLLM_HTTP_TIMEOUT_KEEP_ALIVE="60",
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
             HF_HUB_OFFLINE="1",
