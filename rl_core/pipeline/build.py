@@ -201,7 +201,14 @@ def build_pipeline(
     device = DeviceThread(recorder)
     # Undone by `close`, or here if building fails half-way (a vLLM server may be running).
     cleanup = contextlib.ExitStack()
-    cleanup.callback(device.shutdown, wait=True)
+
+    def close() -> None:
+        # The device thread first: a weight update it is running still needs the engine.
+        try:
+            device.shutdown(wait=True)
+        finally:
+            cleanup.close()
+
     try:
         engine = build_engine(spec, model, tokenizer, device, cleanup, log_dir=artifacts_dir)
         trainer, start_step, position = build_trainer(spec, model, resume_from)
@@ -257,6 +264,6 @@ def build_pipeline(
             start_step=start_step,
         )
     except BaseException:
-        cleanup.close()
+        close()
         raise
-    return pipeline, cleanup.close
+    return pipeline, close

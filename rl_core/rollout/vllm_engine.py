@@ -82,9 +82,10 @@ class VllmEngine:
         self.max_in_flight = max_in_flight
         self.request_timeout_s = request_timeout_s
         self.admin_timeout_s = admin_timeout_s
-        # Weight files go to RAM where there is a tmpfs: vLLM reads them once.
-        root = weights_dir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
-        self._weights_root = Path(tempfile.mkdtemp(prefix="rlaas-vllm-weights-", dir=root))
+        # Weight files go to RAM where there is a tmpfs: vLLM reads them once. The folder
+        # is made at the first update (an engine that never updates leaves nothing).
+        self._weights_dir = weights_dir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
+        self._weights_root: Path | None = None
         self._current_weights: Path | None = None
         self._update_lock = threading.Lock()
         self.updates: list[WeightUpdate] = []
@@ -294,6 +295,10 @@ class VllmEngine:
             )
         with self._update_lock:
             started = time.perf_counter()
+            if self._weights_root is None:
+                self._weights_root = Path(
+                    tempfile.mkdtemp(prefix="rlaas-vllm-weights-", dir=self._weights_dir)
+                )
             folder = self._weights_root / f"v{version}-{uuid.uuid4().hex[:8]}"
             self._write_weights(params, folder)
             written = time.perf_counter()
@@ -342,8 +347,14 @@ class VllmEngine:
             )
 
     def close(self) -> None:
-        """Removes the weight files (the HTTP client is closed by `aclose`/`serving`)."""
-        shutil.rmtree(self._weights_root, ignore_errors=True)
+        """Removes the weight files (the HTTP client is closed by `aclose`/`serving`).
+
+        Waits for an update in progress: its files would otherwise outlive the engine.
+        """
+        with self._update_lock:
+            root, self._weights_root = self._weights_root, None
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
