@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from rl_core.errors import RolloutError
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingParams:
@@ -33,6 +35,22 @@ class Completion:
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
     policy_version: int
+
+
+def token_limits(
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int | Sequence[int],
+    seeds: Sequence[int],
+) -> list[int]:
+    """Each prompt's ``max_new_tokens``, after the checks every engine's ``generate`` makes."""
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else max_new_tokens
+    if not len(prompts) == len(limits) == len(seeds):
+        raise RolloutError("prompts, max_new_tokens and seeds must have the same length")
+    if any(m < 1 for m in limits):
+        raise RolloutError("max_new_tokens must be at least 1")
+    if any(not p for p in prompts):
+        raise RolloutError("cannot continue an empty prompt")
+    return list(limits)
 
 
 @runtime_checkable

@@ -31,7 +31,7 @@ from flax import nnx
 from rl_core.errors import RolloutError
 from rl_core.models import Model
 from rl_core.rollout import steps
-from rl_core.rollout.base import Completion, SamplingParams
+from rl_core.rollout.base import Completion, SamplingParams, token_limits
 from rl_core.rollout.scheduler import Request, Scheduler, SchedulerStats
 
 __all__ = ["EngineConfig", "JaxEngine"]
@@ -181,15 +181,7 @@ class JaxEngine:
         sampling: SamplingParams,
         seeds: Sequence[int],
     ) -> list[Request]:
-        limits = (
-            [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else max_new_tokens
-        )
-        if not len(prompts) == len(limits) == len(seeds):
-            raise RolloutError("prompts, max_new_tokens and seeds must have the same length")
-        if any(m < 1 for m in limits):
-            raise RolloutError("max_new_tokens must be at least 1")
-        if any(not p for p in prompts):
-            raise RolloutError("cannot continue an empty prompt")
+        limits = token_limits(prompts, max_new_tokens, seeds)
         for p, m in zip(prompts, limits, strict=True):
             if len(p) + m - 1 > self.max_cache_len:
                 raise RolloutError(

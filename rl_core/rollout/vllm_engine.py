@@ -38,7 +38,7 @@ from typing import Any, Literal
 import httpx
 
 from rl_core.errors import RolloutError
-from rl_core.rollout.base import Completion, SamplingParams
+from rl_core.rollout.base import Completion, SamplingParams, token_limits
 
 __all__ = ["VllmEngine", "WeightUpdate"]
 
@@ -108,15 +108,7 @@ class VllmEngine:
         sampling: SamplingParams,
         seeds: Sequence[int],
     ) -> list[Completion]:
-        limits = (
-            [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else max_new_tokens
-        )
-        if not len(prompts) == len(limits) == len(seeds):
-            raise RolloutError("prompts, max_new_tokens and seeds must have the same length")
-        if any(m < 1 for m in limits):
-            raise RolloutError("max_new_tokens must be at least 1")
-        if any(not p for p in prompts):
-            raise RolloutError("cannot continue an empty prompt")
+        limits = token_limits(prompts, max_new_tokens, seeds)
         client, slots = self._session()
         try:
             async with asyncio.TaskGroup() as tg:
