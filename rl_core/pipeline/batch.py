@@ -13,12 +13,13 @@ once per length bucket, not once per batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import jax.numpy as jnp
 import numpy as np
 
+from rl_core.agent.ledger import Sample, Trajectory
 from rl_core.algorithms.grpo import group_advantages, turn_advantages
 from rl_core.pipeline.queue import Group
 from rl_core.training.trainer import TrainBatch
@@ -37,15 +38,21 @@ def build_batch(
     credit: Credit = "episode",
 ) -> TrainBatch:
     ordered = sorted(groups, key=lambda g: g.task)  # completion order must not change the math
-    per_turn = turn_credit(ordered, group_size, scale_rewards) if credit == "turn" else None
-    rewards = np.zeros((len(ordered), group_size), np.float32)
-    valid = np.zeros((len(ordered), group_size), bool)
-    for i, group in enumerate(ordered):
-        for t in group.trajectories:
-            rewards[i, t.member], valid[i, t.member] = t.reward, t.kept
-    advantages = np.asarray(
-        group_advantages(jnp.asarray(rewards), jnp.asarray(valid), scale_rewards)
-    )
+    advantage: Callable[[int, Trajectory, Sample], float | list[float]]
+    if credit == "turn":
+        per_turn = turn_credit(ordered, group_size, scale_rewards)
+
+        def advantage(i: int, t: Trajectory, sample: Sample) -> list[float]:
+            turns = np.asarray(sample.turns)
+            adv: list[float] = np.where(turns >= 0, per_turn[i, t.member][turns], 0.0).tolist()
+            return adv
+
+    else:
+        per_episode = episode_credit(ordered, group_size, scale_rewards)
+
+        def advantage(i: int, t: Trajectory, sample: Sample) -> float:
+            return float(per_episode[i, t.member])
+
     tokens: list[list[int]] = []
     masks: list[list[int]] = []
     logprobs: list[list[float]] = []
@@ -57,11 +64,7 @@ def build_batch(
                 tokens.append(sample.tokens)
                 masks.append(sample.loss_mask)
                 logprobs.append(sample.logprobs)
-                if per_turn is None:
-                    advs.append(float(advantages[i, t.member]))
-                else:
-                    turn_adv = per_turn[i, t.member]
-                    advs.append([float(turn_adv[k]) if k >= 0 else 0.0 for k in sample.turns])
+                advs.append(advantage(i, t, sample))
                 row_rewards.append(t.reward)
     n_rows = rows * max(1, -(-len(tokens) // rows))
     return TrainBatch.pack(
@@ -74,6 +77,16 @@ def build_batch(
         min_length=min_length,
         rewards=row_rewards,
     )
+
+
+def episode_credit(groups: Sequence[Group], group_size: int, scale_rewards: bool) -> np.ndarray:
+    """Episode-level advantages, [groups, group_size] (`group_advantages`)."""
+    rewards = np.zeros((len(groups), group_size), np.float32)
+    valid = np.zeros((len(groups), group_size), bool)
+    for i, group in enumerate(groups):
+        for t in group.trajectories:
+            rewards[i, t.member], valid[i, t.member] = t.reward, t.kept
+    return np.asarray(group_advantages(jnp.asarray(rewards), jnp.asarray(valid), scale_rewards))
 
 
 def turn_credit(groups: Sequence[Group], group_size: int, scale_rewards: bool) -> np.ndarray:
@@ -92,4 +105,4 @@ def turn_credit(groups: Sequence[Group], group_size: int, scale_rewards: bool) -
     return np.asarray(turn_advantages(jnp.asarray(rewards), jnp.asarray(reached), scale_rewards))
 
 
-__all__ = ["build_batch", "turn_credit"]
+__all__ = ["build_batch", "episode_credit", "turn_credit"]
