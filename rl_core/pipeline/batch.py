@@ -43,7 +43,7 @@ def build_batch(
         per_turn = turn_credit(ordered, group_size, scale_rewards)
 
         def advantage(i: int, t: Trajectory, sample: Sample) -> list[float]:
-            turns = np.asarray(sample.turns)
+            turns = np.asarray(sample.turns, dtype=np.int64)
             adv: list[float] = np.where(turns >= 0, per_turn[i, t.member][turns], 0.0).tolist()
             return adv
 
