@@ -38,8 +38,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="8 steps, 32 eval problems")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--engine", choices=("jax", "vllm"), default="jax", help="the rollout engine"
+    )
     args = parser.parse_args()
     data = yaml.safe_load(SPEC.read_text())
+    data["rollout"]["engine"] = args.engine
     steps = args.steps or (8 if args.quick else data["train"]["steps"])
     data["train"].update(steps=steps, eval_interval=steps)
     if args.quick:
@@ -61,6 +65,7 @@ def main() -> int:
 
     n = int(before["eval/episodes"])
     print(f"calculator ({data['environment']['config']}), SmolLM2-135M-Instruct + LoRA, "
+          f"{args.engine} engine, "
           f"{steps} GRPO steps of {spec.batch_size} episodes, eval: {n} held-out problems, "
           f"greedy")  # fmt: skip
     metric_rows = [

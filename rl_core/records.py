@@ -32,6 +32,7 @@ STAGES = (
     "queue_wait",  # the trainer waiting for enough trajectories
     "train_step",  # one optimiser step (all its mini-batches)
     "weight_sync",  # pushing new weights to the rollout engine
+    "engine_paused",  # the engine serving no request while it loads new weights (vLLM)
     "engine_batch",  # one device call of the rollout engine (prefill or decode chunk)
     "checkpoint",  # saving a checkpoint
 )

@@ -8,7 +8,7 @@ RL core is imported here, lazily, so that importing the Celery app (for
 from __future__ import annotations
 
 import logging
-import traceback
+import re
 from typing import Literal
 
 from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
@@ -102,10 +102,8 @@ def _train_claimed(
         log.exception("run %s: control plane unavailable; the lease reaper will retry it", run_id)
         return "failed"
     except Exception as exc:
-        log.exception("run %s failed", run_id)
-        _report_failure(
-            api, run_id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
-        )
+        log.exception("run %s failed", run_id)  # the traceback stays in the worker's log
+        _report_failure(api, run_id, failure_reason(exc))
         return "failed"
     if beats.lease_lost.is_set():
         return "lease_lost"
@@ -114,6 +112,19 @@ def _train_claimed(
         return "cancelled"
     api.report_status(run_id, "succeeded")
     return "succeeded"
+
+
+_PATH = re.compile(r"(?<![\w:/.])/(?:[\w.+@-]+/)*[\w.+@-]+")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What the tenant reads for a failed run: the error's type and message.
+
+    Never a traceback, and no path of the worker's machine: paths in the message become
+    their last part (``vllm-server.log``, not ``/srv/rlaas/runs/<id>/vllm-server.log``).
+    """
+    message = _PATH.sub(lambda m: m.group(0).rsplit("/", 1)[-1], str(exc)).strip()
+    return f"{type(exc).__name__}: {message[:2000]}" if message else type(exc).__name__
 
 
 def _report_failure(api: ControlPlane, run_id: str, error: str) -> None:

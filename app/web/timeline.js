@@ -8,7 +8,7 @@ const FIXED = ["trainer", "engine", "collector"];
 const COLOURS = {
   rollout: "#91a7ff", model_call: "#4c6ef5", env_step: "#20c997", reward: "#fab005",
   queue_wait: "#ced4da", train_step: "#e8590c", weight_sync: "#be4bdb",
-  engine_batch: "#1c7ed6", checkpoint: "#495057",
+  engine_batch: "#1c7ed6", engine_paused: "#f03e3e", checkpoint: "#495057",
 };
 
 // -> [{lane, name, start_us, dur_us, step, args, track}]

@@ -41,6 +41,8 @@ from rl_core.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
+SERVER_LOG = "vllm-server.log"  # in the run's artifacts folder
+
 
 class OrbaxCheckpointer:
     """`Checkpointer` over `rl_core.training.checkpointing`.
@@ -73,12 +75,15 @@ def build_engine(
     cleanup: contextlib.ExitStack,
     *,
     log_dir: Path | None = None,
+    recorder: SpanRecorder | None = None,
 ) -> RolloutEngine:
     """The rollout engine the spec names: the JAX engine, running its device work on
     ``device``, or vLLM (`build_vllm_engine`). What must be undone when the run ends
     (a server, its files) is pushed on ``cleanup``."""
     if spec.rollout.engine == "vllm":
-        return build_vllm_engine(spec, model, tokenizer, cleanup, log_dir=log_dir)
+        return build_vllm_engine(
+            spec, model, tokenizer, cleanup, log_dir=log_dir, recorder=recorder
+        )
     return JaxEngine(model, config=configs.engine_config(spec, tokenizer), executor=device)
 
 
@@ -89,6 +94,7 @@ def build_vllm_engine(
     cleanup: contextlib.ExitStack,
     *,
     log_dir: Path | None = None,
+    recorder: SpanRecorder | None = None,
 ) -> RolloutEngine:
     """`VllmEngine` over ``rollout.vllm_url``, or over a server started here for the run.
 
@@ -97,17 +103,28 @@ def build_vllm_engine(
     Weight updates are written as HF safetensors that the server reloads from this
     machine's filesystem, so a server at ``vllm_url`` must see the same files.
     """
-    from rl_core.pretrained.export import export_hf, weights_writer
-    from rl_core.rollout.vllm_engine import VllmEngine
+    from rl_core.pretrained.export import export_hf, logprob_scorer, weights_writer
+    from rl_core.rollout.vllm_engine import VllmEngine, WeightCheck
     from rl_core.rollout.vllm_server import VllmServer
 
-    url, log_path = spec.rollout.vllm_url, None
-    if url is None:
+    scorer = logprob_scorer(model)
+    check = WeightCheck(tokens=WeightCheck.probe(model.config.vocab_size), scorer=scorer)
+    engine_args: dict[str, Any] = dict(
+        stop_ids=configs.engine_config(spec, tokenizer).stop_ids,
+        write_weights=weights_writer(model, untie=True),
+        check=check,
+        recorder=recorder,
+        max_in_flight=spec.rollout.concurrency,
+    )
+    if spec.rollout.vllm_url is not None:
+        engine = VllmEngine(spec.rollout.vllm_url, **engine_args)
+        engine.connect(max_context=spec.agent.max_context)
+    else:
         folder = Path(tempfile.mkdtemp(prefix="rlaas-vllm-model-"))
         cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
         export_hf(model, folder, untie=True)
         # Kept after the run (outside the folder removed at the end): a crash is read there.
-        log_path = log_dir / "vllm-server.log" if log_dir else folder.with_suffix(".log")
+        log_path = log_dir / SERVER_LOG if log_dir else folder.with_suffix(".log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         server = VllmServer(
             folder, configs.vllm_server_config(spec, model.config.max_seq_len), log_path=log_path
@@ -115,14 +132,9 @@ def build_vllm_engine(
         cleanup.callback(server.stop)
         server.start()
         log.info("vLLM server on %s ready in %.1f s (log %s)", server.url, server.start_s, log_path)
-        url = server.url
-    engine = VllmEngine(
-        url,
-        stop_ids=configs.engine_config(spec, tokenizer).stop_ids,
-        write_weights=weights_writer(model, untie=True),
-        max_in_flight=spec.rollout.concurrency,
-        server_log=log_path,
-    )
+        # Errors name the log by its file name: it sits in the run's artifacts folder, and
+        # a tenant reads the reason, not this machine's paths.
+        engine = VllmEngine(server.url, server=server, server_log=SERVER_LOG, **engine_args)
     cleanup.callback(engine.close)
     return engine
 
@@ -210,7 +222,9 @@ def build_pipeline(
             cleanup.close()
 
     try:
-        engine = build_engine(spec, model, tokenizer, device, cleanup, log_dir=artifacts_dir)
+        engine = build_engine(
+            spec, model, tokenizer, device, cleanup, log_dir=artifacts_dir, recorder=recorder
+        )
         trainer, start_step, position = build_trainer(spec, model, resume_from)
         agent = build_agent(spec, engine, tokenizer, recorder)
         evaluator = build_evaluator(

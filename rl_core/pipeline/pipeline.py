@@ -261,6 +261,10 @@ class Pipeline:
             with self.recorder.span("weight_sync", track="trainer", step=step, annotate=True):
                 params = self.snapshot(self.trainer.params())
                 self.engine.update_weights(params, version=step)
+            # An engine with figures of its own per update (vLLM: pause, probe check).
+            engine_metrics = getattr(self.engine, "update_metrics", None)
+            if engine_metrics is not None:
+                metrics = {**metrics, **engine_metrics()}
             timing["end"] = time.perf_counter()
             return metrics
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +164,35 @@ def weights_writer(model: Model, *, untie: bool = False) -> Callable[[Any, Path]
         return write_weights(nnx.merge(graphdef, params), directory, untie=untie)
 
     return write
+
+
+def logprob_scorer(model: Model) -> Callable[[Any, Sequence[int]], list[float]]:
+    """``score(params, tokens)``: log p(tokens[t] | tokens[:t]) for t >= 1 ([T] -> [T-1]).
+
+    Under ``params`` (`nnx.state` of a model of ``model``'s structure), in float32 and with
+    no sampling filter: the reference a server's copy of the weights is checked against
+    (`rl_core.rollout.vllm_engine.WeightCheck`). Compiled once per probe length.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    graphdef = nnx.graphdef(model)
+
+    @jax.jit
+    def logprobs(params: Any, tokens: jax.Array) -> jax.Array:  # tokens [1, T] -> [T-1]
+        policy = nnx.merge(graphdef, params)
+        positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+        logits, _ = policy(tokens, positions)
+        logp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32), axis=-1)
+        return jnp.take_along_axis(logp, tokens[0, 1:, None], axis=-1)[:, 0]
+
+    def score(params: Any, tokens: Sequence[int]) -> list[float]:
+        row = jnp.asarray([list(tokens)], dtype=jnp.int32)
+        return [float(x) for x in np.asarray(logprobs(params, row))]
+
+    return score
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:

@@ -18,7 +18,18 @@ the caller because that needs JAX), then, through vLLM's dev-mode routes: ``/pau
 (``mode=wait``: requests in flight finish with the old weights, new ones queue), reload in
 place (``/collective_rpc`` ``reload_weights``), label the weights with the version
 (``/update_weight_version``), drop the prefix cache, ``/resume``. The pause is measured
-(`WeightUpdate`).
+(`WeightUpdate`) and recorded as the ``engine_paused`` stage.
+
+After every update the server scores a fixed probe sequence (``prompt_logprobs``) and
+the engine compares it with the trainer's own logprobs of the same tokens under the
+published weights (`WeightCheck`): a server still on old weights (vLLM skipped a tensor),
+or one serving another model, fails the run with the mismatch instead of training on
+wrong logprobs.
+
+A server that stops answering is recovered before anything fails: one this engine owns
+(`VllmServer`) and that exited is started again; one at a user's URL is waited for. Either
+way the current weights are pushed again and checked, then the failed requests are sent
+again. After ``max_recoveries`` the run fails with the reason.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import shutil
 import tempfile
 import threading
@@ -38,11 +50,39 @@ from typing import Any, Literal
 import httpx
 
 from rl_core.errors import RolloutError
+from rl_core.host.telemetry import SpanRecorder, now_us
 from rl_core.rollout.base import Completion, SamplingParams, token_limits
+from rl_core.rollout.vllm_server import VllmServer
 
-__all__ = ["VllmEngine", "WeightUpdate"]
+__all__ = ["VllmEngine", "WeightCheck", "WeightUpdate"]
+
+log = logging.getLogger(__name__)
 
 WeightsWriter = Callable[[Any, Path], Any]  # (params, folder): writes folder/model.safetensors
+# (params, tokens [T]) -> log p(tokens[t] | tokens[:t]) for t >= 1 [T-1], computed by the trainer
+Scorer = Callable[[Any, Sequence[int]], Sequence[float]]
+# Transport failures after which the server may be down (a timeout is the load, not the server).
+_DOWN = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightCheck:
+    """The probe that proves which weights a server holds.
+
+    After every update (and every recovery) the server scores ``tokens`` and `scorer` gives
+    the trainer's logprobs of the same tokens under the weights just published; more than
+    ``tolerance`` apart anywhere fails the update. Both sides compute in float32 (measured:
+    under 1e-6 on the test models; a server on the step before's weights was 0.5 off).
+    """
+
+    tokens: tuple[int, ...]
+    scorer: Scorer
+    tolerance: float = 1e-3
+
+    @staticmethod
+    def probe(vocab_size: int, length: int = 32) -> tuple[int, ...]:
+        """A fixed token sequence spread over the vocabulary (no special meaning needed)."""
+        return tuple((17 + 7919 * i) % vocab_size for i in range(length))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +93,11 @@ class WeightUpdate:
     write_s: float
     pause_s: float  # from /pause called to /resume answered: no new request is served
     total_s: float
+    check_max_dlogprob: float | None = None  # the probe's max |Δ logprob|; None: no check
 
 
 class VllmEngine:
-    """Drives the vLLM server at ``base_url``; see the module docstring."""
+    """Drives the vLLM server at ``base_url`` (or ``server``'s); see the module docstring."""
 
     def __init__(
         self,
@@ -64,39 +105,97 @@ class VllmEngine:
         *,
         stop_ids: Sequence[int],
         write_weights: WeightsWriter | None = None,
+        check: WeightCheck | None = None,
+        server: VllmServer | None = None,  # owned: restarted when it exits
+        recorder: SpanRecorder | None = None,
         policy_version: int = 0,
         max_in_flight: int = 256,
         request_timeout_s: float = 600.0,
         admin_timeout_s: float = 300.0,
+        reconnect_timeout_s: float = 60.0,
+        max_recoveries: int = 3,
         weights_dir: Path | None = None,
-        server_log: Path | None = None,
+        server_log: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,  # tests: an in-memory server
     ) -> None:
         self._transport = transport
-        self.base_url = base_url.rstrip("/")
+        self.base_url = (server.url if server is not None else base_url).rstrip("/")
+        self.server = server
         self.server_log = server_log  # named in errors: where a crashed server says why
         self.stop_ids = tuple(stop_ids)
         self._write_weights = write_weights
+        self._check = check
+        self._expected: list[float] | None = None  # the probe's logprobs under `_version`
+        self._recorder = recorder
         self._version = policy_version
         self._initial_version = policy_version
         self.max_in_flight = max_in_flight
         self.request_timeout_s = request_timeout_s
         self.admin_timeout_s = admin_timeout_s
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self.max_recoveries = max_recoveries
         # Weight files go to RAM where there is a tmpfs: vLLM reads them once. The folder
         # is made at the first update (an engine that never updates leaves nothing).
         self._weights_dir = weights_dir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
         self._weights_root: Path | None = None
         self._current_weights: Path | None = None
-        self._update_lock = threading.Lock()
+        # Held by an update and by a recovery (which may push weights): one at a time.
+        self._update_lock = threading.RLock()
         self.updates: list[WeightUpdate] = []
-        # An httpx.AsyncClient belongs to the event loop it was first used on.
+        self.recoveries: list[str] = []  # why each recovery happened
+        self._epoch = 0  # +1 per recovery: a request that failed before it retries at once
+        # An httpx.AsyncClient belongs to the event loop it was first used on, and to a URL.
         self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._client_key: tuple[asyncio.AbstractEventLoop, str] | None = None
+        self._retired: list[httpx.AsyncClient] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
+        self._recovering: asyncio.Lock | None = None
 
     @property
     def policy_version(self) -> int:
         return self._version
+
+    def connect(self, *, max_context: int) -> None:
+        """Check a server this engine did not start, before the run relies on it: that it
+        answers, serves a model with room for ``max_context`` tokens, and generates from
+        token ids (``--enable-scale-out``)."""
+        try:
+            with httpx.Client(base_url=self.base_url, timeout=10.0) as client:
+                models = client.get("/v1/models")
+                probe = client.post(
+                    "/inference/v1/generate",
+                    json={"token_ids": [0], "sampling_params": {"max_tokens": 1}},
+                )
+        except httpx.HTTPError as e:
+            raise RolloutError(
+                f"no vLLM server answers at {self.base_url} (rollout.vllm_url): "
+                f"{type(e).__name__}; start it, or leave vllm_url out and rlaas starts one"
+            ) from e
+        if models.status_code != 200:
+            raise RolloutError(
+                f"vLLM at {self.base_url} answered /v1/models with {models.status_code}; "
+                "rlaas needs a server without --api-key, on a private address"
+            )
+        served = models.json().get("data") or []
+        if not served:
+            raise RolloutError(f"vLLM at {self.base_url} serves no model")
+        max_len = served[0].get("max_model_len")
+        if isinstance(max_len, int) and max_len < max_context:
+            raise RolloutError(
+                f"vLLM at {self.base_url} serves {served[0].get('id')!r} with max_model_len "
+                f"{max_len}, below the run's agent.max_context {max_context}; restart it with "
+                f"--max-model-len {max_context} or lower max_context"
+            )
+        if probe.status_code == 404:
+            raise RolloutError(
+                f"vLLM at {self.base_url} has no /inference/v1/generate (token ids in and out); "
+                "start it with --enable-scale-out --skip-tokenizer-init and VLLM_SERVER_DEV_MODE=1"
+            )
+        if probe.status_code != 200:
+            raise RolloutError(
+                f"vLLM at {self.base_url} cannot generate ({probe.status_code}): {probe.text[:300]}"
+            )
 
     # --- generation --------------------------------------------------------------
 
@@ -109,11 +208,11 @@ class VllmEngine:
         seeds: Sequence[int],
     ) -> list[Completion]:
         limits = token_limits(prompts, max_new_tokens, seeds)
-        client, slots = self._session()
+        slots = self._loop_state()
         try:
             async with asyncio.TaskGroup() as tg:
                 tasks = [
-                    tg.create_task(self._one(client, slots, list(p), m, sampling, s))
+                    tg.create_task(self._one(slots, list(p), m, sampling, s))
                     for p, m, s in zip(prompts, limits, seeds, strict=True)
                 ]
         except ExceptionGroup as group:
@@ -126,7 +225,6 @@ class VllmEngine:
 
     async def _one(
         self,
-        client: httpx.AsyncClient,
         slots: asyncio.Semaphore,
         prompt: list[int],
         max_new_tokens: int,
@@ -135,7 +233,6 @@ class VllmEngine:
     ) -> Completion:
         greedy = sampling.temperature == 0
         body = {
-            "request_id": f"rlaas-{uuid.uuid4().hex}",
             "token_ids": prompt,
             "sampling_params": {
                 "max_tokens": max_new_tokens,
@@ -152,33 +249,50 @@ class VllmEngine:
             },
         }
         async with slots:
-            # Cancelling this await (episode cancelled or timed out) closes the connection;
-            # vLLM aborts the request on the disconnect.
-            try:
-                try:
-                    response = await client.post("/inference/v1/generate", json=body)
-                except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
-                    # A pooled connection the server closed as we sent on it (its idle
-                    # timeout raced ours; seen under load). Whatever the server got of
-                    # the request was aborted with the connection: sent again, once.
-                    body["request_id"] = f"rlaas-{uuid.uuid4().hex}"
-                    response = await client.post("/inference/v1/generate", json=body)
-            except httpx.TimeoutException as e:
-                raise RolloutError(
-                    f"vLLM did not answer a generate request within {self.request_timeout_s:.0f} s "
-                    f"({self.base_url}); raise request_timeout_s or lower the load"
-                ) from e
-            except httpx.TransportError as e:
-                raise RolloutError(
-                    f"vLLM at {self.base_url} is unreachable ({type(e).__name__}: {e})"
-                    + self._log_hint()
-                ) from e
+            response = await self._post("/inference/v1/generate", body)
         if response.status_code != 200:
             raise RolloutError(
                 f"vLLM refused a generate request ({response.status_code}): "
                 f"{response.text[:500]}" + self._log_hint()
             )
         return self._completion(response.json(), greedy=greedy)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """POST with the engine's recovery: a server that went away is brought back first.
+
+        Cancelling this await (episode cancelled or timed out) closes the connection;
+        vLLM aborts the request on the disconnect.
+        """
+        first = True
+        while True:
+            epoch = self._epoch
+            body["request_id"] = f"rlaas-{uuid.uuid4().hex}"  # never reused, even on a resend
+            try:
+                response = await self._client_now().post(path, json=body)
+            except httpx.TimeoutException as e:
+                raise RolloutError(
+                    f"vLLM did not answer a request within {self.request_timeout_s:.0f} s "
+                    f"({self.base_url}); raise request_timeout_s or lower the load"
+                ) from e
+            except _DOWN as e:
+                if first and not isinstance(e, httpx.ConnectError):
+                    # A pooled connection the server closed as we sent on it (its idle
+                    # timeout raced ours; seen under load): whatever the server got was
+                    # aborted with the connection. Sent again at once.
+                    first = False
+                    continue
+                await self._recover(epoch, f"unreachable ({type(e).__name__}: {e})")
+                continue
+            except httpx.TransportError as e:
+                raise RolloutError(
+                    f"vLLM at {self.base_url} is unreachable ({type(e).__name__}: {e})"
+                    + self._log_hint()
+                ) from e
+            if response.status_code >= 500 and self._server_down():
+                # vLLM answers 500 while its engine core dies, then exits.
+                await self._recover(epoch, f"answered {response.status_code} and exited")
+                continue
+            return response
 
     def _completion(self, data: dict[str, Any], *, greedy: bool) -> Completion:
         choice = data["choices"][0]
@@ -221,28 +335,26 @@ class VllmEngine:
         Under the served weights and no sampling filter: what checks that the server
         holds the weights the trainer published (a stale server scores as the old ones).
         """
-        if len(tokens) < 2:
-            raise RolloutError("score needs at least two tokens")
-        client, slots = self._session()
-        body = {
-            "token_ids": list(tokens),
-            "sampling_params": {
-                "max_tokens": 1,
-                "prompt_logprobs": 0,
-                "ignore_eos": True,
-                "detokenize": False,
-            },
-        }
+        slots = self._loop_state()
         async with slots:
-            response = await client.post("/inference/v1/generate", json=body)
-        if response.status_code != 200:
-            raise RolloutError(f"vLLM refused a score request: {response.text[:500]}")
-        rows = response.json()["prompt_logprobs"][1:]
-        return [float(row[str(t)]["logprob"]) for row, t in zip(rows, tokens[1:], strict=True)]
+            response = await self._post("/inference/v1/generate", _score_body(tokens))
+        return _scores(response, tokens)
 
-    def _session(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    def _loop_state(self) -> asyncio.Semaphore:
+        """The in-flight bound and recovery lock of the running loop (made on first use)."""
         loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
+        if self._loop is not loop or self._slots is None:
+            self._loop = loop
+            self._slots = asyncio.Semaphore(self.max_in_flight)
+            self._recovering = asyncio.Lock()
+        return self._slots
+
+    def _client_now(self) -> httpx.AsyncClient:
+        """This loop's client for the current URL (a restarted server has a new port)."""
+        key = (asyncio.get_running_loop(), self.base_url)
+        if self._client is None or self._client_key != key:
+            if self._client is not None and self._client_key and self._client_key[0] is key[0]:
+                self._retired.append(self._client)  # closed by `aclose`, in this loop
             self._client = httpx.AsyncClient(
                 base_url=self.base_url,
                 transport=self._transport,
@@ -255,10 +367,8 @@ class VllmEngine:
                     keepalive_expiry=2.0,
                 ),
             )
-            self._client_loop = loop
-            self._slots = asyncio.Semaphore(self.max_in_flight)
-        assert self._slots is not None
-        return self._client, self._slots
+            self._client_key = key
+        return self._client
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[VllmEngine]:
@@ -269,9 +379,59 @@ class VllmEngine:
             await self.aclose()
 
     async def aclose(self) -> None:
-        client, self._client, self._client_loop = self._client, None, None
-        if client is not None:
+        clients = [c for c in (self._client, *self._retired) if c is not None]
+        self._client, self._client_key, self._retired = None, None, []
+        for client in clients:
             await client.aclose()
+
+    # --- recovery -----------------------------------------------------------------
+
+    def _server_down(self) -> bool:
+        return self.server is not None and not self.server.running
+
+    async def _recover(self, epoch: int, why: str) -> None:
+        """Bring the server back (once for all the requests that saw it fail), or raise."""
+        assert self._recovering is not None
+        async with self._recovering:
+            if self._epoch != epoch:
+                return  # another request recovered it meanwhile
+            await asyncio.to_thread(self._recover_blocking, why)
+
+    def _recover_blocking(self, why: str) -> None:
+        """Restart an owned server that exited, or wait for one that went away; then push
+        the current weights again and check them. Any thread; raises `RolloutError`."""
+        with self._update_lock:
+            if len(self.recoveries) >= self.max_recoveries:
+                raise RolloutError(
+                    f"vLLM at {self.base_url} {why}, after {len(self.recoveries)} recoveries "
+                    f"this run ({'; '.join(self.recoveries)}); giving up" + self._log_hint()
+                )
+            log.warning("vLLM at %s %s; recovering it", self.base_url, why)
+            deadline = time.monotonic() + self.reconnect_timeout_s
+            with httpx.Client(timeout=5.0) as client:
+                while True:
+                    if self.server is not None and not self.server.running:
+                        code = self.server.returncode
+                        self.server.restart()  # raises RolloutError when it cannot start
+                        self.base_url = self.server.url
+                        why = f"{why}; the server exited (code {code}) and was restarted"
+                        break
+                    with contextlib.suppress(httpx.TransportError):
+                        if client.get(f"{self.base_url}/health").status_code == 200:
+                            break
+                    if time.monotonic() > deadline:
+                        raise RolloutError(
+                            f"vLLM at {self.base_url} {why}, and did not answer /health for "
+                            f"{self.reconnect_timeout_s:.0f} s" + self._log_hint()
+                        )
+                    time.sleep(0.5)
+            self.recoveries.append(why)
+            if self._current_weights is not None:
+                # A restarted server holds the weights it started with: ours again.
+                with httpx.Client(base_url=self.base_url, timeout=self.admin_timeout_s) as admin:
+                    self._push(admin, self._current_weights, self._version)
+                    self._verify(admin, self._version)
+            self._epoch += 1
 
     # --- weights ------------------------------------------------------------------
 
@@ -287,6 +447,7 @@ class VllmEngine:
             )
         with self._update_lock:
             started = time.perf_counter()
+            start_us = now_us()
             if self._weights_root is None:
                 self._weights_root = Path(
                     tempfile.mkdtemp(prefix="rlaas-vllm-weights-", dir=self._weights_dir)
@@ -294,34 +455,80 @@ class VllmEngine:
             folder = self._weights_root / f"v{version}-{uuid.uuid4().hex[:8]}"
             self._write_weights(params, folder)
             written = time.perf_counter()
+            expected = list(self._check.scorer(params, self._check.tokens)) if self._check else None
             with httpx.Client(base_url=self.base_url, timeout=self.admin_timeout_s) as admin:
-                self._admin(admin, "/pause", params={"mode": "wait"})
-                paused = time.perf_counter()
-                self._admin(
-                    admin,
-                    "/collective_rpc",
-                    json={"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
-                )
-                self._admin(admin, "/update_weight_version", json={"new_version": str(version)})
-                self._admin(admin, "/reset_prefix_cache")
-                self._admin(admin, "/resume")
-                resumed = time.perf_counter()
-            previous, self._current_weights = self._current_weights, folder
-            self._version = version
+                try:
+                    pause_s = self._push(admin, folder, version)
+                except _ServerDown as down:
+                    self._recover_blocking(str(down))  # pushes the previous weights back
+                    admin.base_url = httpx.URL(self.base_url)
+                    pause_s = self._push(admin, folder, version)
+                finished = time.perf_counter()
+                previous, self._current_weights = self._current_weights, folder
+                self._version, self._expected = version, expected
+                worst = self._verify(admin, version)
             if previous is not None:
                 shutil.rmtree(previous, ignore_errors=True)
-            self.updates.append(
-                WeightUpdate(
-                    version=version,
-                    write_s=written - started,
-                    pause_s=resumed - paused,
-                    total_s=resumed - started,
-                )
+            update = WeightUpdate(
+                version=version,
+                write_s=written - started,
+                pause_s=pause_s,
+                total_s=finished - started,
+                check_max_dlogprob=worst,
             )
+            self.updates.append(update)
+            if self._recorder is not None:
+                # The pause is the one part of an update in which the server serves nothing.
+                self._recorder.add(
+                    "engine_paused",
+                    start_us=start_us + int((finished - started - pause_s) * 1e6),
+                    dur_us=int(pause_s * 1e6),
+                    track="engine",
+                    step=version,
+                )
+
+    def _push(self, admin: httpx.Client, folder: Path, version: int) -> float:
+        """Load ``folder``'s weights as ``version``; returns the pause in seconds."""
+        self._admin(admin, "/pause", params={"mode": "wait"})
+        paused = time.perf_counter()
+        self._admin(
+            admin,
+            "/collective_rpc",
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
+        )
+        self._admin(admin, "/update_weight_version", json={"new_version": str(version)})
+        self._admin(admin, "/reset_prefix_cache")
+        self._admin(admin, "/resume")
+        return time.perf_counter() - paused
+
+    def _verify(self, admin: httpx.Client, version: int) -> float | None:
+        """The probe's max |Δ logprob| (server vs trainer); raises past the tolerance."""
+        if self._check is None or self._expected is None:
+            return None
+        try:
+            response = admin.post("/inference/v1/generate", json=_score_body(self._check.tokens))
+        except httpx.HTTPError as e:
+            raise RolloutError(
+                f"vLLM at {self.base_url} did not score the weight probe ({type(e).__name__})"
+                + self._log_hint()
+            ) from e
+        served = _scores(response, self._check.tokens)
+        worst = max(abs(a - b) for a, b in zip(served, self._expected, strict=True))
+        if not worst <= self._check.tolerance:  # NaN fails too
+            raise RolloutError(
+                f"vLLM at {self.base_url} does not serve the weights of version {version}: "
+                f"its logprobs of a {len(self._check.tokens)}-token probe differ from the "
+                f"trainer's by up to {worst:.3g} (tolerance {self._check.tolerance:g}). The "
+                "server kept old weights or serves another model; a server at rollout.vllm_url "
+                "must serve the run's model and read the worker's weight files"
+            )
+        return worst
 
     def _admin(self, client: httpx.Client, path: str, **kwargs: Any) -> None:
         try:
             response = client.post(path, **kwargs)
+        except _DOWN as e:
+            raise _ServerDown(f"failed on {path} ({type(e).__name__}: {e})") from e
         except httpx.HTTPError as e:
             raise RolloutError(
                 f"vLLM at {self.base_url}: {path} failed ({type(e).__name__}: {e})"
@@ -332,11 +539,29 @@ class VllmEngine:
                 f"vLLM at {self.base_url} has no {path}; start it with VLLM_SERVER_DEV_MODE=1 "
                 "(rlaas does when it starts the server)"
             )
+        if response.status_code >= 500 and self._server_down():
+            raise _ServerDown(f"answered {response.status_code} on {path} and exited")
         if response.status_code != 200 or '"success":false' in response.text.replace(" ", ""):
             raise RolloutError(
                 f"vLLM at {self.base_url}: {path} answered {response.status_code}: "
                 f"{response.text[:500]}"
+                + (" (does the server serve the run's model?)" if path == "/collective_rpc" else "")
             )
+
+    def update_metrics(self) -> dict[str, float]:
+        """The last update's figures, for the step's metrics (``vllm/``)."""
+        if not self.updates:
+            return {}
+        last = self.updates[-1]
+        metrics = {
+            "vllm/pause_s": last.pause_s,
+            "vllm/write_s": last.write_s,
+            "vllm/update_s": last.total_s,
+            "vllm/recoveries": float(len(self.recoveries)),
+        }
+        if last.check_max_dlogprob is not None:
+            metrics["vllm/check_max_dlogprob"] = last.check_max_dlogprob
+        return metrics
 
     def close(self) -> None:
         """Removes the weight files (the HTTP client is closed by `aclose`/`serving`).
@@ -347,6 +572,31 @@ class VllmEngine:
             root, self._weights_root = self._weights_root, None
             if root is not None:
                 shutil.rmtree(root, ignore_errors=True)
+
+
+class _ServerDown(Exception):
+    """An admin call found the server gone; the caller recovers it and tries again."""
+
+
+def _score_body(tokens: Sequence[int]) -> dict[str, Any]:
+    if len(tokens) < 2:
+        raise RolloutError("score needs at least two tokens")
+    return {
+        "token_ids": list(tokens),
+        "sampling_params": {
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+            "ignore_eos": True,
+            "detokenize": False,
+        },
+    }
+
+
+def _scores(response: httpx.Response, tokens: Sequence[int]) -> list[float]:
+    if response.status_code != 200:
+        raise RolloutError(f"vLLM refused a score request: {response.text[:500]}")
+    rows = response.json()["prompt_logprobs"][1:]
+    return [float(row[str(t)]["logprob"]) for row, t in zip(rows, tokens[1:], strict=True)]
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:

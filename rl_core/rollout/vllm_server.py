@@ -200,6 +200,20 @@ class VllmServer:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit code of a server that ended by itself; None while it runs."""
+        return None if self._process is None else self._process.poll()
+
+    def restart(self) -> VllmServer:
+        """Stop what is left of the server and start it again, on a new port (`url`).
+
+        For a server that crashed: it comes back with the weights of ``model_dir``; the
+        engine pushes the current ones again.
+        """
+        self.stop()
+        return self.start()
+
     def __enter__(self) -> VllmServer:
         return self.start()
 

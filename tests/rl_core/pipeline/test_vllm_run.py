@@ -73,5 +73,5 @@ def test_a_vllm_url_where_no_server_answers_fails_the_run_naming_it() -> None:
             "train": {"steps": 1},
         }
     )
-    with pytest.raises(RolloutError, match=r"vLLM at http://127\.0\.0\.1:9"):
+    with pytest.raises(RolloutError, match=r"no vLLM server answers at http://127\.0\.0\.1:9"):
         train(spec, sink=MemorySink())

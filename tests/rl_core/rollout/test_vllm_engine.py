@@ -29,9 +29,9 @@ from flax import nnx
 
 from rl_core.errors import RolloutError
 from rl_core.models import Model, ModelConfig
-from rl_core.pretrained.export import export_hf, weights_writer
+from rl_core.pretrained.export import export_hf, logprob_scorer, weights_writer
 from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
-from rl_core.rollout.vllm_engine import VllmEngine
+from rl_core.rollout.vllm_engine import VllmEngine, WeightCheck
 from rl_core.rollout.vllm_server import VllmServer, VllmServerConfig
 from tests.rl_core.models.hf_reference import our_logits
 from tests.rl_core.rollout.vllm_venv import ensure_vllm_venv
@@ -67,7 +67,11 @@ def served(vllm_interpreter: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     server = VllmServer(folder, config, log_path=folder.parent / "vllm-server.log")
     server.start()
     engine = VllmEngine(
-        server.url, stop_ids=(STOP,), write_weights=weights_writer(model, untie=True)
+        server.url,
+        server=server,
+        stop_ids=(STOP,),
+        write_weights=weights_writer(model, untie=True),
+        check=WeightCheck(WeightCheck.probe(CONFIG.vocab_size), logprob_scorer(model)),
     )
     try:
         yield Served(server, engine, model)
@@ -201,6 +205,7 @@ def test_a_cancelled_generate_aborts_its_request_on_the_server(served: Served) -
     # No stop ids: the request runs to its token budget unless it is aborted.
     engine = VllmEngine(url, stop_ids=())
     budget = MAX_LEN - len(PROMPTS[0])
+    REQUESTS = 128  # noqa: N806
 
     def gauges() -> tuple[float, float]:  # (requests running, tokens generated so far)
         text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -219,14 +224,15 @@ def test_a_cancelled_generate_aborts_its_request_on_the_server(served: Served) -
 
     async def cancel_midway() -> float:
         _, before = await asyncio.to_thread(gauges)
-        # 32 sequences of 508 tokens: many seconds of decoding on these cores, so they are
-        # all still running a second in (vLLM's gauges lag too much to wait on them).
+        # 128 sequences of 508 tokens, 32 decoded at a time (max_num_seqs): on a loaded
+        # machine the first 32 may be done by the time the pause lands, never the rest
+        # (vLLM's gauges lag too much to wait on them).
         task = asyncio.create_task(
             engine.generate(
-                [PROMPTS[0]] * 32,
+                [PROMPTS[0]] * REQUESTS,
                 max_new_tokens=budget,
                 sampling=SamplingParams(),
-                seeds=list(range(32)),
+                seeds=list(range(REQUESTS)),
             )
         )
         await asyncio.sleep(1.0)
@@ -247,8 +253,8 @@ def test_a_cancelled_generate_aborts_its_request_on_the_server(served: Served) -
 
     generated = run(engine, cancel_midway())
     engine.close()
-    print(f"cancelled after {generated:.0f} of {32 * budget} tokens")
-    assert generated < 32 * budget / 2
+    print(f"cancelled after {generated:.0f} of {REQUESTS * budget} tokens")
+    assert generated < REQUESTS * budget / 2
 
 
 def _serves(engine: VllmEngine, model: Model) -> float:
@@ -287,6 +293,59 @@ def test_weight_updates_are_live_and_a_stale_server_is_caught(served: Served) ->
         assert np.max(np.abs(sampled)) < TOL
         assert engine.policy_version == version
         assert {c.policy_version for c in out} == {version}
+        # The engine's own check after the update: the probe, scored by both sides.
+        assert update.check_max_dlogprob is not None and update.check_max_dlogprob < TOL
+
+
+def test_an_update_the_server_did_not_take_fails_with_the_mismatch(served: Served) -> None:
+    """The engine's probe check catches a server left on other weights (as a reload that
+    skipped a tensor did, docs/vllm.md), instead of training on its logprobs."""
+    engine, held = served.engine, served.model
+    new = Model(CONFIG, rngs=nnx.Rngs(7))
+    write_new = weights_writer(new, untie=True)
+    # The files written hold the served weights again, not the ones published.
+    stale = VllmEngine(
+        served.server.url,
+        stop_ids=(STOP,),
+        write_weights=lambda params, folder: write_new(nnx.state(held), folder),
+        check=WeightCheck(WeightCheck.probe(CONFIG.vocab_size), logprob_scorer(new)),
+    )
+    try:
+        with pytest.raises(RolloutError, match=r"does not serve the weights of version 9"):
+            stale.update_weights(nnx.state(new), version=9)
+    finally:
+        stale.close()
+    # The session engine still holds and checks what the server serves.
+    engine.update_weights(nnx.state(held), version=3)
+    assert engine.updates[-1].check_max_dlogprob < TOL
+
+
+def test_a_crashed_server_is_restarted_with_the_current_weights(served: Served) -> None:
+    """The server's whole process group killed mid-run: the next requests find it gone; the
+    engine starts it again, pushes the weights it last published (not those the server
+    started with), checks them, and the requests are answered."""
+    engine, server = served.engine, served.server
+    assert engine.policy_version == 3
+    pgid = server.pid
+    assert pgid is not None
+    os.killpg(pgid, 9)
+    server_url = server.url
+    out = generate(engine, SamplingParams(), seeds=[1, 2, 3, 4], n=8)
+    assert engine.recoveries and "restarted" in engine.recoveries[-1]
+    print(f"recovered: {engine.recoveries[-1]}; new server ready in {server.start_s:.0f} s")
+    assert server.running and server.url != server_url
+    assert {c.policy_version for c in out} == {3}
+    for prompt, c in zip(PROMPTS, out, strict=True):
+        np.testing.assert_allclose(
+            c.logprobs, our_logprobs(served.model, prompt, c.tokens), atol=TOL
+        )
+
+
+def test_a_user_server_too_short_for_the_run_is_refused_before_it_starts(served: Served) -> None:
+    engine = VllmEngine(served.server.url, stop_ids=(STOP,))
+    engine.connect(max_context=MAX_LEN)
+    with pytest.raises(RolloutError, match=r"max_model_len 512, below .*max_context 1024"):
+        engine.connect(max_context=2 * MAX_LEN)
 
 
 def test_the_engine_and_server_modules_load_no_jax() -> None:
@@ -305,8 +364,10 @@ def test_a_missing_vllm_venv_is_reported_with_the_fix(tmp_path: Path) -> None:
 
 
 def test_a_server_that_is_gone_is_reported() -> None:
-    engine = VllmEngine("http://127.0.0.1:9", stop_ids=(STOP,), request_timeout_s=5)
-    with pytest.raises(RolloutError, match="unreachable"):
+    engine = VllmEngine(
+        "http://127.0.0.1:9", stop_ids=(STOP,), request_timeout_s=5, reconnect_timeout_s=1
+    )
+    with pytest.raises(RolloutError, match=r"unreachable .* did not answer /health for 1 s"):
         generate(engine, SamplingParams(), seeds=[0, 0, 0, 0], n=1)
     engine.close()
 
@@ -331,7 +392,12 @@ def test_a_request_on_a_connection_the_server_dropped_is_sent_once_more() -> Non
         }
         return httpx.Response(200, json={"choices": [choice]})
 
-    engine = VllmEngine("http://vllm.test", stop_ids=(STOP,), transport=httpx.MockTransport(reply))
+    engine = VllmEngine(
+        "http://127.0.0.1:9",
+        stop_ids=(STOP,),
+        transport=httpx.MockTransport(reply),
+        reconnect_timeout_s=0.5,
+    )
     sampling = SamplingParams()
     (c,) = run(engine, engine.generate([[5]], max_new_tokens=2, sampling=sampling, seeds=[0]))
     assert c.tokens == [9, 9] and c.logprobs == [-0.5, -0.5] and c.policy_version == 4
