@@ -220,6 +220,9 @@ def policy_loss(
         "entropy": token_mean(entropy),
         "kl": token_mean(kl_tok),
         "mismatch_kl": token_mean(mismatch),
+        # The worst single token: a mean hides the few tokens where the two disagree.
+        # Reduced by max over micro- and mini-batches (the ``_max`` suffix).
+        "mismatch_max": jnp.max(jnp.where(mask > 0, jnp.abs(old - behaviour_logprobs), 0.0)),
         "importance_weight": token_mean(weight),
         "ratio": token_mean(ratio),
     }

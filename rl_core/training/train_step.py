@@ -194,8 +194,12 @@ def accumulated_grads(
 
     zeros = jax.tree.map(jnp.zeros_like, trainable)
     grads, per_micro = jax.lax.scan(body, zeros, slices)
-    # Every metric is normalised by the mini-batch's counts, so the slices add up.
-    return grads, jax.tree.map(lambda x: x.sum(axis=0), per_micro)
+    # Every metric is normalised by the mini-batch's counts, so the slices add up; a
+    # ``_max`` metric is the largest of the slices'.
+    return grads, {
+        name: x.max(axis=0) if name.endswith("_max") else x.sum(axis=0)
+        for name, x in per_micro.items()
+    }
 
 
 def update(

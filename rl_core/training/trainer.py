@@ -201,7 +201,8 @@ class Trainer:
         return np.asarray(jnp.pad(lp, ((0, 0), (1, 0))))
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One policy update per mini-batch, ``epochs`` times over ``batch``; mean metrics."""
+        """One policy update per mini-batch, ``epochs`` times over ``batch``; mean metrics
+        (``_max`` ones: the largest)."""
         cfg = self.config
         rows = batch.tokens.shape[0]
         size = rows // cfg.mini_batches
@@ -212,6 +213,7 @@ class Trainer:
             )
         full = self._prepare(batch)
         totals: dict[str, float] = {}
+        worst: dict[str, float] = {}
         for _ in range(cfg.epochs):
             self.rng, key = jax.random.split(self.rng)
             order = np.asarray(jax.random.permutation(key, rows)) if cfg.mini_batches > 1 else None
@@ -226,10 +228,13 @@ class Trainer:
                 )
                 self.updates += 1
                 for name, value in jax.device_get(metrics).items():
-                    totals[name] = totals.get(name, 0.0) + float(value)
+                    if name.endswith("_max"):
+                        worst[name] = max(worst.get(name, 0.0), float(value))
+                    else:
+                        totals[name] = totals.get(name, 0.0) + float(value)
                 totals["lr"] = totals.get("lr", 0.0) + lr
         n = cfg.mini_batches * cfg.epochs
-        out = {name: value / n for name, value in totals.items()}
+        out = {name: value / n for name, value in totals.items()} | worst
         out["learning_rate"] = out["lr"]  # the name of the first metric files, kept
         return out
 

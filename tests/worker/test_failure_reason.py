@@ -11,7 +11,7 @@ from worker.job import failure_reason
 def _raised(exc: BaseException) -> BaseException:
     try:
         raise exc
-    except BaseException as caught:  # noqa: BLE001 - a real traceback to leave out
+    except BaseException as caught:  # a real traceback, to leave out
         assert traceback.format_exc()
         return caught
 

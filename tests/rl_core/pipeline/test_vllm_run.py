@@ -54,9 +54,14 @@ def test_a_run_with_engine_vllm_trains_through_a_server_it_starts(tmp_path: Path
         print(
             f"step {step}: mismatch_kl {metrics['mismatch_kl']:.1e} (server vs trainer), "
             f"kl {metrics['kl']:.3f} (policy vs the initial one), "
-            f"weight_sync {metrics['time/weight_sync_s']:.2f} s"
+            f"weight_sync {metrics['time/weight_sync_s']:.2f} s, of which the server paused "
+            f"{metrics['vllm/pause_s']:.2f} s; probe check max |Δ logprob| "
+            f"{metrics['vllm/check_max_dlogprob']:.1e}"
         )
         assert metrics["mismatch_kl"] == pytest.approx(0.0, abs=1e-4), step
+        # The engine's own check of the weights it pushed after this step.
+        assert metrics["vllm/check_max_dlogprob"] < 1e-3
+        assert metrics["time/engine_paused_s"] > 0
     # The policy moved far more than the mismatch: a server on the step before's (or the
     # initial) weights would have shown a mismatch of this size.
     assert sink.steps[-1][1]["kl"] > 100 * 1e-4

@@ -205,7 +205,7 @@ def test_a_cancelled_generate_aborts_its_request_on_the_server(served: Served) -
     # No stop ids: the request runs to its token budget unless it is aborted.
     engine = VllmEngine(url, stop_ids=())
     budget = MAX_LEN - len(PROMPTS[0])
-    REQUESTS = 128  # noqa: N806
+    requests = 128
 
     def gauges() -> tuple[float, float]:  # (requests running, tokens generated so far)
         text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -229,10 +229,10 @@ def test_a_cancelled_generate_aborts_its_request_on_the_server(served: Served) -
         # (vLLM's gauges lag too much to wait on them).
         task = asyncio.create_task(
             engine.generate(
-                [PROMPTS[0]] * REQUESTS,
+                [PROMPTS[0]] * requests,
                 max_new_tokens=budget,
                 sampling=SamplingParams(),
-                seeds=list(range(REQUESTS)),
+                seeds=list(range(requests)),
             )
         )
         await asyncio.sleep(1.0)
@@ -253,8 +253,8 @@ def test_a_cancelled_generate_aborts_its_request_on_the_server(served: Served) -
 
     generated = run(engine, cancel_midway())
     engine.close()
-    print(f"cancelled after {generated:.0f} of {REQUESTS * budget} tokens")
-    assert generated < REQUESTS * budget / 2
+    print(f"cancelled after {generated:.0f} of {requests * budget} tokens")
+    assert generated < requests * budget / 2
 
 
 def _serves(engine: VllmEngine, model: Model) -> float:

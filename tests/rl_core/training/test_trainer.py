@@ -131,6 +131,10 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)  # float32 sums, reordered
         for name in ("loss", "pg_loss", "entropy", "mismatch_kl", "clip_frac"):
             assert float(metrics[name]) == pytest.approx(float(full_m[name]), rel=1e-5, abs=1e-8)
+        # A max over the slices, not their sum (float32 noise only: the sampler agrees).
+        assert float(metrics["mismatch_max"]) == pytest.approx(
+            float(full_m["mismatch_max"]), abs=1e-5
+        )
 
 
 def test_train_step_with_micro_batches_reports_the_same_metrics(tiny_config: ModelConfig) -> None:
@@ -141,6 +145,7 @@ def test_train_step_with_micro_batches_reports_the_same_metrics(tiny_config: Mod
     one, two = run(1), run(2)
     for name in ("loss", "grad_norm", "entropy", "lr", "kl", "mismatch_kl"):
         assert two[name] == pytest.approx(one[name], rel=1e-5, abs=1e-6)
+    assert two["mismatch_max"] == pytest.approx(one["mismatch_max"], abs=1e-5)
 
 
 def test_uneven_split_is_refused(tiny_model: Model) -> None:

@@ -38,4 +38,7 @@ def test_mismatch_kl_is_zero_on_the_samplers_own_tokens(
     np.testing.assert_allclose(recomputed[on], batch.logprobs[on], atol=1e-4)
     metrics = trainer.train_step(batch)
     assert 0.0 <= metrics["mismatch_kl"] < 1e-6
+    worst = float(np.max(np.abs(recomputed[on] - batch.logprobs[on])))
+    assert metrics["mismatch_max"] == pytest.approx(worst, abs=1e-5)
+    assert metrics["mismatch_max"] < 1e-4
     assert metrics["importance_weight"] == pytest.approx(1.0, abs=1e-4)
