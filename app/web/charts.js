@@ -2,8 +2,16 @@
 // metric of a known kind (another time/* stage, another *_per_s rate) shows up without
 // a change here; everything else is in the "all metrics" table.
 
+// The evaluation's own metrics drawn on the reward chart (the rest are in the table).
+const HELD_OUT = new Set(["eval/reward_mean", "eval/solved"]);
+
 export const GROUPS = [
-  { id: "reward", kind: "lines", match: (n) => n.startsWith("reward/") && n !== "reward/std" },
+  // Training reward beside the held-out evaluation's (every train.eval_interval steps).
+  {
+    id: "reward",
+    kind: "lines",
+    match: (n) => (n.startsWith("reward/") && n !== "reward/std") || HELD_OUT.has(n),
+  },
   { id: "loss", kind: "lines", match: (n) => /(^|\/|_)loss$/.test(n) || n.startsWith("loss/") },
   { id: "kl", kind: "lines", match: (n) => /(^|[/_])kl($|[/_])/.test(n) },
   // Lines for mean/max (policy versions); the histogram's buckets as bars on the right axis.
@@ -78,6 +86,13 @@ function traces(group, store) {
       return {
         type: "bar", name: `groups at staleness ${name.slice(17)}`, x: [...s.steps],
         y: [...s.values], yaxis: "y2", opacity: 0.35,
+      };
+    }
+    if (HELD_OUT.has(name)) {
+      // Few points (one per evaluation), so markers always, dashed to tell them apart.
+      return {
+        type: "scatter", mode: "lines+markers", name: `held-out ${name.slice(5)}`,
+        x: [...s.steps], y: [...s.values], line: { width: 2, dash: "dash" }, marker: { size: 7 },
       };
     }
     return {
