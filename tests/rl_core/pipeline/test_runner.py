@@ -195,3 +195,37 @@ def test_evaluation_runs_before_the_first_step_and_at_its_interval() -> None:
     )
     assert steps[2]["eval/episodes"] + steps[2]["eval/failed"] == 6
     assert "eval/reward_mean" not in steps[1] and "reward/mean" in steps[2]
+
+
+def test_evaluation_runs_on_a_webhook_environment_too() -> None:
+    """Held-out episodes go through the same client as training ones: a tenant's server
+    behind the SDK helper, over loopback HTTP, plays them under their own episode ids."""
+    from rl_core.envs.guess_number import GuessNumber
+    from rl_core.envs.webhook import WebhookTarget
+    from sdk.envserver import EnvServer
+    from tests.sdk.serving import SECRET, serving
+
+    class Recorded(GuessNumber):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ids: list[str] = []
+
+        async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Any:
+            self.ids.append(episode_id)
+            return await super().reset(episode_id, seed, config)
+
+    game = Recorded()
+    spec = small_spec(
+        environment={"name": "env_game", "webhook": {"retries": 0}},
+        train={"steps": 2, "eval_interval": 2, "eval_episodes": 4},
+    )
+    sink = MemorySink()
+    with serving(EnvServer(game, secret=SECRET).app) as url:
+        target = WebhookTarget(id="env_game", url=url, secret=SECRET, timeout_s=10.0)
+        train(spec, sink=sink, webhooks={"env_game": target})
+    evals = {s: m for s, m in sink.steps if "eval/reward_mean" in m}
+    assert sorted(evals) == [0, 2]
+    for metrics in evals.values():
+        assert metrics["eval/episodes"] == 4 and metrics["eval/failed"] == 0
+    held_out = sorted(i for i in game.ids if i.startswith("eval"))
+    assert held_out == [f"eval{s}-e{i}" for s in (0, 2) for i in range(4)]
