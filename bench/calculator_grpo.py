@@ -41,9 +41,14 @@ def main() -> int:
     parser.add_argument(
         "--engine", choices=("jax", "vllm"), default="jax", help="the rollout engine"
     )
+    parser.add_argument(
+        "--mode", choices=("async", "sync"), default=None, help="override staleness.mode"
+    )
     args = parser.parse_args()
     data = yaml.safe_load(SPEC.read_text())
     data["rollout"]["engine"] = args.engine
+    if args.mode:
+        data["staleness"]["mode"] = args.mode
     steps = args.steps or (8 if args.quick else data["train"]["steps"])
     data["train"].update(steps=steps, eval_interval=steps)
     if args.quick:

@@ -60,11 +60,11 @@ def vllm_server_config(spec: JobSpec, max_seq_len: int) -> VllmServerConfig:
         max_model_len=max_seq_len,
         max_num_seqs=min(spec.rollout.concurrency, 256),
         seed=spec.train.seed,
-        # vLLM on CPU shares the host with the JAX trainer, which trains while it serves
-        # (async mode). Given every core, its OpenMP threads spin at each barrier while
-        # XLA's hold the cores: on 2 cores SmolLM2 decoded 30 tokens/s beside a train
-        # step. Half the cores keeps the two out of each other's way.
-        threads=max(1, (os.cpu_count() or 2) // 2),
+        # vLLM on CPU shares the host with the JAX trainer. In async mode the trainer
+        # trains while the server serves; given every core, vLLM's OpenMP threads spin at
+        # each barrier while XLA's hold the cores (on 2 cores SmolLM2 decoded 30 tokens/s
+        # beside a train step), so it gets half. In sync mode the two take turns: all.
+        threads=None if spec.staleness.mode == "sync" else max(1, (os.cpu_count() or 2) // 2),
     )
 
 
