@@ -12,6 +12,7 @@ defaults of the other keys; any key given explicitly wins.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 from collections.abc import Mapping
@@ -83,6 +84,47 @@ def make_problem(seed: int, cfg: CalculatorConfig) -> tuple[str, int]:
         parts += [rng.choice(cfg.operators), str(rng.randint(2, cfg.max_operand))]
     text = " ".join(parts)
     return text, int(evaluate(text))
+
+
+def best_reward(config: CalculatorConfig) -> float:
+    """The optimum: every problem can be solved (with the tool, or by hand)."""
+    return config.correct_reward
+
+
+# Problems up to this many operand/operator combinations are enumerated exactly.
+_ENUMERABLE = 2_000_000
+
+
+def best_blind_reward(config: CalculatorConfig) -> float:
+    """The best expected reward of a policy that reads no observation (the problem
+    included): exact where the problems can be enumerated, else a proven upper bound.
+
+    A blind policy's final answer is a fixed number ``a`` (its tool calls return results
+    it does not read), so it earns ``correct_reward * P(answer = a)``, best at the most
+    likely answer. Bound: given everything but the last operand, the answer is an affine
+    function of it with a nonzero integer slope (+-1, or +- the product it ends), so a
+    fixed answer matches at most one of its ``max_operand - 1`` equally likely values:
+    ``P(answer = a) <= 1 / (max_operand - 1)``.
+    """
+    assert config.operands and config.max_operand and config.operators  # __post_init__
+    values = config.max_operand - 1  # operands are drawn from 2..max_operand
+    ops = len(config.operators)
+    combos = values**config.operands * ops ** (config.operands - 1)
+    if combos > _ENUMERABLE:
+        return config.correct_reward / values
+    counts: dict[int, int] = {}
+    numbers = range(2, config.max_operand + 1)
+    for operands in itertools.product(numbers, repeat=config.operands):
+        for operators in itertools.product(config.operators, repeat=config.operands - 1):
+            text = " ".join(
+                part
+                for pair in itertools.zip_longest(map(str, operands), operators, fillvalue="")
+                for part in pair
+                if part
+            )
+            answer = int(evaluate(text))
+            counts[answer] = counts.get(answer, 0) + 1
+    return config.correct_reward * max(counts.values()) / combos
 
 
 @dataclasses.dataclass

@@ -69,6 +69,19 @@ class CodeExecConfig:
         )
 
 
+def best_blind_reward(config: CodeExecConfig) -> float:
+    """The best expected reward of a policy that reads no observation: the optimum, 1.
+
+    Not a bar any learning test can clear. The task set is finite and its test cases are
+    fixed, so one fixed answer that defines every task's function (each a lookup table
+    of its cases) passes every case of whichever task is drawn
+    (`tests/rl_core/envs/test_code_exec.py` plays it). Showing that a policy reads the
+    task needs tasks drawn from a space too large to answer in one reply, as
+    ``next_number`` and ``guess_number`` are.
+    """
+    return 1.0
+
+
 @dataclasses.dataclass
 class _Episode:
     config: CodeExecConfig

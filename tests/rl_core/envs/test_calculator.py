@@ -7,7 +7,13 @@ import pytest
 
 from rl_core.agent.toolcalls import parse_tool_calls, render_tool_call
 from rl_core.envs import Action, ToolCall
-from rl_core.envs.calculator import Calculator, CalculatorConfig, make_problem
+from rl_core.envs.calculator import (
+    Calculator,
+    CalculatorConfig,
+    best_blind_reward,
+    best_reward,
+    make_problem,
+)
 from rl_core.envs.safe_math import CalcError, evaluate, format_number
 from rl_core.errors import EnvironmentFailure
 
@@ -136,3 +142,21 @@ def test_retried_step_is_not_a_second_turn_and_bad_config_is_typed() -> None:
             await env.reset("f", 1, {"difficulty": "insane"})
 
     asyncio.run(main())
+
+
+def test_the_blind_bound_is_exact_on_small_problems_and_an_upper_bound_on_large() -> None:
+    """No policy that ignores the problem beats ``best_blind_reward``; the optimum is 1."""
+    easy = CalculatorConfig(difficulty="easy")
+    # a + b and a - b over 2..99: 101 and 0 are each hit by 98 of the 98 * 98 * 2 draws.
+    assert best_blind_reward(easy) == pytest.approx(98 / (98 * 98 * 2))
+    assert best_reward(easy) == 1.0
+    # Brute force over seeds agrees with the enumeration: no fixed answer does better.
+    answers = [make_problem(seed, easy)[1] for seed in range(20_000)]
+    top = max(answers.count(a) for a in set(answers)) / len(answers)
+    assert top == pytest.approx(best_blind_reward(easy), abs=0.003)
+    # Where enumeration is too large, the bound 1 / (max_operand - 1) holds above the exact
+    # value, checked on a configuration small enough to enumerate both ways.
+    small = CalculatorConfig(difficulty="medium", max_operand=12)
+    bound = small.correct_reward / (small.max_operand - 1)
+    assert best_blind_reward(small) <= bound
+    assert best_blind_reward(CalculatorConfig(difficulty="medium")) == pytest.approx(1 / 998)

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from rl_core.envs import Action, ToolCall
-from rl_core.envs.code_exec import CodeExec
+from rl_core.envs.code_exec import CodeExec, CodeExecConfig, best_blind_reward
 from rl_core.envs.code_tasks import BY_NAME, TASKS
 from rl_core.errors import EnvironmentFailure
 
@@ -74,3 +74,24 @@ def test_tool_reports_limits_and_missing_code_block_asks_again() -> None:
 def test_bad_config_is_a_typed_error() -> None:
     with pytest.raises(EnvironmentFailure, match="unknown tasks"):
         asyncio.run(CodeExec().reset("e", 0, {"tasks": ["chess"]}))
+
+
+def test_a_blind_answer_solves_every_task_so_the_blind_bound_is_the_optimum() -> None:
+    """One fixed reply, the same whatever the task, defines every task's function as a
+    lookup table of its cases: it passes all of them, so `best_blind_reward` is 1."""
+    functions = []
+    for i, task in enumerate(TASKS):
+        table = {repr(args): expected for args, expected in task.cases}
+        functions.append(
+            f"_T{i} = {table!r}\ndef {task.function}(*args):\n    return _T{i}[repr(args)]\n"
+        )
+    blind = Action(content="```python\n" + "\n".join(functions) + "```")
+
+    async def reward(name: str) -> float:
+        env = CodeExec()
+        await env.reset("e", 0, {"tasks": [name]})
+        return (await env.step("e", 1, blind)).reward
+
+    rewards = {task.name: asyncio.run(reward(task.name)) for task in TASKS}
+    assert rewards == dict.fromkeys(rewards, 1.0)
+    assert best_blind_reward(CodeExecConfig()) == 1.0
