@@ -29,7 +29,9 @@ wrong logprobs.
 A server that stops answering is recovered before anything fails: one this engine owns
 (`VllmServer`) and that exited is started again; one at a user's URL is waited for. Either
 way the current weights are pushed again and checked, then the failed requests are sent
-again. After ``max_recoveries`` the run fails with the reason.
+again. An owned server that exits more than ``max_restarts`` times, a request that fails
+``max_request_recoveries`` times, or a server that stays away longer than
+``reconnect_timeout_s`` fails the run with the reason.
 """
 
 from __future__ import annotations
@@ -113,12 +115,15 @@ class VllmEngine:
         request_timeout_s: float = 600.0,
         admin_timeout_s: float = 300.0,
         reconnect_timeout_s: float = 60.0,
-        max_recoveries: int = 3,
+        max_restarts: int = 3,  # of an owned server that exited, per run
+        max_request_recoveries: int = 3,  # recoveries one request may wait for
         weights_dir: Path | None = None,
         server_log: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,  # tests: an in-memory server
+        admin_transport: httpx.BaseTransport | None = None,  # the same, for blocking calls
     ) -> None:
         self._transport = transport
+        self._admin_transport = admin_transport
         self.base_url = (server.url if server is not None else base_url).rstrip("/")
         self.server = server
         self.server_log = server_log  # named in errors: where a crashed server says why
@@ -133,7 +138,9 @@ class VllmEngine:
         self.request_timeout_s = request_timeout_s
         self.admin_timeout_s = admin_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
-        self.max_recoveries = max_recoveries
+        self.max_restarts = max_restarts
+        self.max_request_recoveries = max_request_recoveries
+        self.restarts = 0
         # Weight files go to RAM where there is a tmpfs: vLLM reads them once. The folder
         # is made at the first update (an engine that never updates leaves nothing).
         self._weights_dir = weights_dir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
@@ -161,7 +168,9 @@ class VllmEngine:
         answers, serves a model with room for ``max_context`` tokens, and generates from
         token ids (``--enable-scale-out``)."""
         try:
-            with httpx.Client(base_url=self.base_url, timeout=10.0) as client:
+            with httpx.Client(
+                base_url=self.base_url, timeout=10.0, transport=self._admin_transport
+            ) as client:
                 models = client.get("/v1/models")
                 probe = client.post(
                     "/inference/v1/generate",
@@ -263,7 +272,7 @@ class VllmEngine:
         Cancelling this await (episode cancelled or timed out) closes the connection;
         vLLM aborts the request on the disconnect.
         """
-        first = True
+        first, recovered = True, 0
         while True:
             epoch = self._epoch
             body["request_id"] = f"rlaas-{uuid.uuid4().hex}"  # never reused, even on a resend
@@ -281,7 +290,9 @@ class VllmEngine:
                     # aborted with the connection. Sent again at once.
                     first = False
                     continue
-                await self._recover(epoch, f"unreachable ({type(e).__name__}: {e})")
+                recovered = await self._recover_for(
+                    recovered, epoch, f"unreachable ({type(e).__name__}: {e})"
+                )
                 continue
             except httpx.TransportError as e:
                 raise RolloutError(
@@ -290,9 +301,22 @@ class VllmEngine:
                 ) from e
             if response.status_code >= 500 and self._server_down():
                 # vLLM answers 500 while its engine core dies, then exits.
-                await self._recover(epoch, f"answered {response.status_code} and exited")
+                recovered = await self._recover_for(
+                    recovered, epoch, f"answered {response.status_code} and exited"
+                )
                 continue
             return response
+
+    async def _recover_for(self, recovered: int, epoch: int, why: str) -> int:
+        """One more recovery for a request that has had ``recovered``; raises past the cap
+        (a server that answers /health but fails every request would loop forever)."""
+        if recovered >= self.max_request_recoveries:
+            raise RolloutError(
+                f"vLLM at {self.base_url} {why}, again after {recovered} recoveries; giving up"
+                + self._log_hint()
+            )
+        await self._recover(epoch, why)
+        return recovered + 1
 
     def _completion(self, data: dict[str, Any], *, greedy: bool) -> Completion:
         choice = data["choices"][0]
@@ -401,17 +425,18 @@ class VllmEngine:
         """Restart an owned server that exited, or wait for one that went away; then push
         the current weights again and check them. Any thread; raises `RolloutError`."""
         with self._update_lock:
-            if len(self.recoveries) >= self.max_recoveries:
-                raise RolloutError(
-                    f"vLLM at {self.base_url} {why}, after {len(self.recoveries)} recoveries "
-                    f"this run ({'; '.join(self.recoveries)}); giving up" + self._log_hint()
-                )
             log.warning("vLLM at %s %s; recovering it", self.base_url, why)
             deadline = time.monotonic() + self.reconnect_timeout_s
-            with httpx.Client(timeout=5.0) as client:
+            with httpx.Client(timeout=5.0, transport=self._admin_transport) as client:
                 while True:
                     if self.server is not None and not self.server.running:
                         code = self.server.returncode
+                        if self.restarts >= self.max_restarts:
+                            raise RolloutError(
+                                f"the vLLM server exited (code {code}) again after "
+                                f"{self.restarts} restarts this run; giving up" + self._log_hint()
+                            )
+                        self.restarts += 1
                         self.server.restart()  # raises RolloutError when it cannot start
                         self.base_url = self.server.url
                         why = f"{why}; the server exited (code {code}) and was restarted"
@@ -428,7 +453,7 @@ class VllmEngine:
             self.recoveries.append(why)
             if self._current_weights is not None:
                 # A restarted server holds the weights it started with: ours again.
-                with httpx.Client(base_url=self.base_url, timeout=self.admin_timeout_s) as admin:
+                with self._admin_client() as admin:
                     self._push(admin, self._current_weights, self._version)
                     self._verify(admin, self._version)
             self._epoch += 1
@@ -456,7 +481,7 @@ class VllmEngine:
             self._write_weights(params, folder)
             written = time.perf_counter()
             expected = list(self._check.scorer(params, self._check.tokens)) if self._check else None
-            with httpx.Client(base_url=self.base_url, timeout=self.admin_timeout_s) as admin:
+            with self._admin_client() as admin:
                 try:
                     pause_s = self._push(admin, folder, version)
                 except _ServerDown as down:
@@ -486,6 +511,11 @@ class VllmEngine:
                     track="engine",
                     step=version,
                 )
+
+    def _admin_client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.base_url, timeout=self.admin_timeout_s, transport=self._admin_transport
+        )
 
     def _push(self, admin: httpx.Client, folder: Path, version: int) -> float:
         """Load ``folder``'s weights as ``version``; returns the pause in seconds."""

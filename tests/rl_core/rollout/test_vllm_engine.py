@@ -112,7 +112,8 @@ def our_logprobs(
 def generate(
     engine: VllmEngine, sampling: SamplingParams, seeds: Sequence[int], n: int = 24
 ) -> list[Completion]:
-    return run(engine, engine.generate(PROMPTS, max_new_tokens=n, sampling=sampling, seeds=seeds))
+    prompts = PROMPTS[: len(seeds)]
+    return run(engine, engine.generate(prompts, max_new_tokens=n, sampling=sampling, seeds=seeds))
 
 
 def test_is_a_rollout_engine(served: Served) -> None:
@@ -404,6 +405,31 @@ def test_a_request_on_a_connection_the_server_dropped_is_sent_once_more() -> Non
     assert len(seen) == 2 and seen[0] != seen[1]
     with pytest.raises(RolloutError, match=r"unreachable \(ReadError"):
         run(engine, engine.generate([[5]], max_new_tokens=2, sampling=sampling, seeds=[0]))
+    engine.close()
+
+
+def test_a_server_that_answers_health_but_fails_every_request_is_given_up_on() -> None:
+    """Each failure costs a recovery (the server looked healthy at once), and one request
+    gets `max_request_recoveries` of them, not an endless loop."""
+    sent: list[str] = []
+
+    def broken(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        raise httpx.ConnectError("refused", request=request)
+
+    def admin(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={})  # /health: fine
+
+    engine = VllmEngine(
+        "http://127.0.0.1:9",
+        stop_ids=(STOP,),
+        transport=httpx.MockTransport(broken),
+        admin_transport=httpx.MockTransport(admin),
+        max_request_recoveries=2,
+    )
+    with pytest.raises(RolloutError, match=r"again after 2 recoveries; giving up"):
+        generate(engine, SamplingParams(), seeds=[0], n=1)
+    assert len(engine.recoveries) == 2 and len(sent) == 3
     engine.close()
 
 
