@@ -124,7 +124,7 @@ def best_blind_reward(config: CalculatorConfig) -> float:
             )
             answer = int(evaluate(text))
             counts[answer] = counts.get(answer, 0) + 1
-    return config.correct_reward * max(counts.values()) / combos
+    return float(config.correct_reward * max(counts.values()) / combos)
 
 
 @dataclasses.dataclass

@@ -16,6 +16,7 @@ and the failure budget turns "many episodes failed" into a run failure
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -341,15 +342,27 @@ def _json(response: httpx.Response, url: str, target_id: str) -> dict[str, Any]:
     return body
 
 
+_EXCERPT = 200
+
+
 def _reason(response: httpx.Response) -> str:
-    try:
+    """The server's own words when it answered with the protocol's error body (cut short,
+    control characters dropped); otherwise only what kind of answer it was.
+
+    Never the raw body: the error reaches the tenant, and a URL that now points somewhere
+    else (a cloud metadata address, another internal service) must not be read back.
+    """
+    with contextlib.suppress(ValueError):
         body = response.json()
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-    except ValueError:
-        pass
-    return response.text[:300] or response.reason_phrase
+            message = "".join(c for c in str(error["message"]) if c.isprintable())
+            return message[:_EXCERPT] + ("…" if len(message) > _EXCERPT else "")
+    kind = response.headers.get("content-type", "no content type").split(";")[0]
+    return (
+        f"{response.reason_phrase or 'no reason'} ({kind}, {len(response.content)} bytes, "
+        "not the protocol's error body)"
+    )
 
 
 def _rejection(response: httpx.Response, url: str) -> str:
