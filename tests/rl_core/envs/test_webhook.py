@@ -268,49 +268,46 @@ def test_budget_counts_each_episode_once_and_backoff_is_bounded() -> None:
     assert min(delays[4:]) >= 0.5  # capped at 1.0, half of it fixed
 
 
+def answering(status: int, body: bytes, content_type: bytes) -> Any:
+    """An ASGI app that gives every request the same answer."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def rejection(app: Any) -> str:
+    """The error a reset against ``app`` raises, as the tenant would read it."""
+
+    async def main(url: str) -> str:
+        env = client(url, retries=0)
+        try:
+            with pytest.raises(WebhookRejected) as info:
+                await env.reset("e", 0, {})
+        finally:
+            await env.aclose()
+        return str(info.value)
+
+    with serving(app) as url:
+        return asyncio.run(main(url))
+
+
 def test_an_answer_outside_the_protocol_is_described_never_copied_into_the_error() -> None:
     """A URL that now leads somewhere else (an internal service, cloud metadata) must not
     have its answer read back to the tenant through the run's error."""
-
-    async def internal(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        body = b"<html>instance-role credentials: AKIA-SECRET-KEY</html>"
-        headers = [(b"content-type", b"text/html"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 403, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    async def main(url: str) -> None:
-        env = client(url, retries=0)
-        with pytest.raises(WebhookRejected) as info:
-            await env.reset("e", 0, {})
-        message = str(info.value)
-        assert "SECRET" not in message and "credentials" not in message
-        assert "403" in message and "text/html, 55 bytes, not the protocol's error body" in message
-        await env.aclose()
-
-    with serving(internal) as url:
-        asyncio.run(main(url))
+    body = b"<html>instance-role credentials: AKIA-SECRET-KEY</html>"
+    message = rejection(answering(403, body, b"text/html"))
+    assert "SECRET" not in message and "credentials" not in message
+    assert "403" in message and "text/html, 55 bytes, not the protocol's error body" in message
 
 
 def test_the_protocols_error_message_is_kept_short_and_printable() -> None:
-    async def wordy(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        message = "bad config\x1b[31m " + "x" * 500
-        body = json.dumps({"error": {"message": message}}).encode()
-        headers = [(b"content-type", b"application/json")]
-        await send({"type": "http.response.start", "status": 422, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    async def main(url: str) -> None:
-        env = client(url, retries=0)
-        with pytest.raises(WebhookRejected) as info:
-            await env.reset("e", 0, {})
-        message = str(info.value)
-        assert "bad config[31m x" in message and "\x1b" not in message
-        assert "x" * 180 in message and "x" * 200 not in message and message.endswith("…")
-        await env.aclose()
-
-    with serving(wordy) as url:
-        asyncio.run(main(url))
+    body = json.dumps({"error": {"message": "bad config\x1b[31m " + "x" * 500}}).encode()
+    message = rejection(answering(422, body, b"application/json"))
+    assert "bad config[31m x" in message and "\x1b" not in message
+    assert "x" * 180 in message and "x" * 200 not in message and message.endswith("…")
