@@ -41,6 +41,11 @@ class Unauthorized(AppError):
     code = "unauthorized"
 
 
+class Forbidden(AppError):
+    status_code = 403
+    code = "forbidden"
+
+
 class NotFound(AppError):
     status_code = 404
     code = "not_found"

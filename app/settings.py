@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     secret_key: str | None = None
     task_queue: str = "cpu"
     reaper_interval_s: float = 5.0
+    # GET /metrics (Prometheus) asks for "Authorization: Bearer <this>"; unset, it answers
+    # loopback clients only (a scraper on the same host or behind a local proxy).
+    metrics_token: str | None = None
     max_attempts: int = 3
     # Seconds of quiet before a metrics stream sends a keep-alive comment.
     stream_keepalive_s: float = 15.0

@@ -7,11 +7,12 @@ import json
 import logging
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.observability import JsonFormatter, RequestIdFilter
-from tests.app.conftest import Api
+from tests.app.conftest import Api, running_api
 
 pytestmark = pytest.mark.anyio
 
@@ -117,3 +118,21 @@ async def test_metrics_count_requests_by_route_template_runs_by_status_and_inges
     assert got[("rlaas_ingest_items_total", (("kind", "metrics"),))] == 1
     assert got[("rlaas_ingest_duplicate_batches_total", (("kind", "metrics"),))] == 1
     assert not any("run_missing" in str(labels) for _, labels in got)  # no raw ids as labels
+
+
+async def test_metrics_answer_loopback_only_or_the_operators_token(app_database: str) -> None:
+    """GET /metrics is the operator's: a client on another host is refused unless it
+    brings RLAAS_METRICS_TOKEN; with the token set, loopback needs it too."""
+    async with running_api(app_database) as api:
+        assert (await api.client.get("/metrics")).status_code == 200  # ASGI client: 127.0.0.1
+        remote = httpx.ASGITransport(app=api.app, client=("203.0.113.9", 40000))
+        async with httpx.AsyncClient(transport=remote, base_url="http://rlaas.test") as outside:
+            r = await outside.get("/metrics")
+            assert r.status_code == 403 and "RLAAS_METRICS_TOKEN" in r.json()["error"]["message"]
+    async with running_api(app_database, metrics_token="scrape-me") as api:
+        assert (await api.client.get("/metrics")).status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert (await api.client.get("/metrics", headers=wrong)).status_code == 401
+        right = {"Authorization": "Bearer scrape-me"}
+        r = await api.client.get("/metrics", headers=right)
+        assert r.status_code == 200 and "rlaas_http_requests_total" in r.text
