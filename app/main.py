@@ -25,6 +25,7 @@ from app.api import (
     health,
     ingest,
     internal,
+    keys,
     limits,
     prometheus,
     results,
@@ -107,6 +108,7 @@ def create_app(
     app.include_router(callbacks.router)
     app.include_router(callbacks.internal_router)
     app.include_router(limits.router)
+    app.include_router(keys.router)
     app.include_router(prometheus.router)
     # The dashboard last: its /static mount must not shadow any API route.
     app.include_router(dashboard.router)

@@ -24,6 +24,8 @@ cli.add_typer(tenants, name="tenants")
 cli.add_typer(runs, name="runs")
 envs = typer.Typer(help="Environments: serve your own as a webhook.", no_args_is_help=True)
 cli.add_typer(envs, name="env")
+keys = typer.Typer(help="Your API keys over the HTTP API: rotate, revoke.", no_args_is_help=True)
+cli.add_typer(keys, name="keys")
 
 ApiUrl = Annotated[str, typer.Option(envvar="RLAAS_API_URL", help="Control plane base URL.")]
 ApiKey = Annotated[str, typer.Option(envvar="RLAAS_API_KEY", help="Your API key.")]
@@ -155,6 +157,49 @@ def runs_cancel(
         except RlaasError as exc:
             _fail(str(exc))
     typer.echo(f"{run.id}  {run.status}")
+
+
+@keys.command("list")
+def keys_list(api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
+    """Your tenant's keys (never their secrets)."""
+    from sdk.client import Client, RlaasError
+
+    with Client(api_url, _need_key(api_key)) as client:
+        try:
+            for k in client.list_keys():
+                state = f"revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "active"
+                typer.echo(f"{k.id}  rlaas_{k.prefix}_…  {state}")
+        except RlaasError as exc:
+            _fail(str(exc))
+
+
+@keys.command("create")
+def keys_create(api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
+    """A new key (printed once). To rotate: create, switch to it, revoke the old one."""
+    from sdk.client import Client, RlaasError
+
+    with Client(api_url, _need_key(api_key)) as client:
+        try:
+            created = client.create_key()
+        except RlaasError as exc:
+            _fail(str(exc))
+    typer.echo(f"key {created.id}", err=True)
+    typer.echo(created.key)
+
+
+@keys.command("revoke")
+def keys_revoke(
+    key_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
+) -> None:
+    """Revoke a key by its id (from `rlaas keys list`)."""
+    from sdk.client import Client, RlaasError
+
+    with Client(api_url, _need_key(api_key)) as client:
+        try:
+            revoked = client.revoke_key(key_id)
+        except RlaasError as exc:
+            _fail(str(exc))
+    typer.echo(f"{revoked.id}  revoked")
 
 
 @cli.command()

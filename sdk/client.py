@@ -27,6 +27,7 @@ from sdk.errors import ApiError, RateLimited, RlaasError, ServerError, Unreachab
 from sdk.errors import error_from_response as _error
 from sdk.models import (
     TERMINAL,
+    ApiKeyInfo,
     Checkpoint,
     Environment,
     EnvironmentCheck,
@@ -337,6 +338,20 @@ class Client:
     def check_environment(self, environment_id: str) -> EnvironmentCheck:
         """Call the webhook once (reset, close), before a run spends compute on it."""
         return EnvironmentCheck.from_json(self._json("POST", f"{_env(environment_id)}/check"))
+
+    # --- API keys -------------------------------------------------------------------
+
+    def list_keys(self) -> list[ApiKeyInfo]:
+        return [ApiKeyInfo.from_json(k) for k in self._json("GET", "/v1/keys")["items"]]
+
+    def create_key(self) -> ApiKeyInfo:
+        """A new key of your tenant; its secret (``.key``) is shown this once."""
+        return ApiKeyInfo.from_json(self._json("POST", "/v1/keys"))
+
+    def revoke_key(self, key_id: str) -> ApiKeyInfo:
+        """Revoke a key (not your last active one: create its replacement first)."""
+        path = f"/v1/keys/{_segment(key_id, 'key id')}"
+        return ApiKeyInfo.from_json(self._json("DELETE", path))
 
     # --- plumbing -------------------------------------------------------------------
 

@@ -234,6 +234,27 @@ class Environment:
 
 
 @dataclass(frozen=True)
+class ApiKeyInfo:
+    """One of your API keys; ``key`` (the secret) only in the answer that created it."""
+
+    id: str
+    prefix: str
+    created_at: datetime | None
+    revoked_at: datetime | None
+    key: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ApiKeyInfo:
+        return cls(
+            id=data["id"],
+            prefix=data["prefix"],
+            created_at=_time(data.get("created_at")),
+            revoked_at=_time(data.get("revoked_at")),
+            key=data.get("key"),
+        )
+
+
+@dataclass(frozen=True)
 class CheckCall:
     path: str
     ok: bool

@@ -6,12 +6,12 @@ import time
 import uuid
 from collections.abc import Callable
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import ApiKey, Tenant
-from app.errors import Conflict, Unauthorized
+from app.db.models import ApiKey, Tenant, utcnow
+from app.errors import Conflict, NotFound, Unauthorized
 from app.security import hash_key, new_api_key, parse_prefix, same_secret
 
 
@@ -21,15 +21,62 @@ async def create_tenant(session: AsyncSession, name: str) -> tuple[Tenant, str]:
         raise _name_taken(name)
     tenant = Tenant(id=f"ten_{uuid.uuid4().hex}", name=name)
     session.add(tenant)
-    key, prefix, digest = new_api_key()
-    session.add(
-        ApiKey(id=f"key_{uuid.uuid4().hex}", tenant_id=tenant.id, prefix=prefix, key_hash=digest)
-    )
+    _, key = _add_key(session, tenant.id)
     try:
         await session.flush()
     except IntegrityError as exc:  # the same name created concurrently
         raise _name_taken(name) from exc
     return tenant, key
+
+
+def _add_key(session: AsyncSession, tenant_id: str) -> tuple[ApiKey, str]:
+    key, prefix, digest = new_api_key()
+    row = ApiKey(
+        id=f"key_{uuid.uuid4().hex}",
+        tenant_id=tenant_id,
+        prefix=prefix,
+        key_hash=digest,
+        created_at=utcnow(),
+    )
+    session.add(row)
+    return row, key
+
+
+async def create_key(session: AsyncSession, tenant_id: str) -> tuple[ApiKey, str]:
+    """Another key of the tenant (rotation: make the new one, move to it, revoke the old)."""
+    row, key = _add_key(session, tenant_id)
+    await session.flush()
+    return row, key
+
+
+async def list_keys(session: AsyncSession, tenant_id: str) -> list[ApiKey]:
+    rows = await session.scalars(
+        select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at, ApiKey.id)
+    )
+    return list(rows)
+
+
+async def revoke_key(session: AsyncSession, tenant_id: str, key_id: str) -> ApiKey:
+    """Revoke one of the tenant's keys; its last active key cannot be (it would lock it out)."""
+    row = await session.scalar(
+        select(ApiKey).where(ApiKey.id == key_id, ApiKey.tenant_id == tenant_id).with_for_update()
+    )
+    if row is None:
+        raise NotFound(f"no key {key_id!r} of this tenant", field="key_id")
+    if row.revoked_at is None:
+        active = await session.scalar(
+            select(func.count())
+            .select_from(ApiKey)
+            .where(ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_(None))
+        )
+        if (active or 0) <= 1:
+            raise Conflict(
+                "this is the tenant's last active key; create another (POST /v1/keys) first",
+                field="key_id",
+            )
+        row.revoked_at = utcnow()
+        await session.flush()
+    return row
 
 
 def _name_taken(name: str) -> Conflict:
@@ -79,6 +126,11 @@ class KnownKeys:
         if found is None or found[0] <= self._clock():
             return None
         return found[1]
+
+    def forget_tenant(self, tenant_id: str) -> None:
+        """Drop every remembered key of a tenant (one of its keys was revoked here)."""
+        for digest in [d for d, (_, t) in self._tenants.items() if t == tenant_id]:
+            del self._tenants[digest]
 
     def put(self, key: str, tenant_id: str) -> None:
         if len(self._tenants) >= self._max:

@@ -7,6 +7,9 @@ live stream's resume is tested by cutting the client's connection for real
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -287,3 +290,36 @@ def test_over_the_rate_is_rate_limited_with_retry_after(postgres_url: str) -> No
                 c.list_runs()
     assert over.value.status == 429 and over.value.retry_after_s and over.value.retry_after_s >= 1
     assert over.value.details["quota"]["name"] == "requests_per_minute"
+
+
+def test_keys_rotate_through_the_client_and_the_cli(live: LiveApi) -> None:
+    """Create a second key, move to it, revoke the first: the CLI as a user types it."""
+    old = live.tenant()
+    env = {**os.environ, "RLAAS_API_URL": live.url, "RLAAS_API_KEY": old}
+    rlaas = [sys.executable, "-m", "sdk.cli"]
+
+    def run(*args: str, key: str = old) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*rlaas, "keys", *args],
+            env={**env, "RLAAS_API_KEY": key},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    created = run("create")
+    assert created.returncode == 0, created.stderr
+    new = created.stdout.strip()
+    assert new.startswith("rlaas_") and new != old
+    with Client(live.url, new) as client:
+        keys = client.list_keys()
+        assert len(keys) == 2 and all(k.key is None for k in keys)
+        first = next(k for k in keys if old.startswith(f"rlaas_{k.prefix}_"))
+    listed = run("list", key=new)
+    assert f"{first.id}  rlaas_{first.prefix}_…  active" in listed.stdout
+    revoked = run("revoke", first.id, key=new)
+    assert revoked.returncode == 0 and f"{first.id}  revoked" in revoked.stdout
+    with Client(live.url, old) as stale, pytest.raises(Unauthorized):
+        stale.list_runs()
+    last = run("revoke", next(k.id for k in keys if k.id != first.id), key=new)
+    assert last.returncode != 0 and "last active key" in last.stderr
