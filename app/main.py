@@ -40,7 +40,7 @@ from app.dispatch import CeleryDispatcher, Dispatcher, dispatch_committed
 from app.errors import AppError
 from app.live.stream import live_updates
 from app.observability import Observability, ObservabilityMiddleware, configure_logging
-from app.services.leases import reap_expired_leases
+from app.services.leases import reap_expired_leases, stranded_queued_runs
 from app.services.quotas import Limiter
 from app.settings import Settings
 from app.urlcheck import Allowlist
@@ -133,12 +133,17 @@ async def _reap_forever(app_state: AppState) -> None:
 
 
 async def reap_once(app_state: AppState) -> list[str]:
+    """One reaper pass; returns the runs re-queued after a lost lease."""
+    settings = app_state.settings
     async with app_state.sessions() as session:
-        requeued = await reap_expired_leases(session, max_attempts=app_state.settings.max_attempts)
+        requeued = await reap_expired_leases(session, max_attempts=settings.max_attempts)
+        stranded = await stranded_queued_runs(session, after_s=settings.redispatch_after_s)
         await session.commit()
     for run_id in requeued:
         log.warning("run %s lost its worker; dispatching it again", run_id)
-    await dispatch_committed(app_state.dispatcher, requeued)
+    for run_id in stranded:
+        log.warning("run %s is still queued; sending it to the broker again", run_id)
+    await dispatch_committed(app_state.dispatcher, [*requeued, *stranded])
     return requeued
 
 

@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     secret_key: str | None = None
     task_queue: str = "cpu"
     reaper_interval_s: float = 5.0
+    # A run still queued this long after it was sent to the broker is sent again.
+    redispatch_after_s: float = 300.0
     # GET /metrics (Prometheus) asks for "Authorization: Bearer <this>"; unset, it answers
     # loopback clients only (a scraper on the same host or behind a local proxy).
     metrics_token: str | None = None

@@ -4,11 +4,16 @@ A run whose lease expired goes back to the queue (and is dispatched again
 after the commit), up to ``max_attempts`` claims; after that it fails with
 the reason. Celery's own redelivery is not relied on: a run outlives any
 broker visibility timeout.
+
+Nor a lost message: a run still ``queued`` ``redispatch_after_s`` after it was
+queued (or last sent) is sent again, since the broker may have been down when
+it was first sent, or lost the message. A duplicate costs one refused claim:
+only a ``queued`` run can be claimed.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -44,3 +49,26 @@ async def reap_expired_leases(
             requeued.append(run.id)
     await session.flush()
     return requeued
+
+
+async def stranded_queued_runs(
+    session: AsyncSession, now: datetime | None = None, *, after_s: float
+) -> list[str]:
+    """Runs queued for longer than ``after_s``: marked as sent now, returned to send."""
+    now = now or utcnow()
+    stale = await session.scalars(
+        select(Run)
+        .where(
+            Run.status == run_states.QUEUED,
+            Run.updated_at < now - timedelta(seconds=after_s),
+        )
+        .order_by(Run.updated_at)
+        .limit(500)
+        .with_for_update(skip_locked=True)
+    )
+    ids = []
+    for run in stale:
+        run.updated_at = now  # the next pass waits another after_s
+        ids.append(run.id)
+    await session.flush()
+    return ids

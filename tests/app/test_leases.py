@@ -113,3 +113,23 @@ async def test_the_lifespan_runs_the_reaper_on_its_interval(app_database: str) -
         run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
         assert run["status"] == "queued"
     # Leaving the block shut the lifespan down: the reaper task was cancelled without error.
+
+
+async def test_a_run_whose_dispatch_was_lost_is_sent_again(api: Api) -> None:
+    """The broker was down (or lost the message) when the run was created: it would stay
+    queued forever. The reaper sends a run queued for longer than redispatch_after_s
+    again, then waits as long before the next time."""
+    auth = await api.tenant()
+    stranded, fresh = await api.submit(auth), await api.submit(auth)
+    api.dispatcher.sent.clear()
+    late = utcnow() - timedelta(seconds=api.state.settings.redispatch_after_s + 1)
+    await api.db(lambda s: s.execute(update(Run).where(Run.id == stranded).values(updated_at=late)))
+    await reap_once(api.state)
+    assert api.dispatcher.sent == [stranded]
+    await reap_once(api.state)
+    assert api.dispatcher.sent == [stranded]  # not again until another interval has passed
+    # Once claimed it is no longer queued: never sent again.
+    await api.internal(stranded, "claim", worker_id="w1")
+    await api.db(lambda s: s.execute(update(Run).where(Run.id == stranded).values(updated_at=late)))
+    await reap_once(api.state)
+    assert api.dispatcher.sent == [stranded] and fresh not in api.dispatcher.sent

@@ -217,15 +217,15 @@ def test_evaluation_runs_on_a_webhook_environment_too() -> None:
     game = Recorded()
     spec = small_spec(
         environment={"name": "env_game", "webhook": {"retries": 0}},
-        train={"steps": 2, "eval_interval": 2, "eval_episodes": 4},
+        train={"steps": 1, "eval_interval": 1, "eval_episodes": 4},
     )
     sink = MemorySink()
     with serving(EnvServer(game, secret=SECRET).app) as url:
         target = WebhookTarget(id="env_game", url=url, secret=SECRET, timeout_s=10.0)
         train(spec, sink=sink, webhooks={"env_game": target})
     evals = {s: m for s, m in sink.steps if "eval/reward_mean" in m}
-    assert sorted(evals) == [0, 2]
+    assert sorted(evals) == [0, 1]
     for metrics in evals.values():
         assert metrics["eval/episodes"] == 4 and metrics["eval/failed"] == 0
     held_out = sorted(i for i in game.ids if i.startswith("eval"))
-    assert held_out == [f"eval{s}-e{i}" for s in (0, 2) for i in range(4)]
+    assert held_out == [f"eval{s}-e{i}" for s in (0, 1) for i in range(4)]
