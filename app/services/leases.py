@@ -1,9 +1,9 @@
 """The lease reaper: a dead worker never strands a run.
 
 A run whose lease expired goes back to the queue (and is dispatched again
-after the commit), up to ``max_attempts`` claims; after that it fails with
-the reason. Celery's own redelivery is not relied on: a run outlives any
-broker visibility timeout.
+after the commit), until ``max_attempts`` claims in a row have saved no
+checkpoint; then it fails with the reason. Celery's own redelivery is not
+relied on: a run outlives any broker visibility timeout.
 
 Nor a lost message: a run still ``queued`` ``redispatch_after_s`` after it was
 queued (or last sent) is sent again, since the broker may have been down when
@@ -15,17 +15,32 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import Run, utcnow
+from app.db.models import Artifact, Run, utcnow
 from app.services import run_states
+
+
+async def _last_attempt_with_progress(session: AsyncSession, run_id: str) -> int:
+    """The last attempt (claim number) that saved a checkpoint; 0 if none did."""
+    last = await session.scalar(
+        select(func.max(Artifact.attempt)).where(
+            Artifact.run_id == run_id, Artifact.kind == "checkpoint"
+        )
+    )
+    return int(last or 0)
 
 
 async def reap_expired_leases(
     session: AsyncSession, now: datetime | None = None, *, max_attempts: int = 3
 ) -> list[str]:
-    """Re-queue or fail runs whose lease expired; returns the ids to dispatch again."""
+    """Re-queue or fail runs whose lease expired; returns the ids to dispatch again.
+
+    ``max_attempts`` bounds the attempts in a row that made no progress (saved no
+    checkpoint), not all attempts: a run that advances between preemptions is never
+    failed for being preempted often, a run that crashes before its first checkpoint is.
+    """
     now = now or utcnow()
     expired = await session.scalars(
         select(Run)
@@ -37,8 +52,11 @@ async def reap_expired_leases(
     requeued: list[str] = []
     for run in expired:
         lost = f"lease held by {run.lease_owner} expired"
-        if run.attempts >= max_attempts:
-            reason = f"lease expired {run.attempts} times; giving up"
+        stalled = run.attempts - await _last_attempt_with_progress(session, run.id)
+        if stalled >= max_attempts:
+            reason = (
+                f"lease expired on {stalled} attempts in a row that saved no checkpoint; giving up"
+            )
             run_states.transition(session, run, run_states.FAILED, reason=reason, now=now)
             run.error = f"{reason} (last: {lost})"
         elif run.cancel_requested:
