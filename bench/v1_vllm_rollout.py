@@ -9,7 +9,8 @@ its best (a shared machine's slow spells then fall on all alike):
 - ``vllm engine``: `VllmEngine.generate`, the candidate: one request per row, all in flight;
 - ``raw client``: the same requests sent by a bare ``httpx.AsyncClient`` with ``gather``,
   parsing nothing: what vLLM offers, the bound the engine must keep (target >= 0.9);
-- ``one at a time``: the same requests sent one after the other: a naive client.
+- ``one at a time``: the same requests sent one after the other: a naive client (at the
+  smallest batch only: its rate does not depend on how many requests there are).
 
 The vLLM server runs in its own process (`VllmServer`, started here, eager mode), so it
 and the JAX engine take turns on the same cores, never at once.
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "engine": run_engine,
                     "raw": run_raw,
                 }
-                if batch <= 16 or not args.quick:  # 64 one by one is minutes
+                if batch == min(args.batches):  # one at a time, the batch size does not matter
                     runs["one"] = run_one_by_one
                 for run in runs.values():
                     run()  # warm-up: compiles (JAX), first allocations (vLLM)
