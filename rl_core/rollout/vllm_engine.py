@@ -89,11 +89,14 @@ class WeightCheck:
 
 @dataclasses.dataclass(frozen=True)
 class WeightUpdate:
-    """One `update_weights`, in seconds: writing the file, and the server paused."""
+    """One `update_weights`, in seconds: writing the file, the server paused, and all of it
+    (``total_s`` also holds the drain of the requests in flight and the probe check)."""
 
     version: int
     write_s: float
-    pause_s: float  # from /pause called to /resume answered: no new request is served
+    # From the server paused (``mode=wait``: after the requests in flight drained, served
+    # with the old weights) to /resume answered: the server serves nothing.
+    pause_s: float
     total_s: float
     check_max_dlogprob: float | None = None  # the probe's max |Δ logprob|; None: no check
 
