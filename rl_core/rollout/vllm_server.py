@@ -55,6 +55,7 @@ class VllmServerConfig:
     seed: int = 0
     start_timeout_s: float = 300.0
     python: Path | None = None  # None: `vllm_python()`
+    cpus: str | None = None  # taskset's list ("1", "2-3"): the cores the server may use
     extra_args: tuple[str, ...] = ()
 
 
@@ -109,7 +110,8 @@ class VllmServer:
         ]  # fmt: skip
         if c.enforce_eager:
             args.append("--enforce-eager")
-        return [*args, *c.extra_args]
+        pin = ["taskset", "-c", c.cpus] if c.cpus else []
+        return [*pin, *args, *c.extra_args]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
