@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 
 import typer
 
 from rl_core.spec import SpecError, load_spec
+
+if TYPE_CHECKING:
+    from sdk.client import Client
 
 cli = typer.Typer(help="rlaas: RL-as-a-service for agentic LLMs.", no_args_is_help=True)
 tenants = typer.Typer(help="Manage tenants (talks to the database directly).", no_args_is_help=True)
@@ -35,7 +39,7 @@ def main() -> None:
     cli()
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.secho(message, fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
 
@@ -162,27 +166,15 @@ def runs_cancel(
 @keys.command("list")
 def keys_list(api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
     """Your tenant's keys (never their secrets)."""
-    from sdk.client import Client, RlaasError
-
-    with Client(api_url, _need_key(api_key)) as client:
-        try:
-            for k in client.list_keys():
-                state = f"revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "active"
-                typer.echo(f"{k.id}  rlaas_{k.prefix}_…  {state}")
-        except RlaasError as exc:
-            _fail(str(exc))
+    for k in _call(api_url, api_key, lambda client: client.list_keys()):
+        state = f"revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "active"
+        typer.echo(f"{k.id}  rlaas_{k.prefix}_…  {state}")
 
 
 @keys.command("create")
 def keys_create(api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
     """A new key (printed once). To rotate: create, switch to it, revoke the old one."""
-    from sdk.client import Client, RlaasError
-
-    with Client(api_url, _need_key(api_key)) as client:
-        try:
-            created = client.create_key()
-        except RlaasError as exc:
-            _fail(str(exc))
+    created = _call(api_url, api_key, lambda client: client.create_key())
     typer.echo(f"key {created.id}", err=True)
     typer.echo(created.key)
 
@@ -192,14 +184,22 @@ def keys_revoke(
     key_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
 ) -> None:
     """Revoke a key by its id (from `rlaas keys list`)."""
+    revoked = _call(api_url, api_key, lambda client: client.revoke_key(key_id))
+    typer.echo(f"{revoked.id}  revoked")
+
+
+T = TypeVar("T")
+
+
+def _call(api_url: str, api_key: str, call: Callable[[Client], T]) -> T:
+    """``call`` with a client of the API; an API error ends the command with its message."""
     from sdk.client import Client, RlaasError
 
     with Client(api_url, _need_key(api_key)) as client:
         try:
-            revoked = client.revoke_key(key_id)
+            return call(client)
         except RlaasError as exc:
             _fail(str(exc))
-    typer.echo(f"{revoked.id}  revoked")
 
 
 @cli.command()
