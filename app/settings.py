@@ -32,7 +32,9 @@ class Settings(BaseSettings):
     # A run still queued this long after it was sent to the broker is sent again.
     redispatch_after_s: float = 300.0
     # GET /metrics (Prometheus) asks for "Authorization: Bearer <this>"; unset, it answers
-    # loopback clients only (a scraper on the same host or behind a local proxy).
+    # loopback clients only: a scraper on the same host. Behind a reverse proxy on the
+    # same host that does not pass the client's address on, every client is loopback:
+    # set the token there.
     metrics_token: str | None = None
     max_attempts: int = 3
     # Seconds of quiet before a metrics stream sends a keep-alive comment.

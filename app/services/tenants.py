@@ -6,7 +6,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -58,18 +58,16 @@ async def list_keys(session: AsyncSession, tenant_id: str) -> list[ApiKey]:
 
 async def revoke_key(session: AsyncSession, tenant_id: str, key_id: str) -> ApiKey:
     """Revoke one of the tenant's keys; its last active key cannot be (it would lock it out)."""
-    row = await session.scalar(
-        select(ApiKey).where(ApiKey.id == key_id, ApiKey.tenant_id == tenant_id).with_for_update()
+    # All of the tenant's keys locked, not just this one: two revokes at once of a
+    # tenant's two keys would each see the other still active and lock it out.
+    keys = list(
+        await session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id).with_for_update())
     )
+    row = next((k for k in keys if k.id == key_id), None)
     if row is None:
         raise NotFound(f"no key {key_id!r} of this tenant", field="key_id")
     if row.revoked_at is None:
-        active = await session.scalar(
-            select(func.count())
-            .select_from(ApiKey)
-            .where(ApiKey.tenant_id == tenant_id, ApiKey.revoked_at.is_(None))
-        )
-        if (active or 0) <= 1:
+        if sum(k.revoked_at is None for k in keys) <= 1:
             raise Conflict(
                 "this is the tenant's last active key; create another (POST /v1/keys) first",
                 field="key_id",
