@@ -287,6 +287,10 @@ class AlgorithmSpec(_Section):
     # each turn's tokens that turn's return-to-go against the group's at the same turn
     # (rewards the environment gives per step then reach the turn that earned them).
     credit: Literal["episode", "turn"] = "episode"
+    # GRPO's baseline: "group" subtracts the mean of the episode's own group (same
+    # environment seed); "batch" the mean over the whole batch (REINFORCE++), which
+    # still moves a policy when every member of a group answered alike and wrong.
+    baseline: Literal["group", "batch"] = "group"
     batch_groups: Annotated[int, Field(ge=1, le=100_000)] = 8
     mini_batches: Annotated[int, Field(ge=1)] = 1
     # Passes over each batch (PPO's epochs): more updates per collected episode; the
@@ -315,6 +319,8 @@ class AlgorithmSpec(_Section):
             raise ValueError("entropy_floor needs entropy_coef > 0 (the floor's weight)")
         if self.credit == "turn" and self.name == "ppo":
             raise ValueError("credit 'turn' is GRPO's; PPO assigns credit with its value head")
+        if self.baseline == "batch" and self.name == "ppo":
+            raise ValueError("baseline 'batch' is GRPO's; PPO's baseline is its value head")
         return self
 
 

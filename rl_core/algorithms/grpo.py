@@ -25,6 +25,7 @@ penalty to a reference uses the k3 estimator ``exp(q) - q - 1`` with
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal, NamedTuple
 
 import jax
@@ -74,28 +75,49 @@ class GrpoConfig:
     norm_tokens: int = 512
 
 
-@jax.jit
+Baseline = Literal["group", "batch"]
+
+
+def _baseline_axes(baseline: Baseline) -> tuple[int, ...]:
+    if baseline == "group":
+        return (1,)
+    if baseline == "batch":
+        return (0, 1)
+    raise ValueError(f"unknown baseline {baseline!r}")
+
+
+@functools.partial(jax.jit, static_argnames="baseline")
 def group_advantages(
     rewards: jax.Array,  # [G, K]
     valid: jax.Array,  # [G, K] bool: the episode is in the batch (not dropped)
     scale: bool | jax.Array = True,
     eps: float = 1e-6,
+    baseline: Baseline = "group",
 ) -> jax.Array:  # [G, K]; 0 where not valid
-    """A = (R - mean_group R) [/ (std_group R + eps)], over the valid episodes of each group."""
+    """A = (R - mean R) [/ (std R + eps)], over the valid episodes of each group.
+
+    ``baseline="batch"`` takes the mean (and std) over every valid episode of the
+    batch instead (REINFORCE++'s global normalisation, Hu 2025): a group whose
+    members all earned the same still gets a signal, negative when the batch did
+    better. GRPO's group mean gives such a group none, which lets a policy that
+    answers one input wrongly with certainty stay there (see `turn_advantages`).
+    """
+    axes = _baseline_axes(baseline)
     valid_f = valid.astype(jnp.float32)
-    count = jnp.maximum(valid_f.sum(axis=1, keepdims=True), 1.0)
-    mean = (rewards * valid_f).sum(axis=1, keepdims=True) / count
+    count = jnp.maximum(valid_f.sum(axis=axes, keepdims=True), 1.0)
+    mean = (rewards * valid_f).sum(axis=axes, keepdims=True) / count
     centred = (rewards - mean) * valid_f
-    std = jnp.sqrt((centred**2).sum(axis=1, keepdims=True) / count)
+    std = jnp.sqrt((centred**2).sum(axis=axes, keepdims=True) / count)
     return jnp.where(scale, centred / (std + eps), centred) * valid_f
 
 
-@jax.jit
+@functools.partial(jax.jit, static_argnames="baseline")
 def turn_advantages(
     rewards: jax.Array,  # [G, K, T] the reward of each member's turn t (0 past its end)
     reached: jax.Array,  # [G, K, T] bool: the member took turn t and is in the batch
     scale: bool | jax.Array = True,
     eps: float = 1e-6,
+    baseline: Baseline = "group",
 ) -> jax.Array:  # [G, K, T]; 0 where not reached
     """Turn-level GRPO: each turn's return-to-go against the group's at the same turn.
 
@@ -106,14 +128,21 @@ def turn_advantages(
     environment seed, so the mean is a per-turn baseline: the estimate stays
     unbiased, and a turn's tokens are no longer credited with the luck of the
     turns before it. With one turn this is `group_advantages`.
+
+    ``baseline="batch"``: the mean (and std) at turn t over every member of every
+    group that reached it. Still unbiased (the baseline does not depend on the
+    action), noisier, and it does not go silent when a whole group answers a turn
+    the same way: with the group's mean, a policy that maps one observation to a
+    wrong answer with near certainty gets zero advantage on it and never leaves.
     """
+    axes = _baseline_axes(baseline)
     reached_f = reached.astype(jnp.float32)
     earned = rewards * reached_f
     togo = jnp.flip(jnp.cumsum(jnp.flip(earned, axis=-1), axis=-1), axis=-1)
-    count = jnp.maximum(reached_f.sum(axis=1, keepdims=True), 1.0)  # [G, 1, T]
-    mean = (togo * reached_f).sum(axis=1, keepdims=True) / count
+    count = jnp.maximum(reached_f.sum(axis=axes, keepdims=True), 1.0)  # [G|1, 1, T]
+    mean = (togo * reached_f).sum(axis=axes, keepdims=True) / count
     centred = (togo - mean) * reached_f
-    std = jnp.sqrt((centred**2).sum(axis=1, keepdims=True) / count)
+    std = jnp.sqrt((centred**2).sum(axis=axes, keepdims=True) / count)
     return jnp.where(scale, centred / (std + eps), centred) * reached_f
 
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl_core.agent.ledger import Sample, Trajectory
-from rl_core.algorithms.grpo import group_advantages, turn_advantages
+from rl_core.algorithms.grpo import Baseline, group_advantages, turn_advantages
 from rl_core.pipeline.queue import Group
 from rl_core.training.trainer import TrainBatch
 
@@ -36,11 +36,12 @@ def build_batch(
     scale_rewards: bool,
     min_length: int = 32,
     credit: Credit = "episode",
+    baseline: Baseline = "group",
 ) -> TrainBatch:
     ordered = sorted(groups, key=lambda g: g.task)  # completion order must not change the math
     advantage: Callable[[int, Trajectory, Sample], float | list[float]]
     if credit == "turn":
-        per_turn = turn_credit(ordered, group_size, scale_rewards)
+        per_turn = turn_credit(ordered, group_size, scale_rewards, baseline)
 
         def advantage(i: int, t: Trajectory, sample: Sample) -> list[float]:
             turns = np.asarray(sample.turns, dtype=np.int64)
@@ -48,7 +49,7 @@ def build_batch(
             return adv
 
     else:
-        per_episode = episode_credit(ordered, group_size, scale_rewards)
+        per_episode = episode_credit(ordered, group_size, scale_rewards, baseline)
 
         def advantage(i: int, t: Trajectory, sample: Sample) -> float:
             return float(per_episode[i, t.member])
@@ -79,17 +80,24 @@ def build_batch(
     )
 
 
-def episode_credit(groups: Sequence[Group], group_size: int, scale_rewards: bool) -> np.ndarray:
+def episode_credit(
+    groups: Sequence[Group], group_size: int, scale_rewards: bool, baseline: Baseline = "group"
+) -> np.ndarray:
     """Episode-level advantages, [groups, group_size] (`group_advantages`)."""
     rewards = np.zeros((len(groups), group_size), np.float32)
     valid = np.zeros((len(groups), group_size), bool)
     for i, group in enumerate(groups):
         for t in group.trajectories:
             rewards[i, t.member], valid[i, t.member] = t.reward, t.kept
-    return np.asarray(group_advantages(jnp.asarray(rewards), jnp.asarray(valid), scale_rewards))
+    adv = group_advantages(
+        jnp.asarray(rewards), jnp.asarray(valid), scale_rewards, baseline=baseline
+    )
+    return np.asarray(adv)
 
 
-def turn_credit(groups: Sequence[Group], group_size: int, scale_rewards: bool) -> np.ndarray:
+def turn_credit(
+    groups: Sequence[Group], group_size: int, scale_rewards: bool, baseline: Baseline = "group"
+) -> np.ndarray:
     """Turn-level advantages, [groups, group_size, turns] (`turn_advantages`).
 
     A turn whose model call ended the episode before the environment answered
@@ -102,7 +110,10 @@ def turn_credit(groups: Sequence[Group], group_size: int, scale_rewards: bool) -
         for t in group.trajectories:
             rewards[i, t.member, : len(t.turn_rewards)] = t.turn_rewards
             reached[i, t.member, : t.turns] = t.kept
-    return np.asarray(turn_advantages(jnp.asarray(rewards), jnp.asarray(reached), scale_rewards))
+    adv = turn_advantages(
+        jnp.asarray(rewards), jnp.asarray(reached), scale_rewards, baseline=baseline
+    )
+    return np.asarray(adv)
 
 
 __all__ = ["build_batch", "episode_credit", "turn_credit"]

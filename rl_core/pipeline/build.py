@@ -264,6 +264,7 @@ def build_pipeline(
                 scale_rewards=spec.algorithm.scale_rewards,
                 min_length=configs.TRAIN_MIN_LENGTH,
                 credit=spec.algorithm.credit,
+                baseline=spec.algorithm.baseline,
             )
 
         pipeline = Pipeline(

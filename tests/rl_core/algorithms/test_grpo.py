@@ -73,6 +73,37 @@ def test_members_that_did_not_reach_a_turn_are_out_of_its_baseline() -> None:
     np.testing.assert_allclose(adv[0, :, 0], [1 - 2 / 3, -2 / 3, 1 - 2 / 3], atol=1e-6)
 
 
+@pytest.mark.parametrize("scale", [True, False])
+def test_batch_baseline_centres_over_the_whole_batch(scale: bool) -> None:
+    rewards = jax.random.uniform(jax.random.key(2), (4, 6)) * 3
+    adv = np.asarray(group_advantages(rewards, jnp.ones((4, 6), bool), scale, baseline="batch"))
+    np.testing.assert_allclose(adv.mean(), 0.0, atol=1e-5)
+    expected = rewards - rewards.mean()
+    if scale:
+        expected = expected / rewards.std()
+    np.testing.assert_allclose(adv, expected, atol=1e-4)
+
+
+def test_a_unanimous_wrong_group_moves_only_with_the_batch_baseline() -> None:
+    # Group 0 all answered a turn wrong (0), group 1 all right (1): the group's own
+    # mean gives both zero; the batch's mean pushes group 0 down and group 1 up.
+    rewards = jnp.array([[[0.0], [0.0]], [[1.0], [1.0]]])
+    reached = jnp.ones((2, 2, 1), bool)
+    np.testing.assert_allclose(turn_advantages(rewards, reached, False), 0.0, atol=1e-6)
+    adv = np.asarray(turn_advantages(rewards, reached, False, baseline="batch"))[..., 0]
+    np.testing.assert_allclose(adv, [[-0.5, -0.5], [0.5, 0.5]], atol=1e-6)
+
+
+def test_batch_baseline_per_turn_counts_only_members_that_reached_it() -> None:
+    rewards = jnp.array([[[0.0, 1.0], [1.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]]])
+    reached = jnp.array([[[True, True], [True, False]], [[True, True], [True, True]]])
+    adv = np.asarray(turn_advantages(rewards, reached, False, baseline="batch"))
+    # Turn 1: three members reached it, returns-to-go 1, 0, 0 -> mean 1/3; member (0,1) out.
+    np.testing.assert_allclose(adv[:, :, 1], [[2 / 3, 0.0], [-1 / 3, -1 / 3]], atol=1e-6)
+    # Turn 0: returns-to-go 1, 1, 0, 0 -> mean 0.5.
+    np.testing.assert_allclose(adv[:, :, 0], [[0.5, 0.5], [-0.5, -0.5]], atol=1e-6)
+
+
 def loss_of(ratio: float, adv: float, **cfg: object) -> tuple[float, dict[str, float], float]:
     """Loss, metrics and d loss / d logprob for one token with the given ratio and advantage."""
     config = GrpoConfig(**cfg)  # type: ignore[arg-type]
