@@ -11,6 +11,9 @@ the `CallbackSource` until the deadline. At most ``max_concurrency``
 requests are in flight; a circuit breaker holds calls off a failing server;
 and the failure budget turns "many episodes failed" into a run failure
 (`FailureBudgetExhausted`) instead of a run that trains on nothing.
+
+The bytes travel through a `Transport` (`rl_core.envs.transport`; aiohttp
+unless the constructor is given another): this module never sees a socket.
 """
 
 from __future__ import annotations
@@ -18,16 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
+import json
 import logging
 import random
-import ssl
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-import certifi
-import httpx
 from pydantic import BaseModel, ValidationError
 
 from rl_core.envs.base import Action, Message, Reset, Step
@@ -42,6 +42,13 @@ from rl_core.envs.errors import (
     WebhookUnavailable,
 )
 from rl_core.envs.resilience import CircuitBreaker, FailureBudget, backoff_s
+from rl_core.envs.transport import (
+    AiohttpTransport,
+    Answer,
+    Transport,
+    TransportError,
+    TransportFactory,
+)
 from rl_core.protocol import webhook as wire
 from rl_core.protocol.signing import HEADER, sign
 from rl_core.spec import WebhookCallSpec
@@ -74,6 +81,7 @@ class WebhookEnvironment:
         callbacks: CallbackSource | None = None,
         policy: WebhookCallSpec | None = None,
         seed: int = 0,
+        transport: TransportFactory = AiohttpTransport,
     ) -> None:
         self.target = target
         self.callbacks = callbacks
@@ -83,8 +91,9 @@ class WebhookEnvironment:
         self.budget = FailureBudget(self.policy.failure_budget, self.policy.failure_budget_min)
         self._rng = random.Random(seed)
         # The client and semaphore belong to one event loop; made on first use.
+        self._make_transport = transport
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: Transport | None = None
         self._slots: asyncio.Semaphore | None = None
 
     # -- the Environment protocol ---------------------------------------------------------
@@ -137,7 +146,9 @@ class WebhookEnvironment:
             ) from None
 
     async def aclose(self) -> None:
-        """Close the HTTP client (the runner calls this once the run ends)."""
+        """Close the HTTP client, in the loop that used it. (Not called by the pipeline as
+        of this writing: an unclosed `AiohttpTransport` closes itself as that loop shuts
+        down.)"""
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -222,7 +233,8 @@ class WebhookEnvironment:
         """POST with retries; the status and decoded JSON body of the first good answer."""
         client, slots = self._bind()
         url = f"{self.target.url.rstrip('/')}/{route}"
-        raw = payload.model_dump_json().encode()
+        # Encoded once, as bytes: these are the bytes each attempt signs and sends.
+        raw = payload.__pydantic_serializer__.to_json(payload)
         attempts = 1 + (self.policy.retries if retries is None else retries)
         failure = "no attempt made"
         made = 0
@@ -232,16 +244,16 @@ class WebhookEnvironment:
                 break
             try:
                 response = await self._attempt(client, slots, url, raw, remaining, failure)
-            except httpx.TimeoutException:
+            except TimeoutError:
                 failure = f"POST {url} timed out after {min(self.call_timeout_s, remaining):.3g}s"
                 response = None
-            except httpx.TransportError as exc:
-                failure = f"POST {url} failed: {type(exc).__name__}: {exc}"
+            except TransportError as exc:
+                failure = f"POST {url} failed: {exc}"
                 response = None
             made += 1
             retry_after: float | None = None
             if response is not None:
-                status = response.status_code
+                status = response.status
                 if status < 300:
                     self.breaker.record_success()
                     return status, _json(response, url, self.target.id)
@@ -265,13 +277,13 @@ class WebhookEnvironment:
 
     async def _attempt(
         self,
-        client: httpx.AsyncClient,
+        client: Transport,
         slots: asyncio.Semaphore,
         url: str,
         raw: bytes,
         remaining: float,
         last_failure: str,
-    ) -> httpx.Response:
+    ) -> Answer:
         """One request: wait for a slot (bounded by the deadline), ask the breaker, send."""
         try:
             async with asyncio.timeout(remaining):
@@ -294,12 +306,9 @@ class WebhookEnvironment:
             try:
                 return await client.post(
                     url,
-                    content=raw,
-                    headers={
-                        "Content-Type": "application/json",
-                        HEADER: sign(self.target.secret, raw),
-                    },
-                    timeout=min(self.call_timeout_s, remaining),
+                    raw,
+                    {"Content-Type": "application/json", HEADER: sign(self.target.secret, raw)},
+                    min(self.call_timeout_s, remaining),
                 )
             except asyncio.CancelledError:
                 self.breaker.abandon()  # a cancelled probe must not hold the breaker half-open
@@ -307,34 +316,22 @@ class WebhookEnvironment:
         finally:
             slots.release()
 
-    def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    def _bind(self) -> tuple[Transport, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._client is None or self._slots is None:
             self._loop = loop
             cap = self.target.max_concurrency
-            # trust_env=False: a proxy set for the worker's own traffic must not see env calls.
-            self._client = httpx.AsyncClient(
-                verify=_tls_context(),
-                trust_env=False,
-                follow_redirects=False,
-                limits=httpx.Limits(max_connections=cap, max_keepalive_connections=cap),
-            )
+            self._client = self._make_transport(cap)
             self._slots = asyncio.Semaphore(cap)
         return self._client, self._slots
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One TLS context per process: building one loads the CA bundle (~0.3 s)."""
-    return ssl.create_default_context(cafile=certifi.where())
 
 
 # -- the protocol's shapes --------------------------------------------------------------------
 
 
-def _json(response: httpx.Response, url: str, target_id: str) -> dict[str, Any]:
+def _json(response: Answer, url: str, target_id: str) -> dict[str, Any]:
     try:
-        body = response.json()
+        body = json.loads(response.body)
     except ValueError:
         raise WebhookProtocolError(target_id, f"POST {url}: the answer is not JSON") from None
     if not isinstance(body, dict):
@@ -345,7 +342,7 @@ def _json(response: httpx.Response, url: str, target_id: str) -> dict[str, Any]:
 _EXCERPT = 200
 
 
-def _reason(response: httpx.Response) -> str:
+def _reason(response: Answer) -> str:
     """The server's own words when it answered with the protocol's error body (cut short,
     control characters dropped); otherwise only what kind of answer it was.
 
@@ -353,26 +350,26 @@ def _reason(response: httpx.Response) -> str:
     else (a cloud metadata address, another internal service) must not be read back.
     """
     with contextlib.suppress(ValueError):
-        body = response.json()
+        body = json.loads(response.body)
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict) and "message" in error:
             message = "".join(c for c in str(error["message"]) if c.isprintable())
             return message[:_EXCERPT] + ("…" if len(message) > _EXCERPT else "")
     kind = response.headers.get("content-type", "no content type").split(";")[0]
     return (
-        f"{response.reason_phrase or 'no reason'} ({kind}, {len(response.content)} bytes, "
+        f"{response.reason or 'no reason'} ({kind}, {len(response.body)} bytes, "
         "not the protocol's error body)"
     )
 
 
-def _rejection(response: httpx.Response, url: str) -> str:
+def _rejection(response: Answer, url: str) -> str:
     hint = ""
-    if response.status_code == 401:
+    if response.status == 401:
         hint = "; check that the secret registered with rlaas is the one the server verifies with"
-    return f"POST {url} was rejected with {response.status_code}: {_reason(response)}{hint}"
+    return f"POST {url} was rejected with {response.status}: {_reason(response)}{hint}"
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: Answer) -> float | None:
     try:
         return float(response.headers.get("retry-after", ""))
     except ValueError:

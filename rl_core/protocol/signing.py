@@ -71,7 +71,9 @@ def verify(
 
 def _mac(secret: str | bytes, ts: int, body: bytes) -> str:
     key = secret.encode() if isinstance(secret, str) else secret
-    return hmac.new(key, f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+    mac = hmac.new(key, f"{ts}.".encode(), hashlib.sha256)
+    mac.update(body)  # the body as it is, not a copy behind the prefix
+    return mac.hexdigest()
 
 
 __all__ = ["HEADER", "WINDOW_S", "SignatureError", "sign", "verify"]
