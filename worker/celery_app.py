@@ -11,11 +11,18 @@ must not be forked once it has started.
 
 from __future__ import annotations
 
+import logging
+
 from celery import Celery
+from celery.signals import after_setup_logger
 
 from worker.settings import WorkerSettings
 
 TASK_RUN_JOB = "rlaas.run_job"
+# The HTTP clients' own loggers, which write a line per request at INFO (httpx: "HTTP
+# Request: POST ..." for every heartbeat, report batch and, before aiohttp, environment
+# call: ~9,000 lines a run).
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore", "aiohttp")
 
 
 def make_celery(settings: WorkerSettings | None = None) -> Celery:
@@ -35,6 +42,19 @@ def make_celery(settings: WorkerSettings | None = None) -> Celery:
         worker_send_task_events=False,
     )
     return celery
+
+
+def quiet_http_clients(loglevel: int = logging.INFO, **_: object) -> None:
+    """Hold the HTTP clients' loggers at WARNING (their failures still show) unless the
+    worker logs at DEBUG. Celery runs it once it has set up the worker's logging, with
+    the level as a number."""
+    if loglevel <= logging.DEBUG:
+        return
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+after_setup_logger.connect(quiet_http_clients)
 
 
 def _tune_sqlalchemy_transport() -> None:
