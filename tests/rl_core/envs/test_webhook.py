@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import json
+import ssl
 from typing import Any
 
 import pytest
@@ -311,3 +314,70 @@ def test_the_protocols_error_message_is_kept_short_and_printable() -> None:
     message = rejection(answering(422, body, b"application/json"))
     assert "bad config[31m x" in message and "\x1b" not in message
     assert "x" * 180 in message and "x" * 200 not in message and message.endswith("…")
+
+
+def self_signed(folder: Any) -> ssl.SSLContext:
+    """A server TLS context for 127.0.0.1 with a certificate no CA signed."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(folder / "cert.pem", folder / "key.pem")
+    return context
+
+
+def test_an_https_server_is_verified_against_the_ca_bundle(tmp_path: Any) -> None:
+    """TLS is checked: a certificate no CA in certifi's bundle signed is refused (and not
+    retried into success), the server never sees the request."""
+    from aiohttp import web
+
+    seen: list[str] = []
+
+    async def reset(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({"messages": [{"role": "user", "content": "hi"}]})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/reset", reset)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port, ssl_context=self_signed(tmp_path)).start()
+        try:
+            env = client(f"https://127.0.0.1:{port}", retries=0)
+            with pytest.raises(WebhookUnavailable, match="certificate verify failed"):
+                await env.reset("e", 0, {})
+            await env.aclose()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    assert seen == []
