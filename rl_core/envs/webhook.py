@@ -146,9 +146,9 @@ class WebhookEnvironment:
             ) from None
 
     async def aclose(self) -> None:
-        """Close the HTTP client, in the loop that used it. (Not called by the pipeline as
-        of this writing: an unclosed `AiohttpTransport` closes itself as that loop shuts
-        down.)"""
+        """Close the HTTP client, in the loop that used it (the pipeline does, as its run
+        ends; an unclosed `AiohttpTransport` would still close itself as that loop shuts
+        down)."""
         if self._client is not None:
             await self._client.aclose()
             self._client = None

@@ -52,6 +52,7 @@ INFLIGHT_INTERVAL_S = 1.0
 LAG_INTERVAL_S = 0.05
 STOP_POLL_S = 0.25
 INFLIGHT_EPISODES_MAX = 200
+ENV_CLOSE_TIMEOUT_S = 10.0
 
 
 class TrainerLike(Protocol):
@@ -160,8 +161,20 @@ class Pipeline:
             raise _first_leaf(group) from group
         finally:
             self._report_cancelled()
+            await self._close_environment()
         self.profiler.stop()
         return result
+
+    async def _close_environment(self) -> None:
+        """Close the environment's connections in the loop that opened them (webhooks)."""
+        aclose = getattr(getattr(self.collector, "env", None), "aclose", None)
+        if aclose is None:
+            return
+        try:
+            async with asyncio.timeout(ENV_CLOSE_TIMEOUT_S):
+                await aclose()
+        except Exception as exc:  # the run's outcome is already decided; closing is tidy-up
+            log.warning("closing the environment failed: %s: %s", type(exc).__name__, exc)
 
     async def _train_loop(self) -> TrainResult:
         cfg = self.config

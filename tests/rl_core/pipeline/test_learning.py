@@ -17,11 +17,18 @@ game whose blind bound is far below its optimum is what shows reading.
 The seed fixes the games and the samples, not which episodes finish first, so
 async runs of one seed differ. Twelve runs of the spec (2026-12-03) reached
 0.98 by steps 40-70 and ended at last-10 means of 1.038-1.058.
+
+The claim is "within the spec's steps", so the run stops once every bar has
+been met by the ten steps before each of five steps in a row (a stop asked for
+through `RunControl`, as the CLI's Ctrl-C does; five, so that one lucky step
+cannot end it): the steps after that prove nothing more and took half of the
+test's time.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -31,7 +38,9 @@ from rl_core.envs.guess_number import (
     best_expected_reward,
     random_guess_reward,
 )
-from rl_core.pipeline.runner import train_to_folder
+from rl_core.host.control import RunControl
+from rl_core.pipeline.files import RunFiles
+from rl_core.pipeline.runner import train
 from rl_core.spec import load_spec
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "tiny-game.yaml"
@@ -47,17 +56,40 @@ def test_the_tiny_model_learns_the_demo_game_from_random_init_in_async_mode(
     game = GuessNumberConfig.from_mapping(spec.environment.config)
     best, blind = best_expected_reward(game), random_guess_reward(game)
 
-    result = train_to_folder(spec, tmp_path)
-    assert result.steps_completed == spec.train.steps
+    def bars_met_once(rewards: list[float]) -> bool:
+        first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+        return last >= 3 * first and last >= 0.8 * best and last > blind
+
+    def bars_met(rewards: list[float], times: int = 5) -> bool:
+        n = len(rewards)
+        return n >= 20 + times - 1 and all(bars_met_once(rewards[: n - k]) for k in range(times))
+
+    control = RunControl()
+    seen: list[float] = []
+
+    class StopWhenProven(RunFiles):
+        def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+            super().on_step(step, metrics)
+            seen.append(metrics["reward/mean"])
+            if bars_met(seen):
+                control.request_stop()
+
+    files = StopWhenProven(tmp_path)
+    try:
+        result = train(spec, sink=files, control=control, artifacts_dir=tmp_path)
+    finally:
+        files.close()
 
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, spec.train.steps + 1))
+    assert [r["step"] for r in rows] == list(range(1, result.steps_completed + 1))
+    assert result.steps_completed <= spec.train.steps
     rewards = [r["reward/mean"] for r in rows]
+    # The stop lands at the next step boundary, so the run may go one step past the proof.
+    proven = next((n for n in range(20, len(rewards) + 1) if bars_met(rewards[:n])), None)
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    print(f"first-10 {first:.3f}  last-10 {last:.3f}  best {best:.3f}  blind {blind:.3f}")
-    assert last >= 3 * first
-    assert last >= 0.8 * best
-    assert last > blind
+    print(f"steps {len(rewards)} proven at {proven}  first-10 {first:.3f}  last-10 {last:.3f}")
+    print(f"best {best:.3f}  random {blind:.3f}")
+    assert proven is not None, f"bars not met in {spec.train.steps} steps (last-10 {last:.3f})"
 
     # The same run's timeline, metrics and trajectories came out of the sinks.
     assert max(r["staleness/max"] for r in rows) <= spec.staleness.max_staleness
@@ -73,5 +105,5 @@ def test_the_tiny_model_learns_the_demo_game_from_random_init_in_async_mode(
         "weight_sync",
     } <= stages
     records = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
-    solved = [r for r in records if r["step"] > spec.train.steps - 10 and r["info"].get("solved")]
+    solved = [r for r in records if r["step"] > len(rows) - 10 and r["info"].get("solved")]
     assert solved and any(seg["trained"] for seg in solved[0]["segments"])

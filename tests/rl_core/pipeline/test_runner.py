@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import subprocess
@@ -197,11 +198,12 @@ def test_evaluation_runs_before_the_first_step_and_at_its_interval() -> None:
     assert "eval/reward_mean" not in steps[1] and "reward/mean" in steps[2]
 
 
-def test_evaluation_runs_on_a_webhook_environment_too() -> None:
+def test_evaluation_runs_on_a_webhook_environment_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """Held-out episodes go through the same client as training ones: a tenant's server
-    behind the SDK helper, over loopback HTTP, plays them under their own episode ids."""
+    behind the SDK helper, over loopback HTTP, plays them under their own episode ids.
+    The run closes the client's connections before its event loop ends."""
     from rl_core.envs.guess_number import GuessNumber
-    from rl_core.envs.webhook import WebhookTarget
+    from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
     from sdk.envserver import EnvServer
     from tests.sdk.serving import SECRET, serving
 
@@ -214,6 +216,14 @@ def test_evaluation_runs_on_a_webhook_environment_too() -> None:
             self.ids.append(episode_id)
             return await super().reset(episode_id, seed, config)
 
+    closed: list[bool] = []
+    original_aclose = WebhookEnvironment.aclose
+
+    async def aclose(self: WebhookEnvironment) -> None:
+        closed.append(asyncio.get_running_loop().is_running())
+        await original_aclose(self)
+
+    monkeypatch.setattr(WebhookEnvironment, "aclose", aclose)
     game = Recorded()
     spec = small_spec(
         environment={"name": "env_game", "webhook": {"retries": 0}},
@@ -229,3 +239,4 @@ def test_evaluation_runs_on_a_webhook_environment_too() -> None:
         assert metrics["eval/episodes"] == 4 and metrics["eval/failed"] == 0
     held_out = sorted(i for i in game.ids if i.startswith("eval"))
     assert held_out == [f"eval{s}-e{i}" for s in (0, 1) for i in range(4)]
+    assert closed == [True]
