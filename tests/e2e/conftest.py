@@ -9,8 +9,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.e2e.stack import REPO, Stack, free_port, fresh_database, rlaas
+
+
+def broker_url(redis_url: str) -> str:
+    """A Redis database of this test process's own, emptied: stacks run one at a time per
+    process, and pytest-xdist's workers (gw0, gw1, ...) each get another. 9 is
+    test_dispatch's; 10 and up are these."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    url = redis_url.rsplit("/", 1)[0] + f"/{10 + int(worker.removeprefix('gw')) % 6}"
+    redis.Redis.from_url(url).flushdb()
+    return url
 
 
 @pytest.fixture
@@ -21,7 +32,7 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
     env = {
         **os.environ,
         "RLAAS_DATABASE_URL": fresh_database(postgres_url),
-        "RLAAS_BROKER_URL": redis_url.rsplit("/", 1)[0] + f"/{secrets.randbelow(15) + 1}",
+        "RLAAS_BROKER_URL": broker_url(redis_url),
         "RLAAS_WORKER_TOKEN": secrets.token_urlsafe(24),
         "RLAAS_SECRET_KEY": secrets.token_urlsafe(32),
         "RLAAS_DATA_DIR": str(tmp_path / "data"),
