@@ -30,25 +30,6 @@ from rl_core.pipeline.queue import Admission, GroupQueue
 MODEL_DELAY_S = 0.0  # environment latency dominates: the engine answers at once
 
 
-class WindowAdmission(Admission):
-    """At most ``window`` groups started and not yet consumed, with no staleness gate.
-
-    The collector alone has no trainer to version it; this keeps C in flight forever.
-    """
-
-    def __init__(self, window: int) -> None:
-        super().__init__(batch_groups=1, max_staleness=10**9, version=0)
-        self.window = window
-
-    @property
-    def capacity(self) -> int:
-        return self.window - self.outstanding
-
-    def consume(self) -> None:
-        super().consume()
-        self.set_version(self.version)  # wakes the collector: a slot is free
-
-
 @dataclasses.dataclass
 class Measured:
     episodes: int
@@ -66,8 +47,12 @@ async def collect(
 ) -> Measured:
     recorder = SpanRecorder()
     engine = DelayEngine(MODEL_DELAY_S)
+    # Async: the pipeline's own admission by episode (C in flight); no trainer versions
+    # it here, so the staleness bound is set out of reach.
     admission = (
-        Admission(batch_groups=n, max_staleness=0, version=0) if sync else WindowAdmission(c)
+        Admission(batch_groups=n, max_staleness=0, version=0)
+        if sync
+        else Admission(batch_groups=1, max_staleness=10**9, version=0, episodes=c)
     )
     queue = GroupQueue(admission=admission, policy="drop", requeue=lambda task: None, maxsize=4 * c)
     collector = Collector(

@@ -325,11 +325,12 @@ class AlgorithmSpec(_Section):
 
 
 class StalenessSpec(_Section):
-    """How old a trajectory may be when the trainer consumes it.
+    """How old a token may be when the trainer trains on it.
 
-    Staleness is the policy-version gap counted from when an episode *started*
-    (the version that produced its first token) to when the trainer consumes
-    it. ``max_staleness=0`` is fully on-policy.
+    Staleness is the policy-version gap from the version that sampled a model
+    call to the trainer's when it trains on it: no token older than
+    ``max_staleness`` versions is trained on (older calls are masked out of the
+    loss; docs/lifecycle.md). ``max_staleness=0`` is fully on-policy.
     """
 
     mode: Literal["async", "sync"] = "async"

@@ -247,6 +247,7 @@ class Agent:
             args["tokens"] = len(completion.tokens)
         if traj.turns == 0:
             traj.policy_version = completion.policy_version
+        traj.turn_versions.append(completion.policy_version)
         return completion
 
     async def _env_call(self, traj: Trajectory, call: str, aw: Any, *, turn: int = 0) -> Any:

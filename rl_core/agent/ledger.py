@@ -78,6 +78,9 @@ class Trajectory:
     end_state: EpisodeEnd = "truncated"
     end_reason: str | None = None
     policy_version: int = 0  # the policy that started the episode (its first model call)
+    # The policy that sampled each model call (its first token), in turn order: an episode
+    # in flight across weight updates goes on under the newer policies.
+    turn_versions: list[int] = dataclasses.field(default_factory=list)
     sampling: dict[str, float | int] = dataclasses.field(default_factory=dict)
     error: str | None = None
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -98,6 +101,14 @@ class Trajectory:
     @property
     def model_tokens(self) -> int:
         return sum(s.model_tokens for s in self.samples)
+
+    @property
+    def oldest_version(self) -> int:
+        return min(self.turn_versions, default=self.policy_version)
+
+    @property
+    def newest_version(self) -> int:
+        return max(self.turn_versions, default=self.policy_version)
 
     @property
     def total_tokens(self) -> int:

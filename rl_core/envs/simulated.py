@@ -10,13 +10,15 @@ inputs (E[W], tail CV).
 - ``search``: step m = 1.5 s, sigma 1.0; turns m = 12, cap 128; time scale 1/30.
 - ``swe``: 85 % steps m = 0.3 s sigma 0.6, 15 % m = 15 s sigma 0.7; turns m = 40,
   cap 100; time scale 1/10.
+- ``long-tail``: step m = 50 ms, sigma 1.0; turns m = 12, sigma 1.0, cap 32 (the
+  workload of Tunix's agentic benchmark, which issue #20's figures use).
 - ``adversarial-tail``: the ``base`` preset (``search`` unless given) with
   sigma 1.5 on every step and 1 % of steps timing out: such a step hangs for
   ``timeout_s`` (scaled), then fails as an `EnvironmentFailure`, as a
   webhook call that times out would.
 
-Turn counts use a log-sd of ``turns_sigma`` (0.5; the presets give only
-the median and cap). Latencies are multiplied by ``time_scale``.
+Turn counts use a log-sd of ``turns_sigma`` (unset: the preset's, 0.5 unless it
+says). Latencies are multiplied by ``time_scale``.
 
 Reward: ``reward: "echo"`` (default) pays 1/turns for each reply that
 contains ``keyword`` ("ok", which every prompt asks for), so a policy can
@@ -52,12 +54,14 @@ class Preset:
     turns_cap: int
     time_scale: float = 1.0
     timeout_rate: float = 0.0
+    turns_sigma: float = 0.5
 
 
 PRESETS: dict[str, Preset] = {
     "tool-light": Preset((Latency(1.0, 0.020, 0.5),), 3, 10),
     "search": Preset((Latency(1.0, 1.5, 1.0),), 12, 128, time_scale=1 / 30),
     "swe": Preset((Latency(0.85, 0.3, 0.6), Latency(0.15, 15.0, 0.7)), 40, 100, time_scale=1 / 10),
+    "long-tail": Preset((Latency(1.0, 0.050, 1.0),), 12, 32, turns_sigma=1.0),
 }
 
 
@@ -66,7 +70,7 @@ class SimConfig:
     preset: str = "tool-light"
     base: str = "search"  # what adversarial-tail makes heavy-tailed
     time_scale: float | None = None  # None: the preset's
-    turns_sigma: float = 0.5
+    turns_sigma: float | None = None  # None: the preset's
     timeout_rate: float | None = None  # None: the preset's
     timeout_s: float = 30.0  # before time_scale
     reward: str = "echo"
@@ -93,6 +97,8 @@ class SimConfig:
             preset = dataclasses.replace(preset, time_scale=self.time_scale)
         if self.timeout_rate is not None:
             preset = dataclasses.replace(preset, timeout_rate=self.timeout_rate)
+        if self.turns_sigma is not None:
+            preset = dataclasses.replace(preset, turns_sigma=self.turns_sigma)
         return preset
 
 
@@ -109,7 +115,7 @@ class EpisodePlan:
 def plan_episode(cfg: SimConfig, seed: int) -> EpisodePlan:
     """The turns and step latencies of episode ``seed``, deterministically."""
     preset, rng = cfg.resolved(), random.Random(seed)
-    turns = rng.lognormvariate(math.log(preset.turns_median), cfg.turns_sigma)
+    turns = rng.lognormvariate(math.log(preset.turns_median), preset.turns_sigma)
     n = min(preset.turns_cap, max(1, round(turns)))
     weights = [s.weight for s in preset.steps]
     latencies, timeouts = [], []

@@ -8,7 +8,9 @@ its episode's reward (PPO's trainer ignores the advantage
 and runs GAE from the reward on the row's last model token instead; with
 terminal rewards and gamma = 1 that is the episode's return for every sample).
 Rows come in multiples of the run's batch size, so the train step compiles
-once per length bucket, not once per batch.
+once per length bucket, not once per batch. The tokens of model calls sampled
+before the group's ``fresh_from`` version are masked out of the loss (see
+`rl_core.pipeline.queue`); their episode's reward still counts in its group.
 """
 
 from __future__ import annotations
@@ -60,10 +62,10 @@ def build_batch(
     advs: list[float | list[float]] = []
     row_rewards: list[float] = []
     for i, group in enumerate(ordered):
-        for t in sorted(group.kept, key=lambda t: t.member):
+        for t in sorted(group.to_train, key=lambda t: t.member):
             for sample in t.samples:
                 tokens.append(sample.tokens)
-                masks.append(sample.loss_mask)
+                masks.append(fresh_mask(sample, t.turn_versions, group.fresh_from))
                 logprobs.append(sample.logprobs)
                 advs.append(advantage(i, t, sample))
                 row_rewards.append(t.reward)
@@ -78,6 +80,16 @@ def build_batch(
         min_length=min_length,
         rewards=row_rewards,
     )
+
+
+def fresh_mask(sample: Sample, turn_versions: Sequence[int], fresh_from: int) -> list[int]:
+    """The sample's loss mask without the tokens of calls sampled before ``fresh_from``."""
+    if not turn_versions or min(turn_versions) >= fresh_from:
+        return sample.loss_mask
+    return [
+        m if turn < 0 or turn >= len(turn_versions) or turn_versions[turn] >= fresh_from else 0
+        for m, turn in zip(sample.loss_mask, sample.turns, strict=True)
+    ]
 
 
 def episode_credit(
@@ -116,4 +128,4 @@ def turn_credit(
     return np.asarray(adv)
 
 
-__all__ = ["build_batch", "episode_credit", "turn_credit"]
+__all__ = ["build_batch", "episode_credit", "fresh_mask", "turn_credit"]

@@ -1,5 +1,9 @@
 """The collector: many episodes in flight on one event loop, released to the queue by group.
 
+At most ``concurrency`` episodes run at once; `Admission` says when the next
+group may start (in async runs, as soon as fewer than ``concurrency`` episodes
+are unfinished: an episode that ends frees its place at once).
+
 Work is a sequence of tasks (`GroupTask`), numbered from 0; task ``i`` is a
 GRPO group of ``group_size`` episodes sharing the environment seed of ``i``.
 Seeds come from (run seed, task index, member), never from a clock or from
@@ -8,6 +12,10 @@ the order episodes finish, so a task played twice plays the same game.
 The collector's position is ``next_index`` plus the tasks started but not
 consumed (in flight, queued, or requeued). A checkpoint stores it; a resumed
 run replays those tasks first, so no task is skipped and none is trained twice.
+
+Stragglers: in async runs a group whose finished members would otherwise pass
+the staleness bound while a straggler runs is sent in two parts
+(`_send_first_part`; `rl_core.pipeline.queue` explains the bound).
 
 Group rule, on failures: episodes that ended ``timeout``, ``env_error`` or
 ``cancelled`` are removed from their group (and counted by reason), never
@@ -117,13 +125,44 @@ class Collector:
     async def _play_group(self, task: GroupTask) -> None:
         async with asyncio.TaskGroup() as tg:
             episodes = [tg.create_task(self._episode(task, k)) for k in range(self.group_size)]
+            # Async runs (admission by episode) only: sync ones keep groups whole.
+            split = self.admission.episodes is not None
+            sent = await self._send_first_part(task, episodes) if split else None
         group = Group(task=task, trajectories=[e.result() for e in episodes])
         del self._started[task]
-        if len(group.kept) < self.min_survivors():
+        if sent is not None:
+            group.part, group.train = "rest", frozenset(range(self.group_size)) - sent
+        if len(group.kept) < self.min_survivors() or not group.to_train:
             self.dropped_groups += 1
-            self.admission.release()
+            self.admission.release(group)
             return
         await self.queue.put(group)
+
+    async def _send_first_part(
+        self, task: GroupTask, episodes: list[asyncio.Task[Trajectory]]
+    ) -> frozenset[int] | None:
+        """While stragglers run: when the finished members' oldest calls are about to pass
+        the staleness bound, send them to the trainer as the group's first part (trained
+        against their own mean). Returns the members sent, None if the group stayed whole."""
+        while not all(e.done() for e in episodes):
+            version_changed = self.admission.version_changed
+            wake = asyncio.ensure_future(version_changed.wait())
+            try:
+                await asyncio.wait(
+                    [*(e for e in episodes if not e.done()), wake],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                wake.cancel()
+            ended = [e for e in episodes if e.done() and not e.cancelled()]
+            done = [e.result() for e in ended if e.exception() is None]
+            kept = [t for t in done if t.kept]
+            if len(kept) < self.min_survivors() or len(done) == len(episodes):
+                continue
+            if self.admission.expiring(min(t.oldest_version for t in kept)):
+                await self.queue.put(Group(task=task, trajectories=kept, part="first"))
+                return frozenset(t.member for t in kept)
+        return None
 
     async def _episode(self, task: GroupTask, member: int) -> Trajectory:
         suffix = f"-r{task.attempt}" if task.attempt else ""
@@ -148,6 +187,7 @@ class Collector:
             raise
         finally:
             del self.inflight[episode_id]
+            self.admission.episode_ended()
         if traj.error and self.first_error is None:
             self.first_error = f"{traj.end_reason}: {traj.error}"
         self.finished.append(traj)

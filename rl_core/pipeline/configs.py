@@ -38,7 +38,9 @@ def engine_config(spec: JobSpec, tokenizer: Tokenizer) -> EngineConfig:
     r, ag = spec.rollout, spec.agent
     # One fixed row count for generation: as episodes finish, later turns
     # batch fewer rows, and padding them is cheaper than compiling again.
-    rows = next_bucket(min(r.concurrency, spec.batch_size * (spec.staleness.max_staleness + 1)), 1)
+    # Async runs keep up to `concurrency` episodes in flight; sync ones one batch.
+    in_flight = spec.batch_size if spec.staleness.mode == "sync" else r.concurrency
+    rows = next_bucket(min(r.concurrency, in_flight), 1)
     single = ag.max_context <= SINGLE_BUCKET_CONTEXT
     length = next_bucket(ag.max_context, 1) if single else 32
     return EngineConfig(
@@ -143,6 +145,7 @@ def pipeline_config(spec: JobSpec) -> PipelineConfig:
         group_size=spec.rollout.group_size,
         mode=spec.staleness.mode,
         max_staleness=spec.staleness.max_staleness,
+        concurrency=spec.rollout.concurrency,
         stale_policy=spec.staleness.policy,
         checkpoint_interval=t.checkpoint_interval,
         eval_interval=t.eval_interval,

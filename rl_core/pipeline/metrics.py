@@ -9,7 +9,12 @@ reading. Names, all floats:
 - ``failures/<reason>``: episodes removed from the batch (not the policy's
   doing), by end reason; ``groups/{dropped_failed,dropped_stale,requeued}``.
 - ``staleness/{mean,max}`` and ``staleness/bucket_<k>`` for k = 0..max_staleness:
-  the histogram of the groups consumed (see `rl_core.pipeline.queue`).
+  the histogram, over the episodes trained on, of the oldest token trained on
+  (see `rl_core.pipeline.queue`); ``stale/calls_masked``: model calls left out
+  of the loss for being older than the bound; ``stale/episodes_untrained``:
+  finished episodes of consumed groups with no call fresh enough to train on;
+  ``groups/split``: groups whose finished members went to the trainer ahead of
+  their stragglers.
 - ``tokens_per_s``, ``trajectories_per_s``: model tokens and finished
   episodes over the step's wall time; ``queue/depth``.
 - ``trainer/{busy,blocked,idle}_frac``: computing (train step, weight sync) /
@@ -69,7 +74,7 @@ class StepMeter:
         policy_version: int,
     ) -> dict[str, float]:
         last, self._last = self._last, readings
-        used = [t for g in groups for t in g.kept]
+        used = [t for g in groups for t in g.to_train]
         rewards = np.array([t.reward for t in used] or [0.0], np.float64)
         ends = Counter(t.end_state for t in finished)
         failures = Counter(t.end_reason or t.end_state for t in finished if not t.kept)
@@ -104,6 +109,13 @@ class StepMeter:
                     readings.gate.dropped_stale - last.gate.dropped_stale
                 ),
                 "groups/requeued": float(readings.gate.requeued - last.gate.requeued),
+                "groups/split": float(readings.gate.split - last.gate.split),
+                "stale/calls_masked": float(
+                    readings.gate.calls_masked_stale - last.gate.calls_masked_stale
+                ),
+                "stale/episodes_untrained": float(
+                    readings.gate.episodes_untrained_stale - last.gate.episodes_untrained_stale
+                ),
                 "staleness/mean": float(stale.mean()),
                 "staleness/max": float(stale.max()),
                 **{

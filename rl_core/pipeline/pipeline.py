@@ -76,6 +76,7 @@ class PipelineConfig:
     group_size: int
     mode: str = "async"
     max_staleness: int = 1
+    concurrency: int = 64  # episodes in flight at most (rollout.concurrency)
     stale_policy: str = "drop"
     checkpoint_interval: int = 0
     eval_interval: int = 0
@@ -116,15 +117,23 @@ class Pipeline:
         self.checkpointer = checkpointer
         self.evaluator = evaluator
         self.start_step = start_step
-        bound = 0 if config.mode == "sync" else config.max_staleness
+        sync = config.mode == "sync"
+        bound = 0 if sync else config.max_staleness
         self.admission = Admission(
-            batch_groups=config.batch_groups, max_staleness=bound, version=start_step
+            batch_groups=config.batch_groups,
+            max_staleness=bound,
+            version=start_step,
+            # Async: admission by episode, up to `concurrency` unfinished (see queue.py).
+            episodes=None if sync else config.concurrency,
+            group_size=config.group_size,
         )
         self.queue = GroupQueue(
             admission=self.admission,
             policy="requeue" if config.stale_policy == "requeue" else "drop",
             requeue=lambda task: self.collector.requeue(task),
-            maxsize=(bound + 1) * config.batch_groups,
+            # Admission keeps at most max(M, 1) batches waiting when a group may start;
+            # the groups in flight then may all finish before the trainer takes one.
+            maxsize=(max(bound, 1) + 1) * config.batch_groups + config.concurrency,
         )
         self.collector = collector_factory(self.admission, self.queue)
         self.trainer_state, self.trainer_since = "idle", time.monotonic()
@@ -226,18 +235,20 @@ class Pipeline:
         return TrainResult(steps_completed=done, stopped_early=stopped, final_metrics=final)
 
     async def _gather(self, step: int) -> tuple[list[Group] | None, float]:
-        """B groups for this step, or None when a stop arrives first (they are given back)."""
+        """B groups' worth of episodes for this step (B groups, unless some came in two
+        parts), or None when a stop arrives first (they are given back)."""
         self._set_trainer("waiting_for_trajectories")
         groups: list[Group] = []
+        wanted = self.config.batch_groups * self.config.group_size
         failed_before = self.collector.dropped_groups
         started = time.perf_counter()
         with self.recorder.span("queue_wait", track="trainer", step=step) as args:
-            while len(groups) < self.config.batch_groups:
+            while sum(g.members for g in groups) < wanted:
                 try:
                     groups.append(await asyncio.wait_for(self.queue.take(), STOP_POLL_S))
                 except TimeoutError:
                     if self.control.stop_requested:
-                        self.admission.unconsume(len(groups))
+                        self.admission.unconsume(groups)
                         self.collector.unconsume([g.task for g in groups])
                         args["stopped"] = True
                         return None, time.perf_counter() - started
@@ -330,7 +341,7 @@ class Pipeline:
         self._flush_spans()
         n = self.config.trajectories_per_step
         if n:
-            trained = [g.kept[0] for g in sorted(groups, key=lambda g: g.task)][:n]
+            trained = [g.to_train[0] for g in sorted(groups, key=lambda g: g.task)][:n]
             failed = [t for t in finished if not t.kept][:n]
             records = [t.to_record(self.tokenizer, step=step) for t in trained]
             records += [t.to_record(self.tokenizer, step=0) for t in failed]

@@ -24,6 +24,19 @@ def test_plans_are_seeded_and_follow_the_presets() -> None:
     assert not any(t for p in plans for t in p.timeouts)
 
 
+def test_long_tail_is_tunix_s_agentic_workload() -> None:
+    plans = [plan_episode(SimConfig(preset="long-tail"), seed) for seed in range(2000)]
+    steps = [s for p in plans for s in p.latencies_s]
+    assert statistics.median(steps) == pytest.approx(0.05, rel=0.1)
+    log_sd = statistics.stdev(math.log(s) for s in steps)
+    assert log_sd == pytest.approx(1.0, rel=0.1)
+    turns = [p.turns for p in plans]
+    assert statistics.median(turns) == pytest.approx(12, abs=1)
+    assert max(turns) == 32  # the cap binds: log-sd 1.0 puts ~10 % of episodes past it
+    narrow = [plan_episode(SimConfig(preset="long-tail", turns_sigma=0.1), s) for s in range(200)]
+    assert max(p.turns for p in narrow) < 20
+
+
 def test_swe_mixes_slow_test_steps_and_adversarial_tail_times_out() -> None:
     swe = [
         s for seed in range(100) for s in plan_episode(SimConfig(preset="swe"), seed).latencies_s

@@ -208,6 +208,7 @@ def run_pipeline(
             group_size=group_size,
             mode=mode,
             max_staleness=max_staleness,
+            concurrency=concurrency,
             stale_policy=policy,
             checkpoint_interval=checkpoint_interval,
             trajectories_per_step=2,
