@@ -47,12 +47,14 @@ async def collect(
 ) -> Measured:
     recorder = SpanRecorder()
     engine = DelayEngine(MODEL_DELAY_S)
-    # Async: the pipeline's own admission by episode (C in flight); no trainer versions
-    # it here, so the staleness bound is set out of reach.
+    # Async: the pipeline's own admission by episode (C in flight). No trainer versions it
+    # here, so each group taken counts as one version (below), and a bound of C - 1
+    # versions keeps at most C episodes started and not yet taken, as the old window of C
+    # groups did: a collector that starts more than its consumer takes only queues them.
     admission = (
         Admission(batch_groups=n, max_staleness=0, version=0)
         if sync
-        else Admission(batch_groups=1, max_staleness=10**9, version=0, episodes=c)
+        else Admission(batch_groups=1, max_staleness=2 * c - 1, version=0, episodes=c)
     )
     queue = GroupQueue(admission=admission, policy="drop", requeue=lambda task: None, maxsize=4 * c)
     collector = Collector(
@@ -88,6 +90,8 @@ async def collect(
                     group = await asyncio.wait_for(queue.take(), end - now)
                 except TimeoutError:
                     break
+                engine.version = admission.consumed
+                admission.set_version(engine.version)
                 if time.perf_counter() - t0 >= warm_s:  # steady state only (Little's law)
                     counted += len(group.kept)
                     durations += [t.duration_s for t in group.kept]

@@ -14,6 +14,8 @@ Pure Python: importing this module does not start JAX.
 
 from __future__ import annotations
 
+import functools
+import re
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -92,8 +94,15 @@ class BuiltinTokenizer:
         self._pieces: tuple[str, ...] = _SPECIALS + _WORDS + _CHARS
         self._ids = {piece: i for i, piece in enumerate(self._pieces)}
         self._n_special = len(_SPECIALS)
-        self._words_longest_first = sorted(_WORDS, key=len, reverse=True)
         self._role_ids = {role: self._ids[f"<|{role}|>"] for role in ROLES}
+        # Greedy longest match in one compiled scan: at each position the regex tries the
+        # words longest first, then any single character (a Python loop over the words at
+        # every position was most of the collector's event loop, bench B1).
+        words = sorted(_WORDS, key=len, reverse=True)
+        self._scanner = re.compile("|".join(map(re.escape, words)) + "|.", re.DOTALL)
+        # The agent renders the whole conversation again every turn, so most texts it
+        # encodes (the prompt, earlier observations and answers) were encoded before.
+        self._encode_cached = functools.lru_cache(maxsize=8192)(self._encode_text)
 
     @property
     def vocab_size(self) -> int:
@@ -119,18 +128,11 @@ class BuiltinTokenizer:
         return self._ids[piece]
 
     def encode(self, text: str) -> list[int]:
-        ids: list[int] = []
-        i = 0
-        while i < len(text):
-            for word in self._words_longest_first:
-                if text.startswith(word, i):
-                    ids.append(self._ids[word])
-                    i += len(word)
-                    break
-            else:
-                ids.append(self._ids.get(text[i], self.unk_id))
-                i += 1
-        return ids
+        return list(self._encode_cached(text))
+
+    def _encode_text(self, text: str) -> tuple[int, ...]:
+        ids, unk = self._ids, self.unk_id
+        return tuple(ids.get(piece, unk) for piece in self._scanner.findall(text))
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         out = []

@@ -125,8 +125,9 @@ class Collector:
     async def _play_group(self, task: GroupTask) -> None:
         async with asyncio.TaskGroup() as tg:
             episodes = [tg.create_task(self._episode(task, k)) for k in range(self.group_size)]
-            # Async runs (admission by episode) only: sync ones keep groups whole.
-            split = self.admission.episodes is not None
+            # Async runs (admission by episode) only: sync ones keep groups whole. A group
+            # too small to leave a first part of `min_survivors` and a straggler stays whole.
+            split = self.admission.episodes is not None and self.group_size > self.min_survivors()
             sent = await self._send_first_part(task, episodes) if split else None
         group = Group(task=task, trajectories=[e.result() for e in episodes])
         del self._started[task]
