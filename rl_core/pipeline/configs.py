@@ -38,9 +38,10 @@ def engine_config(spec: JobSpec, tokenizer: Tokenizer) -> EngineConfig:
     r, ag = spec.rollout, spec.agent
     # One fixed row count for generation: as episodes finish, later turns
     # batch fewer rows, and padding them is cheaper than compiling again.
-    # Async runs keep up to `concurrency` episodes in flight; sync ones one batch.
-    in_flight = spec.batch_size if spec.staleness.mode == "sync" else r.concurrency
-    rows = next_bucket(min(r.concurrency, in_flight), 1)
+    # In flight at most: one batch in sync runs; in async ones `concurrency`, and no more
+    # than the staleness bound lets start ahead of the trainer ((M + 1) batches).
+    ahead = 1 if spec.staleness.mode == "sync" else spec.staleness.max_staleness + 1
+    rows = next_bucket(min(r.concurrency, spec.batch_size * ahead), 1)
     single = ag.max_context <= SINGLE_BUCKET_CONTEXT
     length = next_bucket(ag.max_context, 1) if single else 32
     return EngineConfig(
