@@ -3,55 +3,43 @@
 A webhook URL makes rlaas send requests on a tenant's behalf, so it is a
 server-side request forgery risk: the address must not reach the cloud's
 metadata service, link-local services or (on a server) the private network,
-unless the operator says so in ``RLAAS_ENV_URL_ALLOWLIST``, a comma-separated
-list of entries:
+unless the operator says so in ``RLAAS_ENV_URL_ALLOWLIST``. The entries and the
+rule (every address a name resolves to must be allowed) are
+``rl_core.protocol.addresses``, which the worker applies too; this module parses
+a URL, resolves its host and applies the rule to it.
 
-==============  ==========================================================
-``public``      any public unicast address
-``loopback``    127.0.0.0/8 and ::1
-``private``     10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7
-``<CIDR>``      e.g. ``10.1.0.0/16``; the only way to allow link-local or
-                metadata addresses (``169.254.169.254/32``)
-``<host>``      an exact host name, e.g. ``envs.example.com``
-``*.<domain>``  any name under the domain
-==============  ==========================================================
+Unset, the allowlist is ``public`` on a server and ``public,loopback`` on the
+embedded default, where an environment usually runs on the same machine;
+private networks are opt-in everywhere. Workers read the same variable with
+the same defaults.
 
-Unset, it is ``public`` on a server and ``public,loopback`` on the embedded
-default, where an environment usually runs on the same machine; private
-networks are opt-in everywhere.
-
-Every address a name resolves to must be allowed (a name that resolves to one
-public and one private address is refused). A host entry allows its name,
-but its addresses must still not be link-local or metadata unless a CIDR entry
-covers them. The check runs at registration and again before each call the
-control plane makes (``/check``), so a name re-pointed since registration is
-caught; a resolver that answers differently between the check and the
-connection (DNS rebinding inside milliseconds) is not.
+The check runs at registration and again before each call the control plane
+makes (``/check``), so a name re-pointed since registration is refused here.
+A name re-pointed later, or a resolver that answers differently between this
+check and a connection (DNS rebinding), is caught by the worker: it checks the
+addresses a name resolves to as it connects, and connects only to those
+(``rl_core.envs.transport``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
-from dataclasses import dataclass
+from typing import Self
 from urllib.parse import urlsplit
 
 from app.settings import SettingsError
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-_CLASSES = ("public", "loopback", "private")
-METADATA_HOSTS = frozenset(
-    {"metadata", "metadata.google.internal", "metadata.goog", "instance-data",
-     "instance-data.ec2.internal", "metadata.azure.com"}
-)  # fmt: skip
-METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(a)
-    for a in ("169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254")
+from rl_core.protocol import addresses
+from rl_core.protocol.addresses import (
+    METADATA_ADDRESSES,
+    METADATA_HOSTS,
+    IPAddress,
+    Network,
+    classify,
+    ip_literal,
+    parse_address,
 )
-_SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT: private in practice
+
 RESOLVE_TIMEOUT_S = 5.0
 
 
@@ -63,69 +51,16 @@ class UrlUnresolvable(UrlRefused):
     """The URL's host name does not resolve (now): a DNS problem, not a policy one."""
 
 
-@dataclass(frozen=True)
-class Allowlist:
-    classes: frozenset[str]
-    networks: tuple[Network, ...]
-    hosts: frozenset[str]
-    domains: tuple[str, ...]  # ".example.com" for "*.example.com"
+class Allowlist(addresses.Allowlist):
+    """`rl_core.protocol.addresses.Allowlist`, whose bad entry fails the API's start-up as
+    a `SettingsError`."""
 
     @classmethod
-    def parse(cls, text: str | None, *, embedded: bool) -> Allowlist:
-        if text is None or not text.strip():
-            text = "public,loopback" if embedded else "public"
-        classes: set[str] = set()
-        networks: list[Network] = []
-        hosts: set[str] = set()
-        domains: list[str] = []
-        for raw in text.split(","):
-            entry = raw.strip().lower()
-            if not entry:
-                continue
-            if entry in _CLASSES:
-                classes.add(entry)
-            elif entry.startswith("*."):
-                domains.append(entry[1:])
-            elif any(c in entry for c in "/:") or entry.replace(".", "").isdigit():
-                try:
-                    networks.append(ipaddress.ip_network(entry, strict=False))
-                except ValueError as exc:
-                    raise SettingsError(
-                        f"RLAAS_ENV_URL_ALLOWLIST entry {raw.strip()!r} is not a CIDR: {exc}"
-                    ) from None
-            else:
-                hosts.add(entry.rstrip("."))
-        return cls(frozenset(classes), tuple(networks), frozenset(hosts), tuple(domains))
-
-    def names(self, host: str) -> bool:
-        return host in self.hosts or any(host.endswith(d) for d in self.domains)
-
-    def address_refusal(self, ip: IPAddress, *, named: bool) -> str | None:
-        """None if ``ip`` may be called; else why not, in words."""
-        if any(ip in net for net in self.networks):
-            return None
-        kind = classify(ip)
-        if kind in ("metadata", "link-local", "reserved"):
-            return f"{ip} is a {kind} address"
-        if named or kind in self.classes:
-            return None
-        return f"{ip} is a {kind} address and RLAAS_ENV_URL_ALLOWLIST does not allow {kind}"
-
-
-def classify(ip: IPAddress) -> str:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip in METADATA_ADDRESSES:
-        return "metadata"
-    if ip.is_link_local:
-        return "link-local"
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
-        return "reserved"
-    if ip.is_private or ip in _SHARED:
-        return "private"
-    return "public" if ip.is_global else "reserved"
+    def parse(cls, text: str | None, *, embedded: bool) -> Self:
+        try:
+            return super().parse(text, embedded=embedded)
+        except addresses.AllowlistError as exc:
+            raise SettingsError(str(exc)) from None
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -160,30 +95,34 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
         raise UrlUnresolvable(
             f"host {host!r} does not resolve (DNS): {exc or 'timed out'}"
         ) from None
-    return sorted(
-        {ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos}, key=str
-    )
+    return sorted({parse_address(str(info[4][0])) for info in infos}, key=str)
 
 
-async def check_url(url: str, allowlist: Allowlist) -> str:
+async def check_url(url: str, allowlist: addresses.Allowlist) -> str:
     """The normalised URL if every address it reaches is allowed; else UrlRefused."""
     normalised, host = parse_url(url)
-    named = allowlist.names(host)
-    if host in METADATA_HOSTS and not named:
-        raise UrlRefused(
-            f"url points at the cloud metadata service ({host}); that is never allowed"
-        )
-    try:
-        literal: IPAddress | None = ipaddress.ip_address(host)
-    except ValueError:
-        literal = None
-    if literal is None and not named and not allowlist.classes:
-        raise UrlRefused(f"host {host} is not in RLAAS_ENV_URL_ALLOWLIST")
-    port = urlsplit(normalised).port or (443 if normalised.startswith("https") else 80)
-    addresses = [literal] if literal is not None else await resolve(host, port)
-    for ip in addresses:
-        why = allowlist.address_refusal(ip, named=named)
-        if why is not None:
-            where = "" if literal is not None else f"host {host} resolves to "
-            raise UrlRefused(f"url is refused: {where}{why}; see RLAAS_ENV_URL_ALLOWLIST")
+    # The name alone first: a metadata name is refused without asking DNS about it.
+    why = allowlist.host_refusal(host)
+    if why is None:
+        literal = ip_literal(host)
+        port = urlsplit(normalised).port or (443 if normalised.startswith("https") else 80)
+        found = [literal] if literal is not None else await resolve(host, port)
+        why = allowlist.refusal(host, found)
+    if why is not None:
+        raise UrlRefused(f"url is refused: {why}")
     return normalised
+
+
+__all__ = [
+    "METADATA_ADDRESSES",
+    "METADATA_HOSTS",
+    "Allowlist",
+    "IPAddress",
+    "Network",
+    "UrlRefused",
+    "UrlUnresolvable",
+    "check_url",
+    "classify",
+    "parse_url",
+    "resolve",
+]

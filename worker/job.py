@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
 from worker.callbacks import HttpCallbackSource
 from worker.heartbeat import Heartbeater
 from worker.settings import WorkerSettings
 from worker.sinks import HttpRunSink
+
+if TYPE_CHECKING:
+    from rl_core.envs.webhook import WebhookTarget
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +63,11 @@ def _train_claimed(
     settings: WorkerSettings,
     token: str,
 ) -> Outcome:
-    from rl_core.envs.webhook import WebhookTarget
     from rl_core.pipeline.runner import train
     from rl_core.spec import confine_model_source, parse_spec
 
     run_id = claim.run_id
-    webhooks = {}
-    if (grant := claim.environment) is not None:
-        webhooks[grant.id] = WebhookTarget(
-            id=grant.id,
-            url=grant.url,
-            secret=grant.secret,
-            timeout_s=grant.timeout_s,
-            max_concurrency=grant.max_concurrency,
-        )
+    webhooks = webhook_targets(claim, settings)
     resume_from = None
     if claim.checkpoint is not None:
         resume_from = claim.checkpoint.uri
@@ -113,6 +107,26 @@ def _train_claimed(
         return "cancelled"
     api.report_status(run_id, "succeeded")
     return "succeeded"
+
+
+def webhook_targets(claim: Claim, settings: WorkerSettings) -> dict[str, WebhookTarget]:
+    """The run's webhook environment, if it has one, connecting only where this worker's
+    ``RLAAS_ENV_URL_ALLOWLIST`` allows (checked at every connection, not only at
+    registration: a name re-pointed since then is refused)."""
+    from rl_core.envs.webhook import WebhookTarget
+
+    grant = claim.environment
+    if grant is None:
+        return {}
+    target = WebhookTarget(
+        id=grant.id,
+        url=grant.url,
+        secret=grant.secret,
+        timeout_s=grant.timeout_s,
+        max_concurrency=grant.max_concurrency,
+        allowlist=settings.env_allowlist(),
+    )
+    return {grant.id: target}
 
 
 _PATH = re.compile(r"(?<![\w:/.])/(?:[\w.+@-]+/)*[\w.+@-]+")

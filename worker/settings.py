@@ -5,6 +5,10 @@ and the token that proves it is a worker. It never gets database credentials.
 Unset, they mean the embedded default that ``rlaas quickstart`` uses: a
 SQLite-file broker and a control plane on loopback, sharing one data folder
 (where the control plane left the worker token it generated).
+
+It also decides where webhook environments may be reached from it
+(``RLAAS_ENV_URL_ALLOWLIST``, as the control plane reads it, with the same
+defaults): a worker checks every connection it makes to an environment.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import os
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rl_core.protocol.addresses import Allowlist
 
 
 class WorkerSettings(BaseSettings):
@@ -39,6 +45,26 @@ class WorkerSettings(BaseSettings):
 
     # Where hf:/gguf: model sources of runs are found: a spec names a path inside it.
     models_path: Path | None = None
+
+    # Where webhook environments may be reached (rl_core.protocol.addresses documents the
+    # entries), checked at every connection the worker makes. Unset: "public" with a
+    # server broker; "public,loopback" on the embedded default, as the control plane.
+    env_url_allowlist: str | None = None
+
+    @field_validator("env_url_allowlist")
+    @classmethod
+    def _allowlist_parses(cls, value: str | None) -> str | None:
+        Allowlist.parse(value, embedded=False)  # a bad entry stops the worker at start-up
+        return value
+
+    @property
+    def embedded(self) -> bool:
+        """The embedded default: a SQLite-file broker, so the control plane and this worker
+        share one machine (a worker holds no database URL to tell it by, as the API does)."""
+        return self.broker_url is None or self.broker_url.startswith("sqla+sqlite")
+
+    def env_allowlist(self) -> Allowlist:
+        return Allowlist.parse(self.env_url_allowlist, embedded=self.embedded)
 
     def artifacts_dir(self) -> Path:
         return self.artifacts_path or self.data_dir / "artifacts"

@@ -10,6 +10,8 @@ must fail the run (the collector lets it through)::
     │   └── WebhookError              a call to the environment server failed
     │       ├── WebhookUnavailable    connection error, timeout or 5xx/429, after the retries
     │       ├── WebhookRejected       a 4xx answer (bad signature, bad request): not retried
+    │       ├── WebhookAddressRefused the URL's host is, or resolves to, an address the
+    │       │                         allowlist does not allow: no connection, not retried
     │       ├── WebhookProtocolError  a 2xx answer whose body is not the protocol's shape
     │       ├── DeferredTimeout       a deferred step's result did not arrive before its deadline
     │       └── CircuitOpen           the endpoint failed repeatedly; calls are held off
@@ -35,6 +37,11 @@ class WebhookRejected(WebhookError):
     def __init__(self, target_id: str, message: str, status: int) -> None:
         super().__init__(target_id, message)
         self.status = status
+
+
+class WebhookAddressRefused(WebhookError):
+    """No request was sent: the host is, or now resolves to, an address that
+    ``RLAAS_ENV_URL_ALLOWLIST`` does not allow (checked as the connection is made)."""
 
 
 class WebhookProtocolError(WebhookError):

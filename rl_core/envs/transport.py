@@ -6,6 +6,18 @@ default is aiohttp: at 256 requests in flight httpx/httpcore spent most of the
 worker's event loop on its pool (httpcore 1.0.9 scans every pooled connection
 for every request, httpcore#1035), while aiohttp's connector hands out an idle
 connection from a per-host list (bench/b13_webhook_call.py measures both).
+
+Where it may connect is checked as it connects (server-side request forgery):
+aiohttp resolves an environment's host name through `CheckingResolver`, which
+refuses the connection unless every address the name resolves to is allowed by
+the `Allowlist` (``RLAAS_ENV_URL_ALLOWLIST``, `rl_core.protocol.addresses`),
+and aiohttp then connects to exactly those addresses, with the URL's name in
+the Host header and as TLS SNI. An IP-literal URL never reaches a resolver, so
+`AiohttpTransport.post` checks it itself. So a name re-pointed after it was
+registered, or one that rebinds between the control plane's check and the
+connection, cannot reach metadata, link-local or (on a server) private
+addresses. Redirects are never followed. A refusal is `AddressRefused`, which
+`WebhookEnvironment` does not retry.
 """
 
 from __future__ import annotations
@@ -13,12 +25,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import socket
 import ssl
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Protocol
 
 import aiohttp
 import certifi
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
+
+from rl_core.protocol.addresses import Allowlist, ip_literal, parse_address
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,6 +55,40 @@ class TransportError(Exception):
     """
 
 
+class AddressRefused(TransportError):
+    """No connection was tried: the host is, or resolves to, an address the allowlist does
+    not allow. A policy refusal, not a network error: retrying cannot help.
+
+    The message names the host, the address and the rule, and reaches the tenant.
+    """
+
+
+class CheckingResolver(AbstractResolver):
+    """aiohttp's resolver, refusing any host name that is not allowed or that resolves to
+    an address that is not (`AddressRefused`); what it returns is what aiohttp connects
+    to. Answers are checked before aiohttp's DNS cache keeps them, so a cached answer
+    is a checked one."""
+
+    def __init__(self, allowlist: Allowlist, inner: AbstractResolver | None = None) -> None:
+        self.allowlist = allowlist
+        # aiohttp's own default (threaded getaddrinfo, or aiodns when installed).
+        self._inner = inner if inner is not None else aiohttp.DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        why = self.allowlist.host_refusal(host)  # a metadata name is never looked up
+        if why is None:
+            found = await self._inner.resolve(host, port, family)
+            why = self.allowlist.refusal(host, [parse_address(r["host"]) for r in found])
+            if why is None:
+                return found
+        raise AddressRefused(f"refused to connect: {why}")
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
 class Transport(Protocol):
     """One per event loop. ``post`` raises `TimeoutError` when the whole answer has not
     arrived within ``timeout_s``, `TransportError` for any other failure to get one."""
@@ -53,14 +104,26 @@ TransportFactory = Callable[[int], Transport]  # (max connections) -> a transpor
 
 
 class AiohttpTransport:
-    """aiohttp's `ClientSession`, its pool sized to the environment's ``max_concurrency``.
+    """aiohttp's `ClientSession`, its pool sized to the environment's ``max_concurrency``,
+    connecting only where ``allowlist`` allows (`CheckingResolver`; ``resolver`` is the
+    DNS under it, aiohttp's default unless given).
 
     Made inside the event loop it will serve.
     """
 
-    def __init__(self, max_connections: int) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        *,
+        allowlist: Allowlist,
+        resolver: AbstractResolver | None = None,
+    ) -> None:
+        self.allowlist = allowlist
+        # aiohttp closes only a resolver it made itself: this one is closed with the session.
+        self._resolver = CheckingResolver(allowlist, resolver)
         connector = aiohttp.TCPConnector(
             limit=max_connections,
+            resolver=self._resolver,
             ssl=tls_context(),
             # Idle connections are dropped before the 5 s after which uvicorn and Node close
             # theirs, so a request is not sent down a connection the server is closing
@@ -81,7 +144,7 @@ class AiohttpTransport:
         # transport whose owner never calls `aclose` still closes its connections in the
         # loop that opened them, instead of "Unclosed client session" errors when the
         # garbage collector finds it after the loop is gone.
-        self._guard = _closing(self._session)
+        self._guard = _closing(self._session, self._resolver)
         self._guarded = False
 
     async def post(
@@ -90,6 +153,9 @@ class AiohttpTransport:
         if not self._guarded:
             self._guarded = True
             await anext(self._guard)  # its first step registers it with the running loop
+        why = _literal_refusal(self.allowlist, url)
+        if why is not None:
+            raise AddressRefused(f"refused to connect: {why}")
         try:
             # One timer for the whole exchange, connect to the last body byte (httpx's
             # float timeout applied to each phase apart).
@@ -107,13 +173,27 @@ class AiohttpTransport:
     async def aclose(self) -> None:
         await self._guard.aclose()  # its ``finally`` closes the session, if it started
         await self._session.close()
+        await self._resolver.close()
 
 
-async def _closing(session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+@functools.lru_cache(maxsize=256)  # an environment calls three URLs, thousands of times
+def _literal_refusal(allowlist: Allowlist, url: str) -> str | None:
+    """Why ``url`` may not be called, when its host is an IP literal, which aiohttp
+    connects to without asking a resolver; None for a name (`CheckingResolver` checks it)
+    or an allowed address."""
+    host = URL(url).raw_host or ""
+    literal = ip_literal(host)
+    return None if literal is None else allowlist.refusal(host, [literal])
+
+
+async def _closing(
+    session: aiohttp.ClientSession, resolver: AbstractResolver
+) -> AsyncGenerator[None, None]:
     try:
         yield
     finally:
         await session.close()
+        await resolver.close()
 
 
 @functools.cache
@@ -123,4 +203,12 @@ def tls_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
-__all__ = ["AiohttpTransport", "Answer", "Transport", "TransportError", "TransportFactory"]
+__all__ = [
+    "AddressRefused",
+    "AiohttpTransport",
+    "Answer",
+    "CheckingResolver",
+    "Transport",
+    "TransportError",
+    "TransportFactory",
+]

@@ -6,8 +6,10 @@ retried with exponential backoff and jitter, within the step's deadline; a
 step is safe to retry because the server keys it by ``(episode_id, step)``.
 A 4xx answer is the server telling us something is wrong with the request
 (a bad signature, an unknown config key): retrying cannot help, so it fails
-at once with the server's reason. A ``202 {"deferred": true}`` step waits on
-the `CallbackSource` until the deadline. At most ``max_concurrency``
+at once with the server's reason; so does a connection the transport refused
+because the host is, or now resolves to, an address the target's allowlist
+does not allow (`WebhookAddressRefused`). A ``202 {"deferred": true}`` step
+waits on the `CallbackSource` until the deadline. At most ``max_concurrency``
 requests are in flight; a circuit breaker holds calls off a failing server;
 and the failure budget turns "many episodes failed" into a run failure
 (`FailureBudgetExhausted`) instead of a run that trains on nothing.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import random
@@ -36,6 +39,7 @@ from rl_core.envs.errors import (
     CircuitOpen,
     DeferredTimeout,
     FailureBudgetExhausted,
+    WebhookAddressRefused,
     WebhookError,
     WebhookProtocolError,
     WebhookRejected,
@@ -43,6 +47,7 @@ from rl_core.envs.errors import (
 )
 from rl_core.envs.resilience import CircuitBreaker, FailureBudget, backoff_s
 from rl_core.envs.transport import (
+    AddressRefused,
     AiohttpTransport,
     Answer,
     Transport,
@@ -50,6 +55,7 @@ from rl_core.envs.transport import (
     TransportFactory,
 )
 from rl_core.protocol import webhook as wire
+from rl_core.protocol.addresses import OWN_MACHINE, Allowlist
 from rl_core.protocol.signing import HEADER, sign
 from rl_core.spec import WebhookCallSpec
 
@@ -62,13 +68,20 @@ CALLBACK_POLL_S = 25.0  # one long-poll of the CallbackSource; the loop runs to 
 
 @dataclasses.dataclass(frozen=True)
 class WebhookTarget:
-    """A registered environment, as the claim answer hands it to the worker."""
+    """A registered environment, as the claim answer hands it to the worker.
+
+    ``allowlist`` is where its URL may lead, checked at every connection: the worker
+    passes the operator's ``RLAAS_ENV_URL_ALLOWLIST`` (``public`` on a server). The
+    default is for a run on one's own machine, with no server (rl_core as a library):
+    public, loopback and private addresses, never link-local or metadata ones.
+    """
 
     id: str
     url: str
     secret: str = dataclasses.field(repr=False)
     timeout_s: float = 30.0
     max_concurrency: int = 64
+    allowlist: Allowlist = OWN_MACHINE
 
 
 class WebhookEnvironment:
@@ -81,7 +94,7 @@ class WebhookEnvironment:
         callbacks: CallbackSource | None = None,
         policy: WebhookCallSpec | None = None,
         seed: int = 0,
-        transport: TransportFactory = AiohttpTransport,
+        transport: TransportFactory | None = None,
     ) -> None:
         self.target = target
         self.callbacks = callbacks
@@ -90,8 +103,11 @@ class WebhookEnvironment:
         self.breaker = CircuitBreaker(self.policy.breaker_failures, self.policy.breaker_cooldown_s)
         self.budget = FailureBudget(self.policy.failure_budget, self.policy.failure_budget_min)
         self._rng = random.Random(seed)
-        # The client and semaphore belong to one event loop; made on first use.
-        self._make_transport = transport
+        # The client and semaphore belong to one event loop; made on first use. A transport
+        # given here is trusted to check addresses itself (tests, benchmarks).
+        self._make_transport = transport or functools.partial(
+            AiohttpTransport, allowlist=target.allowlist
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Transport | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -244,6 +260,10 @@ class WebhookEnvironment:
                 break
             try:
                 response = await self._attempt(client, slots, url, raw, remaining, failure)
+            except AddressRefused as exc:  # policy, not the network: no retry, no breaker
+                raise WebhookAddressRefused(
+                    self.target.id, f"POST {url} was not sent: {exc}; not retried"
+                ) from None
             except TimeoutError:
                 failure = f"POST {url} timed out after {min(self.call_timeout_s, remaining):.3g}s"
                 response = None
@@ -310,8 +330,10 @@ class WebhookEnvironment:
                     {"Content-Type": "application/json", HEADER: sign(self.target.secret, raw)},
                     min(self.call_timeout_s, remaining),
                 )
-            except asyncio.CancelledError:
-                self.breaker.abandon()  # a cancelled probe must not hold the breaker half-open
+            except (asyncio.CancelledError, AddressRefused):
+                # A probe that was cancelled, or refused before it went out, gave no verdict
+                # on the server: it must not hold the breaker half-open.
+                self.breaker.abandon()
                 raise
         finally:
             slots.release()

@@ -24,18 +24,26 @@ from rl_core.envs.errors import (
 from rl_core.envs.resilience import CircuitBreaker, FailureBudget, backoff_s
 from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
 from rl_core.errors import EnvironmentFailure
+from rl_core.protocol.addresses import Allowlist
 from rl_core.spec import WebhookCallSpec
 from sdk.envserver import EnvServer
 from tests.sdk.serving import SECRET, Counted, Scripted, free_port, relay_app, serving
 
 FAST = {"backoff_s": 0.01, "backoff_max_s": 0.05}
+# The servers here are on loopback: say so, rather than lean on the own-machine default.
+LOOPBACK = Allowlist.parse("loopback", embedded=False)
 
 
 def client(
     url: str, *, secret: str = SECRET, concurrency: int = 8, **policy: Any
 ) -> WebhookEnvironment:
     target = WebhookTarget(
-        id="env_t", url=url, secret=secret, timeout_s=5.0, max_concurrency=concurrency
+        id="env_t",
+        url=url,
+        secret=secret,
+        timeout_s=5.0,
+        max_concurrency=concurrency,
+        allowlist=LOOPBACK,
     )
     callbacks = policy.pop("callbacks", None)
     return WebhookEnvironment(
