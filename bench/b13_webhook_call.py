@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import itertools
 import multiprocessing
@@ -55,6 +56,7 @@ from bench.b8_stack import free_port, percentile, table
 from rl_core.envs.base import Action, Reset, Step
 from rl_core.envs.transport import AiohttpTransport, Answer, TransportError, tls_context
 from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
+from rl_core.protocol.addresses import Allowlist
 from rl_core.spec import WebhookCallSpec
 
 SECRET = "bench-secret-0123456789"
@@ -196,7 +198,11 @@ class HttpxSniffioTransport(HttpxTransport):
 CLIENTS: dict[str, Any] = {
     "httpx": HttpxTransport,
     "httpx+sniffio": HttpxSniffioTransport,
-    "aiohttp": AiohttpTransport,
+    # The server is on loopback; the transport checks each connection's address, as the
+    # worker's does.
+    "aiohttp": functools.partial(
+        AiohttpTransport, allowlist=Allowlist.parse("loopback", embedded=False)
+    ),
     "bare": BareTransport,
 }
 
