@@ -15,10 +15,12 @@ the same defaults.
 
 The check runs at registration and again before each call the control plane
 makes (``/check``), so a name re-pointed since registration is refused here.
-A name re-pointed later, or a resolver that answers differently between this
-check and a connection (DNS rebinding), is caught by the worker: it checks the
-addresses a name resolves to as it connects, and connects only to those
-(``rl_core.envs.transport``).
+The worker checks again as it connects, at every connection, and connects only
+to the addresses it checked (``rl_core.envs.transport``), so a name re-pointed
+after registration, or a resolver that answers differently between this check
+and the connection (DNS rebinding), is caught there. The control plane's own
+``/check`` call (httpx, ``app.services.env_check``) still resolves the name
+again after this check: rebinding inside that window is not caught for it.
 """
 
 from __future__ import annotations
