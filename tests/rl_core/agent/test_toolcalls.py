@@ -1,6 +1,13 @@
 from __future__ import annotations
 
-from rl_core.agent.toolcalls import parse_tool_calls, render_tool_call
+import json
+
+from rl_core.agent.toolcalls import (
+    describe_tools,
+    parse_tool_calls,
+    render_tool_call,
+    scan_tool_calls,
+)
 from rl_core.envs import Action, ToolCall
 
 
@@ -77,3 +84,48 @@ def test_render_round_trips() -> None:
     text = render_tool_call("calculator", {"expression": "1 + 1"})
     (call,) = parse_tool_calls(text).tool_calls
     assert (call.name, call.arguments) == ("calculator", {"expression": "1 + 1"})
+
+
+def test_scan_keeps_each_blocks_place_and_its_arguments_as_written() -> None:
+    arguments = '{"expression":  "12 * 7",\n "note": "caf\u00e9 \u2713", "x": [1,2]}'
+    first = f'<tool_call> {{ "arguments" : {arguments} , "name":"calc" }} </tool_call>'
+    second = '<tool_call>{"name": "b", "arguments": "{\\"q\\": 1}"}</tool_call>'
+    third = '<tool_call>{"name": "c", "parameters": {"y" :2}}</tool_call>'
+    text = "Thinking.\n" + first + " and " + second + third + "<tool_call>{oops}</tool_call>"
+    blocks = scan_tool_calls(text)
+    assert [b.ok for b in blocks] == [True, True, True, False]
+    assert [text[b.start : b.end] for b in blocks[:3]] == [first, second, third]
+    assert blocks[0].name == "calc" and blocks[0].arguments_text == arguments
+    assert json.loads(arguments) == blocks[0].arguments
+    assert blocks[1].arguments_text == '{"q": 1}'  # the OpenAI style: the string's own text
+    assert blocks[2].arguments_text == '{"y" :2}'
+    assert blocks[3].error is not None and "invalid JSON" in blocks[3].error
+    # The same reading as parse_tool_calls, which is built on it.
+    parsed = parse_tool_calls(text)
+    assert [c.arguments for c in parsed.tool_calls] == [b.arguments for b in blocks[:3]]
+    assert len(parsed.errors) == 1
+
+
+def test_scan_arguments_when_absent_or_blank_or_repeated() -> None:
+    blocks = scan_tool_calls(
+        '<tool_call>{"name": "a"}</tool_call>'
+        '<tool_call>{"name": "b", "arguments": " "}</tool_call>'
+        '<tool_call>{"name": "c", "arguments": {"v": 1}, "arguments": {"v": 2}}</tool_call>'
+    )
+    assert [b.arguments_text for b in blocks] == ["{}", "{}", '{"v": 2}']
+    assert blocks[2].arguments == {"v": 2}  # the last repeated key, as json.loads keeps it
+
+
+def test_describe_tools_lists_each_schema_in_the_hermes_text() -> None:
+    tools = [
+        {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "search", "description": "Find caf\u00e9s"}},
+    ]
+    text = describe_tools(tools)
+    assert text.startswith("# Tools\n\nYou may call one or more functions")
+    body = text.split("<tools>\n")[1].split("\n</tools>")[0]
+    assert [json.loads(line) for line in body.split("\n")] == tools
+    assert "Find caf\u00e9s" in text  # not escaped to \\u00e9
+    assert text.endswith(
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )

@@ -1,0 +1,117 @@
+"""A chat-completions request as the prompt token ids the policy continues.
+
+The prompt is what the model's chat template renders for the request, through the
+`Tokenizer` protocol the built-in agent uses (``render_messages`` then
+``assistant_prefix``), so a session's model sees what the built-in agent's model
+sees for the same conversation. Three choices make it fit a client that echoes the
+session's own answers back:
+
+- **An assistant message this session produced is rendered from the text the model
+  sampled** (``replies``: the message's content and tool calls -> that text). The
+  answer split the text into content and tool calls, and joining them again would
+  lose what lay between (a newline before a ``<tool_call>``, the JSON's spacing);
+  the sampled text re-renders to the sampled tokens wherever the tokenizer reads it
+  back the same way. Any other assistant message (written or edited by the client)
+  is rendered canonically (`assistant_text`).
+- **Tools are described in the system message** in the Hermes/Qwen text
+  (`rl_core.agent.toolcalls.describe_tools`), appended to the first system message
+  or as a new one. The `Tokenizer` protocol renders messages only, and small
+  models' templates (SmolLM2's) drop a ``tools`` list anyway. They are described
+  even with ``tool_choice: "none"``, so that the choice does not change the
+  context of the turns before.
+- ``developer`` messages are rendered as ``system``; a tool message keeps its
+  ``tool_call_id`` for templates that read it.
+
+Whether the prompt extends the previous call's prompt and completion is the
+ledger's business (`rl_core.sessions.ledger`): nothing here patches a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rl_core.agent.toolcalls import CLOSE, OPEN, describe_tools
+from rl_core.models.tokenizer import Tokenizer
+from rl_core.protocol.chat_completions import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    ReplyMessage,
+    SystemMessage,
+    ToolMessage,
+    UserMessage,
+)
+
+# An assistant message by what a client sees of it: its content, and each tool call's
+# (id, name, arguments). The ids are unique per session, so a key names one answer.
+ReplyKey = tuple[str | None, tuple[tuple[str, str, str], ...]]
+
+
+def reply_key(message: AssistantMessage | ReplyMessage) -> ReplyKey:
+    calls = tuple(
+        (call.id, call.function.name, call.function.arguments) for call in message.tool_calls or ()
+    )
+    return message.content, calls
+
+
+def assistant_text(message: AssistantMessage) -> str:
+    """A client-written assistant message as the model would have written it: the content,
+    then each call as ``<tool_call>{"name": ..., "arguments": <the arguments text>}</tool_call>``.
+    """
+    calls = "".join(
+        f'{OPEN}{{"name": {json.dumps(c.function.name)}, "arguments": {c.function.arguments}}}'
+        f"{CLOSE}"
+        for c in message.tool_calls or ()
+    )
+    return (message.content or "") + calls
+
+
+def template_messages(
+    request: ChatCompletionRequest, replies: Mapping[ReplyKey, str] | None = None
+) -> list[dict[str, Any]]:
+    """The request's messages as the chat template takes them (see the module docstring)."""
+    replies = replies or {}
+    out: list[dict[str, Any]] = []
+    for message in request.messages:
+        if isinstance(message, SystemMessage):
+            out.append({"role": "system", "content": message.content})
+        elif isinstance(message, UserMessage):
+            out.append({"role": "user", "content": message.content})
+        elif isinstance(message, ToolMessage):
+            out.append(
+                {"role": "tool", "content": message.content, "tool_call_id": message.tool_call_id}
+            )
+        else:
+            text = replies.get(reply_key(message))
+            out.append(
+                {"role": "assistant", "content": assistant_text(message) if text is None else text}
+            )
+    if request.tools:
+        tools = [tool.model_dump(mode="json", exclude_none=True) for tool in request.tools]
+        out = _with_tools(out, describe_tools(tools))
+    return out
+
+
+def render_prompt(
+    request: ChatCompletionRequest,
+    tokenizer: Tokenizer,
+    replies: Mapping[ReplyKey, str] | None = None,
+) -> list[int]:
+    """The prompt token ids: the rendered messages, then the assistant's opening.
+
+    Raises what the tokenizer raises for messages its template refuses (`ValueError`,
+    `rl_core.errors.RlCoreError`).
+    """
+    messages = template_messages(request, replies)
+    return tokenizer.render_messages(messages) + tokenizer.assistant_prefix()
+
+
+def _with_tools(messages: Sequence[dict[str, Any]], description: str) -> list[dict[str, Any]]:
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]
+        return [{**first, "content": f"{first['content']}\n\n{description}"}, *messages[1:]]
+    return [{"role": "system", "content": description}, *messages]
+
+
+__all__ = ["ReplyKey", "assistant_text", "render_prompt", "reply_key", "template_messages"]

@@ -1,0 +1,183 @@
+"""`ChatSession`: one client-driven episode, answered by the run's engine and recorded.
+
+::
+
+    session = ChatSession("s-1", engine=engine, tokenizer=tokenizer, config=config)
+    request = parse_request(body)  # raises ChatCompletionError (OpenAI's error body)
+    answer = await session.complete(request)  # ChatCompletion, or ChatCompletionError
+    events = stream_completion(answer) if request.stream else None
+    ...
+    trajectory = session.finish(reward=1.0)  # for the trainer
+
+Every call is sampled with the run's sampler (`SessionConfig.sampling`): the trainer
+scores the recorded tokens under it (the logprobs at the run's temperature), so a
+request whose ``temperature`` or ``top_p`` differ is refused, naming the field,
+rather than sampled another way or silently overridden. ``max_tokens`` is an upper
+bound under the session's own ``max_new_tokens`` and ``max_context``.
+
+Calls are recorded in the order they finish. A session is meant for one
+conversation at a time; concurrent calls are answered, but each can only extend
+the one recorded before it, so branches show up as prefix breaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import zlib
+from collections.abc import Callable, Sequence
+
+from rl_core.agent.ledger import Trajectory
+from rl_core.errors import RlCoreError
+from rl_core.models.tokenizer import Tokenizer
+from rl_core.protocol.chat_completions import (
+    ChatCompletion,
+    ChatCompletionError,
+    ChatCompletionRequest,
+    Choice,
+    Usage,
+)
+from rl_core.records import EpisodeEnd
+from rl_core.rollout.base import RolloutEngine, SamplingParams
+from rl_core.sessions.ledger import SessionLedger
+from rl_core.sessions.render import ReplyKey, render_prompt, reply_key
+from rl_core.sessions.reply import read_reply, token_logprobs
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SessionConfig:
+    sampling: SamplingParams  # the run's sampler
+    max_new_tokens: int = 512  # per call
+    max_context: int = 4096  # prompt + completion tokens of one call
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1 or self.max_context < 2:
+            raise ValueError("max_new_tokens must be at least 1 and max_context at least 2")
+
+
+class ChatSession:
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        engine: RolloutEngine,
+        tokenizer: Tokenizer,
+        config: SessionConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.session_id = session_id
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config
+        self.ledger = SessionLedger()
+        self._clock = clock
+        self._replies: dict[ReplyKey, str] = {}  # each answer -> the text the model sampled
+        self._finished = False
+
+    async def complete(self, request: ChatCompletionRequest) -> ChatCompletion:
+        """Answer one call and record it; `ChatCompletionError` for what cannot be served."""
+        if self._finished:
+            raise ChatCompletionError(
+                f"session {self.session_id!r} is finished; start a new session",
+                code="session_finished",
+                status=409,
+            )
+        self._check_sampling(request)
+        try:
+            prompt = render_prompt(request, self.tokenizer, self._replies)
+        except (ValueError, RlCoreError) as exc:
+            raise ChatCompletionError(
+                f"the model's chat template cannot render these messages: {exc}",
+                param="messages",
+                code="invalid_value",
+            ) from exc
+        room = self.config.max_context - len(prompt)
+        if room < 1:
+            raise ChatCompletionError(
+                f"the prompt is {len(prompt)} tokens; this session's context is "
+                f"{self.config.max_context}. Shorten the messages",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        limit = min(self.config.max_new_tokens, room, request.token_limit or room)
+        turn = len(self.ledger.calls)
+        seed = request.seed if request.seed is not None else self._seed(turn)
+        (completion,) = await self.engine.generate(
+            [prompt], max_new_tokens=limit, sampling=self.config.sampling, seeds=[seed]
+        )
+        turn = self.ledger.record(prompt, completion)  # concurrent calls: the order they end
+        reply = read_reply(
+            completion,
+            self.tokenizer,
+            calls_tools=request.calls_tools,
+            id_prefix=f"call_{turn}",
+        )
+        self._replies[reply_key(reply.message)] = reply.text
+        logprobs = None
+        if request.logprobs:
+            n = reply.text_tokens
+            logprobs = token_logprobs(
+                completion.tokens[:n], completion.logprobs[:n], self.tokenizer
+            )
+        return ChatCompletion(
+            id=f"chatcmpl-{self.session_id}-{turn}",
+            created=int(self._clock()),
+            model=request.model,
+            choices=[
+                Choice(message=reply.message, logprobs=logprobs, finish_reason=reply.finish_reason)
+            ],
+            usage=Usage(
+                prompt_tokens=len(prompt),
+                completion_tokens=len(completion.tokens),
+                total_tokens=len(prompt) + len(completion.tokens),
+            ),
+        )
+
+    def finish(
+        self,
+        reward: float,
+        *,
+        turn_rewards: Sequence[float] | None = None,
+        end_state: EpisodeEnd = "done",
+        end_reason: str | None = "client_done",
+    ) -> Trajectory:
+        """End the session and assemble its trajectory (see `SessionLedger.trajectory`)."""
+        sampling = self.config.sampling
+        trajectory = self.ledger.trajectory(
+            self.session_id,
+            reward=reward,
+            turn_rewards=turn_rewards,
+            end_state=end_state,
+            end_reason=end_reason,
+            sampling={
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k,
+            },
+            info={"session_id": self.session_id},
+        )
+        self._finished = True
+        return trajectory
+
+    def _check_sampling(self, request: ChatCompletionRequest) -> None:
+        run = self.config.sampling
+        for field, asked, used in (
+            ("temperature", request.temperature, run.temperature),
+            ("top_p", request.top_p, run.top_p),
+        ):
+            if asked is not None and not math.isclose(asked, used, abs_tol=1e-6):
+                raise ChatCompletionError(
+                    f"{field} {asked} is not this run's sampler ({field} {used}): the trainer "
+                    f"scores the sampled tokens under the run's sampler. Omit {field}, or "
+                    f"send {used}",
+                    param=field,
+                    code="unsupported_value",
+                )
+
+    def _seed(self, turn: int) -> int:
+        # Distinct per session and call, the same on a replay of the session.
+        return zlib.crc32(f"{self.session_id}/{turn}".encode()) & 0x7FFFFFFF
+
+
+__all__ = ["ChatSession", "SessionConfig"]

@@ -1,0 +1,259 @@
+"""The OpenAI chat-completions request: what is served, and OpenAI's error body for the rest."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from rl_core.protocol.chat_completions import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionError,
+    Choice,
+    ReplyMessage,
+    SystemMessage,
+    ToolCallOut,
+    ToolMessage,
+    Usage,
+    UserMessage,
+    parse_request,
+)
+
+USER = {"role": "user", "content": "What is 12 * 7?"}
+TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate arithmetic",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+CALL = {
+    "id": "call_0_0",
+    "type": "function",
+    "function": {"name": "calculator", "arguments": '{"expression": "12 * 7"}'},
+}
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    return {"model": "policy", "messages": [USER], **fields}
+
+
+def refusal(request: Any) -> dict[str, Any]:
+    with pytest.raises(ChatCompletionError) as caught:
+        parse_request(request)
+    assert caught.value.status == 400
+    error = caught.value.body()
+    assert set(error) == {"error"}
+    assert set(error["error"]) == {"message", "type", "param", "code"}
+    assert error["error"]["type"] == "invalid_request_error"
+    return dict(error["error"])
+
+
+def test_everything_served_parses() -> None:
+    request = parse_request(
+        json.dumps(
+            {
+                "model": "policy",
+                "messages": [
+                    {"role": "developer", "content": "Be brief."},
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is"},
+                            {"type": "text", "text": "12 * 7?"},
+                        ],
+                    },
+                    {"role": "assistant", "content": None, "tool_calls": [CALL], "refusal": None},
+                    {"role": "tool", "tool_call_id": "call_0_0", "content": "84"},
+                ],
+                "tools": [TOOL],
+                "tool_choice": "auto",
+                "temperature": 1,
+                "top_p": 1.0,
+                "max_tokens": 64,
+                "max_completion_tokens": 64,
+                "stop": None,
+                "n": 1,
+                "logprobs": True,
+                "top_logprobs": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "seed": 7,
+                "parallel_tool_calls": True,
+            }
+        ).encode()
+    )
+    system, user, assistant, tool = request.messages
+    assert isinstance(system, SystemMessage) and system.content == "Be brief."
+    assert isinstance(user, UserMessage) and user.content == "What is\n12 * 7?"
+    assert isinstance(assistant, AssistantMessage) and assistant.content is None
+    assert assistant.tool_calls is not None
+    assert assistant.tool_calls[0].function.arguments == '{"expression": "12 * 7"}'
+    assert isinstance(tool, ToolMessage) and tool.tool_call_id == "call_0_0"
+    assert request.token_limit == 64 and request.calls_tools and request.temperature == 1.0
+    assert not parse_request(body(tools=[TOOL], tool_choice="none")).calls_tools
+    assert parse_request(body()).token_limit is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", 0.5),
+        ("logit_bias", {"42": 10}),
+        ("response_format", {"type": "json_object"}),
+        ("user", "someone"),
+        ("metadata", {"a": "b"}),
+        ("functions", []),
+        ("reasoning_effort", "low"),
+    ],
+)
+def test_a_field_not_served_is_refused_by_name(field: str, value: Any) -> None:
+    error = refusal(body(**{field: value}))
+    assert error["param"] == field
+    assert error["code"] == "unsupported_parameter"
+    assert f"'{field}'" in error["message"]
+
+
+def test_a_field_not_served_inside_a_message_or_tool_is_refused_by_its_path() -> None:
+    named = {**USER, "name": "alice"}
+    error = refusal({"model": "m", "messages": [USER, named]})
+    assert (error["param"], error["code"]) == ("messages[1].name", "unsupported_parameter")
+    tool = {"type": "function", "function": {**TOOL["function"], "examples": []}}
+    error = refusal(body(tools=[tool]))
+    assert (error["param"], error["code"]) == (
+        "tools[0].function.examples",
+        "unsupported_parameter",
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"stop": "\n"}, "stop"),
+        ({"stop": ["END"]}, "stop"),
+        ({"logprobs": True, "top_logprobs": 5}, "top_logprobs"),
+        ({"tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
+            "tools[0].function.strict",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                ]
+            },
+            "messages[0].content",
+        ),
+    ],
+)
+def test_a_value_not_served_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
+    error = refusal(body(**fields))
+    assert (error["param"], error["code"]) == (param, "unsupported_value")
+
+
+@pytest.mark.parametrize(
+    ("request_body", "param", "code"),
+    [
+        ({"messages": [USER]}, "model", "missing_required_parameter"),
+        ({"model": "m", "messages": []}, "messages", "invalid_value"),
+        (
+            {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
+            "messages[0].role",
+            "invalid_value",
+        ),
+        ({"model": "m", "messages": [{"content": "x"}]}, "messages[0].role", "invalid_value"),
+        (
+            {"model": "m", "messages": [{"role": "tool", "content": "4"}]},
+            "messages[0].tool_call_id",
+            "missing_required_parameter",
+        ),
+        (
+            {"model": "m", "messages": [{"role": "assistant"}]},
+            "messages[0].content",
+            "invalid_value",
+        ),
+        (
+            {"model": "m", "messages": [{"role": "assistant", "content": "x", "refusal": "no"}]},
+            "messages[0].refusal",
+            "invalid_value",
+        ),
+        (body(temperature="0.7"), "temperature", "invalid_value"),
+        (body(temperature=2.5), "temperature", "invalid_value"),
+        (body(max_tokens=0), "max_tokens", "invalid_value"),
+        (body(max_tokens=8, max_completion_tokens=9), "max_completion_tokens", "invalid_value"),
+        (body(stream=1), "stream", "invalid_value"),
+        (body(tool_choice=3), "tool_choice", "invalid_value"),
+        (
+            body(tools=[{"type": "function", "function": {"name": "two words"}}]),
+            "tools[0].function.name",
+            "invalid_value",
+        ),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": ["Hi"]}]},
+            "messages[0].content",
+            "invalid_value",
+        ),
+        (
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "Hi", "cache": 1}]}
+                ],
+            },
+            "messages[0].content",
+            "invalid_value",
+        ),
+    ],
+)
+def test_invalid_requests_name_their_field(
+    request_body: dict[str, Any], param: str, code: str
+) -> None:
+    error = refusal(request_body)
+    assert (error["param"], error["code"]) == (param, code)
+    assert param.split(".")[-1].split("[")[0] in error["message"]
+
+
+def test_a_body_that_is_not_json_or_not_an_object() -> None:
+    assert refusal(b'{"model": ')["code"] == "invalid_json"
+    error = refusal(b"[]")
+    assert error["param"] is None and error["code"] == "invalid_value"
+
+
+def test_the_answer_has_openais_shape() -> None:
+    answer = ChatCompletion(
+        id="chatcmpl-s-0",
+        created=1,
+        model="policy",
+        choices=[
+            Choice(
+                message=ReplyMessage(content=None, tool_calls=[ToolCallOut.model_validate(CALL)]),
+                finish_reason="tool_calls",
+            ),
+            Choice(index=1, message=ReplyMessage(content="84"), finish_reason="stop"),
+        ],
+        usage=Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5),
+    )
+    data = json.loads(answer.to_json())
+    assert data["object"] == "chat.completion"
+    calls, plain = data["choices"]
+    assert calls["message"] == {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    assert calls["logprobs"] is None and calls["finish_reason"] == "tool_calls"
+    assert plain["message"] == {"role": "assistant", "content": "84"}  # no tool_calls: none
+    assert data["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    # What a client sends back is accepted as it is.
+    echoed = parse_request({"model": "m", "messages": [USER, answer.choices[0].message.echo()]})
+    assert echoed.messages[1] == AssistantMessage.model_validate(
+        {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    )
