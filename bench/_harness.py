@@ -265,6 +265,7 @@ def run_pipeline(
             group_size=spec.group_size,
             mode=spec.mode,
             max_staleness=spec.max_staleness,
+            concurrency=spec.concurrency,  # admission by episode counts against C (async)
             trajectories_per_step=0,
         ),
         collector_factory=collector,
