@@ -232,7 +232,8 @@ class GroupQueue:
         self._requeue = requeue
         self._queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=maxsize)
         self.counts = GateCounts()
-        self.staleness: list[int] = []  # of the groups consumed since the last `drain_staleness`
+        # Per trained episode, the age of its oldest trained call, since `drain_staleness`.
+        self.staleness: list[int] = []
 
     @property
     def depth(self) -> int:
