@@ -20,6 +20,26 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with minutes-long tests first, the longest first.
+
+    pytest-xdist hands out whole files (``--dist loadfile``) in collection order
+    (``--no-loadscope-reorder``; its own order puts files with the most tests first,
+    which left the one-test, five-minute end-to-end files to the end of the run,
+    with one process idle). Longest first keeps both processes busy to the end.
+    """
+
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    estimate: dict[str, float] = {}
+    for item in items:
+        marker = item.get_closest_marker("minutes")
+        minutes = float(marker.args[0]) if marker else 0.0
+        estimate[file_of(item)] = max(estimate.get(file_of(item), 0.0), minutes)
+    items.sort(key=lambda item: -estimate[file_of(item)])
+
+
 @pytest.fixture(scope="session")
 def _services() -> Iterator[dict[str, str]]:
     wanted = ("RLAAS_TEST_DATABASE_URL", "RLAAS_TEST_REDIS_URL")

@@ -15,7 +15,7 @@ import yaml
 
 from tests.e2e.stack import REPO, Stack, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.minutes(3)]
 
 OUTAGE_S = 8.0
 

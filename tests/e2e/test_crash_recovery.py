@@ -17,7 +17,7 @@ import yaml
 
 from tests.e2e.stack import REPO, Stack, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.minutes(6)]
 
 
 def test_sigkilled_worker_is_replaced_and_the_run_resumes(stack: Stack) -> None:

@@ -7,7 +7,7 @@ import yaml
 
 from tests.e2e.stack import REPO, Stack, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.minutes(3)]
 
 
 def test_tiny_game_run_succeeds_with_reward_per_step(stack: Stack) -> None:

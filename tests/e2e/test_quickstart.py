@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.stack import REPO, rlaas
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.minutes(6)]
 
 
 def quickstart(data_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:

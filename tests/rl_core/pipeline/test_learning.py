@@ -47,6 +47,7 @@ EXAMPLE = Path(__file__).parents[3] / "examples" / "tiny-game.yaml"
 
 
 # About 3 minutes of 2 idle cores; the default 600 s limit is too tight when others share them.
+@pytest.mark.minutes(5)
 @pytest.mark.timeout(1500)
 def test_the_tiny_model_learns_the_demo_game_from_random_init_in_async_mode(
     tmp_path: Path,

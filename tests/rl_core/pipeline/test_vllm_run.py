@@ -21,6 +21,7 @@ from rl_core.spec import parse_spec
 from tests.rl_core.rollout.vllm_venv import ensure_vllm_venv
 
 
+@pytest.mark.minutes(2)
 def test_a_run_with_engine_vllm_trains_through_a_server_it_starts(tmp_path: Path) -> None:
     ensure_vllm_venv()
     spec = parse_spec(
