@@ -187,11 +187,16 @@ class WebhookCallSpec(_Section):
     breaker_cooldown_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
-class EnvironmentSpec(_Section):
-    """A built-in environment by name, or a registered webhook environment.
+SESSIONS = "sessions"  # environment.name of a run whose clients play the episodes
 
-    ``name`` is a built-in (``guess_number``, ...) or ``env_<id>`` of an
-    environment registered with ``POST /v1/environments``. ``config`` is passed
+
+class EnvironmentSpec(_Section):
+    """A built-in environment by name, a registered webhook environment, or ``sessions``.
+
+    ``name`` is a built-in (``guess_number``, ...), ``env_<id>`` of an
+    environment registered with ``POST /v1/environments``, or ``sessions``: the
+    client plays each episode with its own agent through an OpenAI-compatible
+    session URL (docs/sessions.md). ``config`` is passed
     to every ``reset``. ``reward`` replaces the environment's reward by
     functions attached by name (``rl_core/rewards.py``), joined with
     ``+``, each optionally ``name:weight`` (``numeric_match+length_penalty:0.001``).

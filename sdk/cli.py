@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -214,15 +214,48 @@ def train(
     resume: Annotated[
         bool, typer.Option(help="Continue from the newest checkpoint under --out.")
     ] = False,
+    sessions_host: Annotated[
+        str, typer.Option(help="environment 'sessions': the address the session gateway binds.")
+    ] = "127.0.0.1",
+    sessions_port: Annotated[
+        int, typer.Option(help="environment 'sessions': its port (0: any free one).")
+    ] = 0,
 ) -> None:
-    """Run a whole training job locally, with no server (Ctrl-C stops at a step boundary)."""
+    """Run a whole training job locally, with no server (Ctrl-C stops at a step boundary).
+
+    A spec whose environment is ``sessions`` is played by your own agent: the run serves
+    an OpenAI-compatible session gateway and writes its URL and token to
+    ``--out/sessions.json`` (docs/sessions.md).
+    """
     from rl_core.host.memory import limit_malloc_arenas
     from rl_core.pipeline.runner import train_to_folder
 
     limit_malloc_arenas()
-
-    result = train_to_folder(_load(spec_path), out, resume=resume)
+    spec = _load(spec_path)
+    gateway = _session_gateway(out, sessions_host, sessions_port)
+    result = train_to_folder(spec, out, resume=resume, gateway=gateway)
     typer.echo(json.dumps({"steps": result.steps_completed, **result.final_metrics}, indent=2))
+
+
+def _session_gateway(out: Path, host: str, port: int) -> Any:
+    """Serves a sessions run's gateway and tells where (sessions.json, owner-only)."""
+    import contextlib
+    import secrets
+
+    from worker.gateway import serve_gateway
+
+    @contextlib.asynccontextmanager
+    async def serving(broker: Any) -> Any:
+        token = secrets.token_urlsafe(24)
+        async with serve_gateway(broker, token=token, host=host, port=port) as url:
+            where = out / "sessions.json"
+            where.parent.mkdir(parents=True, exist_ok=True)
+            where.touch(mode=0o600)
+            where.write_text(json.dumps({"url": url, "token": token}) + "\n")
+            typer.echo(f"sessions: POST {url}/v1/sessions, token in {where}", err=True)
+            yield url
+
+    return serving
 
 
 @cli.command()

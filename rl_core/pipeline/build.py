@@ -20,6 +20,7 @@ import jax
 from rl_core.agent.agent import Agent
 from rl_core.envs import build_environment
 from rl_core.envs.base import Environment
+from rl_core.errors import UnsupportedSpec
 from rl_core.host.control import RunControl
 from rl_core.host.sinks import RunSink
 from rl_core.host.telemetry import Profiler, SpanRecorder
@@ -27,7 +28,7 @@ from rl_core.models import Model
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.pipeline import configs
 from rl_core.pipeline.batch import build_batch
-from rl_core.pipeline.collector import Collector
+from rl_core.pipeline.collector import Collector, EpisodePlayer
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.evaluate import Evaluator
 from rl_core.pipeline.pipeline import Pipeline
@@ -36,7 +37,9 @@ from rl_core.pretrained.sources import load_model
 from rl_core.records import CheckpointRecord
 from rl_core.rollout.base import RolloutEngine
 from rl_core.rollout.jax_engine import JaxEngine
-from rl_core.spec import JobSpec
+from rl_core.sessions.broker import SessionBroker
+from rl_core.sessions.session import SessionConfig
+from rl_core.spec import SESSIONS, JobSpec
 from rl_core.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -162,6 +165,24 @@ def build_agent(
     )
 
 
+def build_sessions(spec: JobSpec, engine: RolloutEngine, tokenizer: Tokenizer) -> SessionBroker:
+    """Where clients' sessions meet the collector's episodes (``environment.name: sessions``)."""
+    if spec.train.eval_interval:
+        raise UnsupportedSpec(
+            "train.eval_interval",
+            "a sessions run has no held-out episodes of its own yet (clients play them); "
+            "set it to 0",
+        )
+    config = SessionConfig(
+        sampling=configs.sampling_params(spec),
+        max_new_tokens=spec.agent.max_new_tokens,
+        max_context=spec.agent.max_context,
+    )
+    return SessionBroker(
+        engine=engine, tokenizer=tokenizer, config=config, group_size=spec.rollout.group_size
+    )
+
+
 def build_evaluator(
     spec: JobSpec, agent: Agent, env: Environment, *, episode_prefix: str
 ) -> Evaluator | None:
@@ -213,7 +234,12 @@ def build_pipeline(
     """The pipeline and a ``close`` to call when it has run (it stops the device thread and,
     with engine vllm, the server rlaas started)."""
     r = spec.rollout
-    env = build_environment(spec.environment, webhooks=webhooks or {}, callbacks=callbacks)
+    clients_play = spec.environment.name == SESSIONS
+    env = (
+        None
+        if clients_play
+        else build_environment(spec.environment, webhooks=webhooks or {}, callbacks=callbacks)
+    )
     model, tokenizer = load_model(spec.model, seed=spec.train.seed)
     recorder = SpanRecorder()
     device = DeviceThread(recorder)
@@ -232,12 +258,17 @@ def build_pipeline(
             spec, model, tokenizer, device, cleanup, log_dir=artifacts_dir, recorder=recorder
         )
         trainer, start_step, position = build_trainer(spec, model, resume_from)
-        agent = build_agent(spec, engine, tokenizer, recorder)
-        evaluator = build_evaluator(
-            spec,
-            build_agent(spec, engine, tokenizer, recorder, evaluation=True),
-            env,
-            episode_prefix=episode_prefix,
+        broker = build_sessions(spec, engine, tokenizer) if clients_play else None
+        agent: EpisodePlayer = broker or build_agent(spec, engine, tokenizer, recorder)
+        evaluator = (
+            build_evaluator(
+                spec,
+                build_agent(spec, engine, tokenizer, recorder, evaluation=True),
+                env,
+                episode_prefix=episode_prefix,
+            )
+            if env is not None
+            else None
         )
 
         def collector(admission: Admission, queue: GroupQueue) -> Collector:
@@ -283,6 +314,7 @@ def build_pipeline(
             checkpointer=OrbaxCheckpointer(artifacts_dir, trainer) if artifacts_dir else None,
             evaluator=evaluator,
             start_step=start_step,
+            sessions=broker,
         )
     except BaseException:
         close()

@@ -33,11 +33,9 @@ import collections
 import hashlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from rl_core.agent.agent import Agent
 from rl_core.agent.ledger import Trajectory
-from rl_core.envs.base import Environment
 from rl_core.pipeline.queue import Admission, Group, GroupQueue, GroupTask
 
 log = logging.getLogger(__name__)
@@ -49,12 +47,29 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
+class EpisodePlayer(Protocol):
+    """What plays one episode: the built-in `rl_core.agent.agent.Agent` against ``env``, or
+    `rl_core.sessions.broker.SessionBroker`, which hands the episode to a client."""
+
+    async def run_episode(
+        self,
+        env: Any,
+        *,
+        episode_id: str,
+        env_seed: int,
+        sample_seed: int,
+        env_config: Mapping[str, Any],
+        timeout_s: float | None = None,
+        into: Trajectory | None = None,
+    ) -> Trajectory: ...
+
+
 class Collector:
     def __init__(
         self,
         *,
-        agent: Agent,
-        env: Environment,
+        agent: EpisodePlayer,
+        env: Any,  # an `rl_core.envs.base.Environment`; None when clients play (sessions)
         admission: Admission,
         queue: GroupQueue,
         group_size: int,
@@ -195,4 +210,4 @@ class Collector:
         return traj
 
 
-__all__ = ["Collector", "derive_seed"]
+__all__ = ["Collector", "EpisodePlayer", "derive_seed"]

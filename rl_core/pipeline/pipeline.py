@@ -102,6 +102,7 @@ class Pipeline:
         checkpointer: Checkpointer | None = None,
         evaluator: EvaluatorLike | None = None,
         start_step: int = 0,
+        sessions: Any = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -117,6 +118,9 @@ class Pipeline:
         self.checkpointer = checkpointer
         self.evaluator = evaluator
         self.start_step = start_step
+        # A run whose clients play the episodes: the `SessionBroker` the host serves them
+        # through (rl_core.sessions.broker); None for environments the agent plays.
+        self.sessions = sessions
         sync = config.mode == "sync"
         bound = 0 if sync else config.max_staleness
         self.admission = Admission(
@@ -221,6 +225,8 @@ class Pipeline:
                 lag_s=self._take_lags(),
                 policy_version=step,
             )
+            if self.sessions is not None:
+                final.update(self.sessions.step_metrics())
             if self._eval_due(step):
                 final.update(await self._evaluate(step))
             self._report(step, final, groups, finished)

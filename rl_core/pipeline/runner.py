@@ -12,8 +12,9 @@ heavy parts are imported inside `train`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from rl_core.errors import UnsupportedSpec
 from rl_core.host.control import RunControl
 from rl_core.host.sinks import RunSink
 from rl_core.pipeline.result import TrainResult
-from rl_core.spec import JobSpec
+from rl_core.spec import SESSIONS, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ def train(
     episode_prefix: str = "",
     webhooks: Mapping[str, Any] | None = None,
     callbacks: Any = None,
+    gateway: Callable[[Any], contextlib.AbstractAsyncContextManager[Any]] | None = None,
 ) -> TrainResult:
     """Train ``spec`` to ``train.steps`` steps, reporting to ``sink``; see the module docstring.
 
@@ -46,10 +48,13 @@ def train(
     continues after its step, with the collector where it stood. Episode ids
     are ``f"{episode_prefix}g<task>-e<member>"``. ``webhooks``/``callbacks``
     reach `rl_core.envs.build_environment` for ``env_<id>`` environments.
+    ``gateway`` serves a ``sessions`` run's `rl_core.sessions.broker.SessionBroker` to
+    clients (an HTTP server, which rl_core does not have) on the run's own event loop,
+    for as long as the run lasts.
 
     Must be called from synchronous code (it runs its own event loop).
     """
-    _check_supported(spec)
+    _check_supported(spec, gateway)
     # Imported here: importing rl_core.pipeline.runner must not start JAX.
     from rl_core.pipeline.build import build_pipeline
 
@@ -64,13 +69,26 @@ def train(
         webhooks=webhooks,
         callbacks=callbacks,
     )
+
+    async def run() -> TrainResult:
+        if pipeline.sessions is None or gateway is None:
+            return await pipeline.run()
+        async with gateway(pipeline.sessions):
+            return await pipeline.run()
+
     try:
-        return asyncio.run(pipeline.run())
+        return asyncio.run(run())
     finally:
         close()
 
 
-def train_to_folder(spec: JobSpec, out: Path, *, resume: bool = False) -> TrainResult:
+def train_to_folder(
+    spec: JobSpec,
+    out: Path,
+    *,
+    resume: bool = False,
+    gateway: Callable[[Any], contextlib.AbstractAsyncContextManager[Any]] | None = None,
+) -> TrainResult:
     """`train` with the files of ``rlaas train --out DIR`` (`rl_core.pipeline.files.RunFiles`).
 
     Checkpoints go to ``out/checkpoints``; ``resume`` continues from the newest.
@@ -98,13 +116,26 @@ def train_to_folder(spec: JobSpec, out: Path, *, resume: bool = False) -> TrainR
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        return train(spec, sink=files, control=control, artifacts_dir=out, resume_from=resume_from)
+        return train(
+            spec,
+            sink=files,
+            control=control,
+            artifacts_dir=out,
+            resume_from=resume_from,
+            gateway=gateway,
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
         files.close()
 
 
-def _check_supported(spec: JobSpec) -> None:
+def _check_supported(spec: JobSpec, gateway: object) -> None:
+    if spec.environment.name == SESSIONS and gateway is None:
+        raise UnsupportedSpec(
+            "environment.name",
+            "'sessions' runs need a session gateway for clients to reach: run them with "
+            "`rlaas train`, which serves one",
+        )
     if spec.agent.chat_template != "model":
         raise UnsupportedSpec("agent.chat_template", "only the model's own template ('model')")
 
