@@ -238,7 +238,8 @@ def train(
 
 
 def _session_gateway(out: Path, host: str, port: int) -> Any:
-    """Serves a sessions run's gateway and tells where (sessions.json, owner-only)."""
+    """Serves a sessions run's gateway and tells where: sessions.json (owner-only), there
+    for as long as the run serves."""
     import contextlib
     import secrets
 
@@ -253,7 +254,10 @@ def _session_gateway(out: Path, host: str, port: int) -> Any:
             where.touch(mode=0o600)
             where.write_text(json.dumps({"url": url, "token": token}) + "\n")
             typer.echo(f"sessions: POST {url}/v1/sessions, token in {where}", err=True)
-            yield url
+            try:
+                yield url
+            finally:
+                where.unlink(missing_ok=True)  # no longer served: clients can tell
 
     return serving
 

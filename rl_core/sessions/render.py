@@ -22,8 +22,16 @@ session's own answers back:
 - ``developer`` messages are rendered as ``system``; a tool message keeps its
   ``tool_call_id`` for templates that read it.
 
-Whether the prompt extends the previous call's prompt and completion is the
-ledger's business (`rl_core.sessions.ledger`): nothing here patches a mismatch.
+**The model's own tokens, spliced back** (`splice`): a sampled text does not always
+encode back to the tokens that were sampled (a random-init model's characters merge
+into one of the tokenizer's words; a BPE model samples a non-canonical split), so the
+rendered prompt can spell the history right and still differ from it in tokens. When
+the rendered prompt's *text* starts with the previous call's prompt and completion,
+the prompt is those exact tokens followed by the template's tokens for what came
+after. This is what the built-in agent does (it continues its own ledger), and the
+model then sees, and is trained on, what it sampled. A prompt whose text departs
+from the history (an edited or dropped message) is not touched: the ledger records a
+prefix break (`rl_core.sessions.ledger`).
 """
 
 from __future__ import annotations
@@ -107,6 +115,29 @@ def render_prompt(
     return tokenizer.render_messages(messages) + tokenizer.assistant_prefix()
 
 
+def splice(prompt: Sequence[int], history: Sequence[int], tokenizer: Tokenizer) -> list[int] | None:
+    """``history`` (the previous call's prompt + completion) + the rest of ``prompt``, when
+    ``prompt``'s text starts with ``history``'s text and one of its token boundaries lies
+    where that text ends; None when the texts depart (see the module docstring)."""
+    common = 0
+    for a, b in zip(prompt, history, strict=False):
+        if a != b:
+            break
+        common += 1
+    if common == len(history):
+        return list(prompt)  # already an extension
+    text = tokenizer.decode(history[common:], skip_special=False)
+    # Walk the prompt's tokens from where the two part until their text covers the
+    # history's: a boundary there splices; text that departs first, or no boundary, not.
+    for end in range(common + 1, len(prompt) + 1):
+        piece = tokenizer.decode(prompt[common:end], skip_special=False)
+        if piece == text:
+            return [*history, *prompt[end:]]
+        if len(piece) >= len(text) or not text.startswith(piece.rstrip("\ufffd")):
+            return None
+    return None
+
+
 def _with_tools(messages: Sequence[dict[str, Any]], description: str) -> list[dict[str, Any]]:
     if messages and messages[0]["role"] == "system":
         first = messages[0]
@@ -114,4 +145,11 @@ def _with_tools(messages: Sequence[dict[str, Any]], description: str) -> list[di
     return [{"role": "system", "content": description}, *messages]
 
 
-__all__ = ["ReplyKey", "assistant_text", "render_prompt", "reply_key", "template_messages"]
+__all__ = [
+    "ReplyKey",
+    "assistant_text",
+    "render_prompt",
+    "reply_key",
+    "splice",
+    "template_messages",
+]

@@ -41,7 +41,7 @@ from rl_core.protocol.chat_completions import (
 from rl_core.records import EpisodeEnd
 from rl_core.rollout.base import RolloutEngine, SamplingParams
 from rl_core.sessions.ledger import SessionLedger
-from rl_core.sessions.render import ReplyKey, render_prompt, reply_key
+from rl_core.sessions.render import ReplyKey, render_prompt, reply_key, splice
 from rl_core.sessions.reply import read_reply, token_logprobs
 
 
@@ -74,6 +74,7 @@ class ChatSession:
         self._clock = clock
         self._replies: dict[ReplyKey, str] = {}  # each answer -> the text the model sampled
         self._finished = False
+        self.spliced = 0  # calls whose history came back as other tokens, spliced (render.py)
 
     async def complete(self, request: ChatCompletionRequest) -> ChatCompletion:
         """Answer one call and record it; `ChatCompletionError` for what cannot be served."""
@@ -92,6 +93,10 @@ class ChatSession:
                 param="messages",
                 code="invalid_value",
             ) from exc
+        if self.ledger.samples:
+            spliced = splice(prompt, self.ledger.samples[-1].tokens, self.tokenizer)
+            if spliced is not None and spliced != prompt:
+                prompt, self.spliced = spliced, self.spliced + 1
         room = self.config.max_context - len(prompt)
         if room < 1:
             raise ChatCompletionError(
@@ -155,7 +160,7 @@ class ChatSession:
                 "top_p": sampling.top_p,
                 "top_k": sampling.top_k,
             },
-            info={"session_id": self.session_id},
+            info={"session_id": self.session_id, "spliced": self.spliced},
         )
         self._finished = True
         return trajectory
