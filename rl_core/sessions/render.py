@@ -115,10 +115,21 @@ def render_prompt(
     return tokenizer.render_messages(messages) + tokenizer.assistant_prefix()
 
 
-def splice(prompt: Sequence[int], history: Sequence[int], tokenizer: Tokenizer) -> list[int] | None:
+def splice(
+    prompt: Sequence[int],
+    history: Sequence[int],
+    tokenizer: Tokenizer,
+    *,
+    reply_at: int | None = None,
+) -> list[int] | None:
     """``history`` (the previous call's prompt + completion) + the rest of ``prompt``, when
     ``prompt``'s text starts with ``history``'s text and one of its token boundaries lies
-    where that text ends; None when the texts depart (see the module docstring)."""
+    where that text ends; None when the texts depart (see the module docstring).
+
+    ``reply_at`` is where the completion starts in ``history``: its text is taken as the
+    client read it (special tokens the model sampled inside it left out, as the answer
+    left them out), then its end-of-turn token as the template writes it.
+    """
     common = 0
     for a, b in zip(prompt, history, strict=False):
         if a != b:
@@ -126,7 +137,7 @@ def splice(prompt: Sequence[int], history: Sequence[int], tokenizer: Tokenizer) 
         common += 1
     if common == len(history):
         return list(prompt)  # already an extension
-    text = tokenizer.decode(history[common:], skip_special=False)
+    text = _as_read(history, common, reply_at, tokenizer)
     # Walk the prompt's tokens from where the two part until their text covers the
     # history's: a boundary there splices; text that departs first, or no boundary, not.
     for end in range(common + 1, len(prompt) + 1):
@@ -136,6 +147,16 @@ def splice(prompt: Sequence[int], history: Sequence[int], tokenizer: Tokenizer) 
         if len(piece) >= len(text) or not text.startswith(piece.rstrip("\ufffd")):
             return None
     return None
+
+
+def _as_read(history: Sequence[int], start: int, reply_at: int | None, tokenizer: Tokenizer) -> str:
+    """``history[start:]`` as text, its reply part as the client read it."""
+    if reply_at is None or start < reply_at:
+        return tokenizer.decode(history[start:], skip_special=False)
+    ended = bool(history) and history[-1] == tokenizer.end_of_turn_id
+    body_end = len(history) - 1 if ended else len(history)
+    text = tokenizer.decode(history[start:body_end])
+    return text + (tokenizer.decode(history[body_end:], skip_special=False) if ended else "")
 
 
 def _with_tools(messages: Sequence[dict[str, Any]], description: str) -> list[dict[str, Any]]:

@@ -94,7 +94,9 @@ class ChatSession:
                 code="invalid_value",
             ) from exc
         if self.ledger.samples:
-            spliced = splice(prompt, self.ledger.samples[-1].tokens, self.tokenizer)
+            history = self.ledger.samples[-1].tokens
+            reply_at = len(history) - len(self.ledger.calls[-1].completion)
+            spliced = splice(prompt, history, self.tokenizer, reply_at=reply_at)
             if spliced is not None and spliced != prompt:
                 prompt, self.spliced = spliced, self.spliced + 1
         room = self.config.max_context - len(prompt)

@@ -68,3 +68,14 @@ def test_an_edited_history_is_not_spliced_and_is_a_break() -> None:
     assert splice(retried, history, TOK) is None
     # Already an extension: unchanged.
     assert splice(history + user("5"), history, TOK) == history + user("5")
+
+
+def test_a_special_token_sampled_inside_a_reply_is_continued_as_sampled() -> None:
+    """The client never saw it (the answer leaves specials out), so its echo cannot hold it."""
+    inner = TOK.token_id("<|user|>")
+    sampled = [*TOK.encode("ab"), inner, *TOK.encode("c"), EOT]
+    history = user("3") + ASSISTANT + sampled
+    echoed = user("3") + ASSISTANT + TOK.encode("abc") + [EOT] + user("5") + ASSISTANT
+    reply_at = len(user("3") + ASSISTANT)
+    assert splice(echoed, history, TOK, reply_at=reply_at) == history + user("5") + ASSISTANT
+    assert splice(echoed, history, TOK) is None  # read as the model wrote it, it departs
