@@ -120,15 +120,17 @@ def splice(
     history: Sequence[int],
     tokenizer: Tokenizer,
     *,
-    reply_at: int | None = None,
+    sampled: Sequence[int] | None = None,
 ) -> list[int] | None:
-    """``history`` (the previous call's prompt + completion) + the rest of ``prompt``, when
-    ``prompt``'s text starts with ``history``'s text and one of its token boundaries lies
-    where that text ends; None when the texts depart (see the module docstring).
+    """``history`` (the session's tokens so far: the last call's prompt + completion) + the
+    rest of ``prompt``, when ``prompt``'s text starts with ``history``'s text and one of its
+    token boundaries lies where that text ends; None when the texts depart (see the module
+    docstring).
 
-    ``reply_at`` is where the completion starts in ``history``: its text is taken as the
-    client read it (special tokens the model sampled inside it left out, as the answer
-    left them out), then its end-of-turn token as the template writes it.
+    ``sampled`` marks the tokens the model sampled (1) in ``history`` (its loss mask): their
+    text is taken as the client read it, the special tokens the model sampled inside an
+    answer left out (as the answer left them out) and the end-of-turn token that ended an
+    answer as the template writes it.
     """
     common = 0
     for a, b in zip(prompt, history, strict=False):
@@ -137,7 +139,7 @@ def splice(
         common += 1
     if common == len(history):
         return list(prompt)  # already an extension
-    text = _as_read(history, common, reply_at, tokenizer)
+    text = _as_read(history, sampled, common, tokenizer)
     # Walk the prompt's tokens from where the two part until their text covers the
     # history's: a boundary there splices; text that departs first, or no boundary, not.
     for end in range(common + 1, len(prompt) + 1):
@@ -149,14 +151,27 @@ def splice(
     return None
 
 
-def _as_read(history: Sequence[int], start: int, reply_at: int | None, tokenizer: Tokenizer) -> str:
-    """``history[start:]`` as text, its reply part as the client read it."""
-    if reply_at is None or start < reply_at:
+def _as_read(
+    history: Sequence[int], sampled: Sequence[int] | None, start: int, tokenizer: Tokenizer
+) -> str:
+    """``history[start:]`` as text, the model's answers as the client read them."""
+    if sampled is None:
         return tokenizer.decode(history[start:], skip_special=False)
-    ended = bool(history) and history[-1] == tokenizer.end_of_turn_id
-    body_end = len(history) - 1 if ended else len(history)
-    text = tokenizer.decode(history[start:body_end])
-    return text + (tokenizer.decode(history[body_end:], skip_special=False) if ended else "")
+    parts, run_start = [], start
+    for i in range(start, len(history) + 1):
+        if i < len(history) and (i == run_start or sampled[i] == sampled[run_start]):
+            continue
+        run = history[run_start:i]
+        if not sampled[run_start]:
+            parts.append(tokenizer.decode(run, skip_special=False))
+        elif run and run[-1] == tokenizer.end_of_turn_id:
+            parts.append(
+                tokenizer.decode(run[:-1]) + tokenizer.decode(run[-1:], skip_special=False)
+            )
+        else:
+            parts.append(tokenizer.decode(run))
+        run_start = i
+    return "".join(parts)
 
 
 def _with_tools(messages: Sequence[dict[str, Any]], description: str) -> list[dict[str, Any]]:

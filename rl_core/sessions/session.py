@@ -94,9 +94,8 @@ class ChatSession:
                 code="invalid_value",
             ) from exc
         if self.ledger.samples:
-            history = self.ledger.samples[-1].tokens
-            reply_at = len(history) - len(self.ledger.calls[-1].completion)
-            spliced = splice(prompt, history, self.tokenizer, reply_at=reply_at)
+            last = self.ledger.samples[-1]
+            spliced = splice(prompt, last.tokens, self.tokenizer, sampled=last.loss_mask)
             if spliced is not None and spliced != prompt:
                 prompt, self.spliced = spliced, self.spliced + 1
         room = self.config.max_context - len(prompt)

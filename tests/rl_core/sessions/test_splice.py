@@ -76,6 +76,29 @@ def test_a_special_token_sampled_inside_a_reply_is_continued_as_sampled() -> Non
     sampled = [*TOK.encode("ab"), inner, *TOK.encode("c"), EOT]
     history = user("3") + ASSISTANT + sampled
     echoed = user("3") + ASSISTANT + TOK.encode("abc") + [EOT] + user("5") + ASSISTANT
-    reply_at = len(user("3") + ASSISTANT)
-    assert splice(echoed, history, TOK, reply_at=reply_at) == history + user("5") + ASSISTANT
+    mask = [0] * len(user("3") + ASSISTANT) + [1] * len(sampled)
+    assert splice(echoed, history, TOK, sampled=mask) == history + user("5") + ASSISTANT
     assert splice(echoed, history, TOK) is None  # read as the model wrote it, it departs
+
+
+def test_answers_spliced_earlier_stay_as_read_in_later_calls() -> None:
+    """A session of three calls whose first answer held a special token and was cut at the
+    length limit (no end-of-turn: the template closes the turn)."""
+    unk = TOK.unk_id
+    engine = ScriptedEngine(
+        [[*TOK.encode("4"), unk, *TOK.encode("x")], [*SPELLED, EOT], [*TOK.encode("7"), EOT]],
+        stop_ids=[EOT],
+    )
+    session = ChatSession(
+        "s",
+        engine=engine,
+        tokenizer=TOK,
+        config=SessionConfig(sampling=SamplingParams(), max_new_tokens=3),
+    )
+    messages = [{"role": "user", "content": "3"}]
+    for number in ("5", "6"):
+        reply = ask(session, messages)
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": number}]
+    ask(session, messages)
+    assert session.ledger.prefix_breaks == 0 and session.spliced == 2
+    assert engine.prompts[2][: len(engine.prompts[1])] == engine.prompts[1]
