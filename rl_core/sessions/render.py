@@ -129,8 +129,8 @@ def splice(
 
     ``sampled`` marks the tokens the model sampled (1) in ``history`` (its loss mask): their
     text is taken as the client read it, the special tokens the model sampled inside an
-    answer left out (as the answer left them out) and the end-of-turn token that ended an
-    answer as the template writes it.
+    answer left out (as the answer left them out) and the stop token that ended an answer
+    (end-of-turn or end-of-sequence) as the template's end-of-turn.
     """
     common = 0
     for a, b in zip(prompt, history, strict=False):
@@ -164,10 +164,10 @@ def _as_read(
         run = history[run_start:i]
         if not sampled[run_start]:
             parts.append(tokenizer.decode(run, skip_special=False))
-        elif run and run[-1] == tokenizer.end_of_turn_id:
-            parts.append(
-                tokenizer.decode(run[:-1]) + tokenizer.decode(run[-1:], skip_special=False)
-            )
+        elif run and run[-1] in (tokenizer.end_of_turn_id, tokenizer.eos_id):
+            # The answer's stop token: the template closes the turn its own way.
+            closing = tokenizer.decode([tokenizer.end_of_turn_id], skip_special=False)
+            parts.append(tokenizer.decode(run[:-1]) + closing)
         else:
             parts.append(tokenizer.decode(run))
         run_start = i

@@ -102,3 +102,10 @@ def test_answers_spliced_earlier_stay_as_read_in_later_calls() -> None:
     ask(session, messages)
     assert session.ledger.prefix_breaks == 0 and session.spliced == 2
     assert engine.prompts[2][: len(engine.prompts[1])] == engine.prompts[1]
+
+
+def test_an_answer_that_stopped_at_end_of_sequence_is_closed_by_the_template() -> None:
+    history = user("3") + ASSISTANT + TOK.encode("4") + [TOK.eos_id]
+    echoed = user("3") + ASSISTANT + TOK.encode("4") + [EOT] + user("5") + ASSISTANT
+    mask = [0] * len(user("3") + ASSISTANT) + [1, 1]
+    assert splice(echoed, history, TOK, sampled=mask) == history + user("5") + ASSISTANT
