@@ -100,8 +100,11 @@ def test_a_sessions_run_trains_on_episodes_an_openai_agent_plays(tmp_path: Path)
     assert sum(r["sessions/prefix_breaks"] for r in rows) == 0
     assert max(r["staleness/max"] for r in rows) <= 1
     records = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
-    assert records
-    for record in records:
+    played_back = [r for r in records if r["end_state"] == "done"]
+    # The rest: episodes still waiting for a client when the run ended.
+    assert all(r["end_state"] == "cancelled" for r in records if r not in played_back)
+    assert played_back
+    for record in played_back:
         # The client's conversation, with only the model's answers trained on.
         texts = [s["text"] for s in record["segments"]]
         assert "Answer each number" in texts[0] and not record["segments"][0]["trained"]
