@@ -86,8 +86,10 @@ async def worker_waits(
     run: WebhookRun, episode_id: str, step: int
 ) -> AsyncIterator[asyncio.Task[httpx.Response]]:
     """The worker long-polling for ``(episode_id, step)``, as it does after a 202 to /step."""
+    # The environment's post may still come before this poll does: the control plane
+    # holds it for the poll (callback_await_grace_s), as it must when a post follows
+    # its 202 at once.
     task = asyncio.create_task(poll(run.api, run.run_id, episode_id, step, wait_s=30))
-    await asyncio.sleep(0)  # let the poll start
     try:
         yield task
     finally:

@@ -24,10 +24,7 @@ from tests.security.callbacks import (
     worker_waits,
 )
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.xfail(strict=True, reason="the attack succeeds against this code"),
-]
+pytestmark = pytest.mark.anyio
 LOSING = {"messages": [{"role": "user", "content": "too low"}], "reward": 0.0, "done": False}
 
 
@@ -114,7 +111,7 @@ async def test_a_flood_from_one_address_is_429_with_retry_after(app_database: st
         assert int(flooded.headers["Retry-After"]) >= 1
         error = flooded.json()["error"]
         assert error["code"] == "too_many_requests"
-        assert error["quota"]["name"] == "callbacks_per_minute"
+        assert error["quota"]["name"] == "callback_requests_per_minute"
         # The limit is the flooding address's: another address is still heard.
         elsewhere = httpx.ASGITransport(app=api.app, client=("198.51.100.7", 40000))
         async with httpx.AsyncClient(transport=elsewhere, base_url="http://rlaas.test") as other:

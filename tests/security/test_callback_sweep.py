@@ -14,10 +14,7 @@ from app.main import reap_once
 from tests.app.conftest import Api, running_api
 from tests.security.callbacks import WebhookRun, post, signed_result, webhook_run, worker_waits
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.xfail(strict=True, reason="no sweep exists in this code"),
-]
+pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
