@@ -171,22 +171,32 @@ async def _take(
     session: AsyncSession, env_id: str, episode_id: str, step: int, body: dict[str, Any]
 ) -> Taken:
     """Store ``body`` if a worker awaits the step and it has no result yet."""
-    now = utcnow()
     at_key = (EnvCallback.episode_id == episode_id, EnvCallback.step == step)
-    # One conditional UPDATE: of two posts of the same step at once, one finds it taken.
-    stored = await session.scalar(
-        update(EnvCallback)
-        .where(*at_key, EnvCallback.received_at.is_(None), EnvCallback.awaited_until > now)
-        .values(body=body, received_at=now, environment_id=env_id)
-        .returning(EnvCallback.step)
-        .execution_options(synchronize_session=False)
-    )
-    if stored is not None:
-        return Taken.STORED
-    row = (await session.execute(select(EnvCallback.received_at).where(*at_key))).first()
-    if row is None:
-        return Taken.UNAWAITED
-    return Taken.OVER if row.received_at is None else Taken.ANSWERED
+    # Twice at most: the worker's poll may make the row between the UPDATE and the look.
+    for _ in range(2):
+        now = utcnow()
+        # One conditional UPDATE: of two posts of the same step at once, one finds it taken.
+        stored = await session.scalar(
+            update(EnvCallback)
+            .where(*at_key, EnvCallback.received_at.is_(None), EnvCallback.awaited_until > now)
+            .values(body=body, received_at=now, environment_id=env_id)
+            .returning(EnvCallback.step)
+            .execution_options(synchronize_session=False)
+        )
+        if stored is not None:
+            return Taken.STORED
+        # Compared in SQL: SQLite gives the time back without its zone.
+        awaited = (EnvCallback.awaited_until > now).label("awaited")
+        row = (
+            await session.execute(select(EnvCallback.received_at, awaited).where(*at_key))
+        ).first()
+        if row is None:
+            return Taken.UNAWAITED
+        if row.received_at is not None:
+            return Taken.ANSWERED
+        if not row.awaited:
+            return Taken.OVER
+    return Taken.UNAWAITED  # awaited, still unanswered, but not by this UPDATE: look again
 
 
 async def wait_for(

@@ -35,7 +35,8 @@ async def answered(api: Api, run_id: str, episode_id: str, step: int) -> None:
     run = WebhookRun(api, {}, "", run_id)
     async with worker_waits(run, episode_id, step) as waiting:
         raw, header = signed_result(episode_id, step)
-        assert (await post(api.client, episode_id, step, raw, header)).status_code == 202
+        r = await post(api.client, episode_id, step, raw, header)
+        assert r.status_code == 202, r.text
         assert (await waiting).status_code == 200
 
 
