@@ -5,8 +5,10 @@
     AppError (400)
     ├── BadRequest (400)        a query parameter or header is wrong: ``field`` names it
     ├── Unauthorized (401)      missing or unknown API key / worker token
+    ├── Forbidden (403)         authenticated, but not allowed this (says why)
     ├── NotFound (404)          no such resource for this caller (other tenants' ids too)
     ├── Conflict (409)          the resource's state forbids the request (says the state)
+    ├── Gone (410)              the request came too late: nothing waits for it any more
     ├── PayloadTooLarge (413)   the body is over the caller's limit (names it)
     ├── Unprocessable (422)     the body is well-formed JSON but invalid
     └── TooManyRequests (429)   over a quota: ``Retry-After`` and the quota in the body
@@ -54,6 +56,11 @@ class NotFound(AppError):
 class Conflict(AppError):
     status_code = 409
     code = "conflict"
+
+
+class Gone(AppError):
+    status_code = 410
+    code = "gone"
 
 
 class Unprocessable(AppError):

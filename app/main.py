@@ -40,6 +40,7 @@ from app.dispatch import CeleryDispatcher, Dispatcher, dispatch_committed
 from app.errors import AppError
 from app.live.stream import live_updates
 from app.observability import Observability, ObservabilityMiddleware, configure_logging
+from app.services.callbacks import sweep as sweep_callbacks
 from app.services.leases import reap_expired_leases, stranded_queued_runs
 from app.services.quotas import Limiter
 from app.settings import Settings
@@ -133,7 +134,11 @@ async def _reap_forever(app_state: AppState) -> None:
 
 
 async def reap_once(app_state: AppState) -> list[str]:
-    """One reaper pass; returns the runs re-queued after a lost lease."""
+    """One reaper pass; returns the runs re-queued after a lost lease.
+
+    It also sweeps the environment callback rows nobody will read again, in its own
+    transaction after the leases', so that a failing sweep cannot hold runs up.
+    """
     settings = app_state.settings
     async with app_state.sessions() as session:
         requeued = await reap_expired_leases(session, max_attempts=settings.max_attempts)
@@ -144,6 +149,9 @@ async def reap_once(app_state: AppState) -> list[str]:
     for run_id in stranded:
         log.warning("run %s is still queued; sending it to the broker again", run_id)
     await dispatch_committed(app_state.dispatcher, [*requeued, *stranded])
+    async with app_state.sessions() as session:
+        await sweep_callbacks(session, retention_s=settings.callback_retention_s)
+        await session.commit()
     return requeued
 
 

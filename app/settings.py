@@ -54,6 +54,19 @@ class Settings(BaseSettings):
     # How often a long-poll for an environment callback looks at the database, for the
     # callbacks that arrived at another API process.
     callback_poll_s: float = 1.0
+    # A deferred result is taken only while the worker awaits its step (its long-poll for
+    # it). The environment's post can beat the worker's first poll (it follows the 202 at
+    # once), so a post for a step not yet awaited is held this long for the poll; a
+    # long-poll also keeps its step awaited this long past its end, for the next one.
+    callback_await_grace_s: float = 10.0
+    # Callback rows nobody has awaited for this long are swept (the reaper's pass); a run
+    # that no longer runs loses its rows at once. Until then a repeated post is told 409.
+    callback_retention_s: float = 600.0
+    # The callback route takes no API key, so its rate is limited per source address
+    # (an IPv6 address by its /64): a token bucket, burst = this, per API process. Behind
+    # a reverse proxy, run uvicorn with --proxy-headers and --forwarded-allow-ips so that
+    # the address is the client's, not the proxy's.
+    callback_requests_per_minute: int = 1200
     log_json: bool = True
 
     @property

@@ -14,8 +14,9 @@ What the server does for the environment's author:
   is a new episode under the same id, and starts over);
 - optionally defers slow steps: with ``defer_after_s`` a step that has not
   finished by then is answered ``202 {"deferred": true}``, and its result is
-  POSTed, signed, to ``{callback_url}/{episode_id}/{step}`` when it is ready
-  (the control plane's ``/v1/env-callbacks``);
+  POSTed, signed and naming its ``episode_id`` and ``step``, to
+  ``{callback_url}/{episode_id}/{step}`` when it is ready (the control plane's
+  ``/v1/env-callbacks``), retried while the control plane is away or busy;
 - maps `EnvironmentFailure` (the environment refusing the request, e.g. an
   unknown config key) to 422, which the worker does not retry, and any other
   exception to 500, which it does.
@@ -48,6 +49,11 @@ from rl_core.protocol.signing import HEADER, SignatureError, sign, verify
 log = logging.getLogger(__name__)
 
 CALLBACK_ATTEMPTS = 5
+CALLBACK_MAX_WAIT_S = 60.0  # the longest Retry-After honoured between two attempts
+# Worth another attempt: the control plane is away, busy or rate-limiting. Any other
+# answer is final: 2xx taken, 409 taken before, 410 nobody waits any more, and the rest
+# of the 4xx a mistake that a retry repeats.
+RETRY_STATUSES = frozenset({408, 425, 429})
 R = TypeVar("R", bound=BaseModel)
 
 
@@ -235,27 +241,53 @@ class EnvServer:
         task.add_done_callback(self._background.discard)
 
     async def _deliver(self, episode_id: str, step: int, task: asyncio.Task[Step]) -> None:
-        """POST a deferred step's result (or its failure) to the callback URL, with retries."""
+        """POST a deferred step's result (or its failure) to the callback URL, with retries.
+
+        The body names the step it answers: the signature covers it, so the control
+        plane can tell that the post is for the URL's step and not a replay of another.
+        """
         assert self._client is not None and self.callback_url is not None
+        bound: dict[str, Any] = {"episode_id": episode_id, "step": step}
         try:
-            payload: dict[str, Any] = _step_body(await task)
+            payload = {**bound, **_step_body(await task)}
         except Exception as exc:
-            failure = wire.ErrorDetail(code="environment_error", message=f"{exc}")
-            payload = wire.ErrorAnswer(error=failure).model_dump()
+            failure = {"code": "environment_error", "message": f"{exc}"}
+            payload = wire.CallbackFailure.model_validate({**bound, "error": failure}).model_dump()
         raw = json.dumps(payload, separators=(",", ":")).encode()
         url = f"{self.callback_url}/{episode_id}/{step}"
         for attempt in range(CALLBACK_ATTEMPTS):
+            wait = 0.2 * 2**attempt
             try:
                 response = await self._client.post(
                     url, content=raw, headers={HEADER: sign(self.secret, raw)}
                 )
-                if response.status_code < 300 or response.status_code == 409:  # 409: already there
+                status = response.status_code
+                if status < 300 or status == 409:  # 409: taken before
                     return
-                log.warning("callback %s answered %s", url, response.status_code)
+                if status < 500 and status not in RETRY_STATUSES:
+                    level = logging.WARNING if status == 410 else logging.ERROR
+                    log.log(level, "callback %s refused (%s): %s", url, status, _reason(response))
+                    return
+                log.warning("callback %s answered %s", url, status)
+                wait = max(wait, _retry_after(response))
             except httpx.HTTPError as exc:
                 log.warning("callback %s failed: %s", url, exc)
-            await asyncio.sleep(0.2 * 2**attempt)
+            await asyncio.sleep(min(wait, CALLBACK_MAX_WAIT_S))
         log.error("gave up delivering %s step %s to %s", episode_id, step, url)
+
+
+def _reason(response: httpx.Response) -> str:
+    """The control plane's ``error.message``, else the start of the body."""
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return str(response.json()["error"]["message"])
+    return response.text[:300]
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return float(response.headers.get("Retry-After", 0))
+    except ValueError:  # an HTTP date: not sent by rlaas
+        return 0.0
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:

@@ -1,17 +1,18 @@
 """Deferred environment results: posted by the environment, long-polled by the worker.
 
 ``POST /v1/env-callbacks/{episode_id}/{step}`` carries no API key: the
-environment's signature (``X-Rlaas-Signature``) is its credential, checked
-against the secret of the environment the episode's run uses.
+environment's signature (``X-Rlaas-Signature``) over a body that names the
+step is its credential, checked against the secret of the environment the
+episode's run uses. Having no tenant to charge, its rate is per source address.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from app.api.deps import SessionDep, StateDep, WorkerDep
+from app.api.deps import StateDep, WorkerDep
 from app.schemas.environments import CallbackAccepted
 from app.schemas.internal import CallbackRead
 from app.services import callbacks as service
@@ -27,15 +28,24 @@ async def post_callback(
     episode_id: str,
     step: StepPath,
     request: Request,
-    session: SessionDep,
     app_state: StateDep,
-    background: BackgroundTasks,
     x_rlaas_signature: Annotated[str | None, Header()] = None,
 ) -> CallbackAccepted:
+    """No SessionDep: a post for a step not awaited yet is held for the worker's poll, and
+    holds no database session meanwhile (each look is its own transaction in the service)."""
+    app_state.limits.take_callback(request.client.host if request.client else None)
     raw = await request.body()  # the MAC is over the exact bytes, so no JSON model here
-    await service.accept(session, episode_id, step, raw, x_rlaas_signature, app_state.secrets)
-    # Background tasks run after the response, i.e. after the commit: a woken poll finds the row.
-    background.add_task(app_state.relay.notify, (episode_id, step))
+    await service.accept(
+        app_state.sessions,
+        app_state.relay,
+        episode_id,
+        step,
+        raw,
+        x_rlaas_signature,
+        app_state.secrets,
+        hold_s=app_state.settings.callback_await_grace_s,
+        poll_s=app_state.settings.callback_poll_s,
+    )
     return CallbackAccepted(accepted=True)
 
 
@@ -53,6 +63,8 @@ async def wait_for_callback(
 ) -> CallbackRead | Response:
     """Long-poll: 200 with the stored result (marked delivered), 204 if none came in wait_s.
 
+    While it polls, the step is awaited: a result posted for it is taken.
+
     It holds no database session while waiting (no SessionDep): each look is its own
     short transaction inside the service.
     """
@@ -64,6 +76,7 @@ async def wait_for_callback(
         step,
         wait_s=wait_s,
         poll_s=app_state.settings.callback_poll_s,
+        grace_s=app_state.settings.callback_await_grace_s,
     )
     if body is None:
         return Response(status_code=204)

@@ -207,10 +207,13 @@ class Environment(Base):
 
 
 class EnvCallback(Base):
-    """A deferred step result posted by an environment, waiting for its worker to fetch it.
+    """A deferred step, from the worker's first long-poll for it to its posted result.
 
-    ``(episode_id, step)`` is the step's idempotency key: a second post of the
-    same pair is a replay and is refused.
+    The worker's long-poll makes the row (``body`` NULL) and keeps ``awaited_until``
+    ahead of now while it waits; only then is a result for ``(episode_id, step)``
+    taken, once (``received_at``): results nobody awaits are refused, not stored.
+    The reaper sweeps rows of runs that no longer run, and rows nobody has awaited
+    for ``callback_retention_s``.
     """
 
     __tablename__ = "env_callbacks"
@@ -218,7 +221,12 @@ class EnvCallback(Base):
     episode_id: Mapped[str] = mapped_column(String(300), primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    environment_id: Mapped[str] = mapped_column(ForeignKey("environments.id", ondelete="CASCADE"))
-    body: Mapped[dict[str, Any]] = mapped_column(JSON)
-    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Set with the result: the environment whose secret signed it.
+    environment_id: Mapped[str | None] = mapped_column(
+        ForeignKey("environments.id", ondelete="CASCADE")
+    )
+    # none_as_null: "no result yet" is SQL NULL, not the JSON document null.
+    body: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    awaited_until: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    received_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -12,12 +12,16 @@ columns override them. Over a quota is an explicit answer, never a stall:
   the step after this one.
 - The body size is enforced by ``app.api.body_limit.BodyLimitMiddleware``
   before the route reads anything, with the limit ``Limiter.body_limit`` looks up.
+- The environment callback route has no tenant to charge (no API key): its rate
+  is the same token bucket per source address (``Limiter.take_callback``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -32,6 +36,7 @@ from app.settings import Settings
 
 CACHE_TTL_S = 10.0
 _CACHE_MAX = 10_000
+_SOURCES_MAX = 10_000
 _UNFINISHED = (run_states.QUEUED, run_states.STARTING, run_states.RUNNING)
 V = TypeVar("V")
 
@@ -89,6 +94,9 @@ class Limiter:
         self._buckets: dict[str, TokenBucket] = {}
         self._by_tenant: dict[str, tuple[float, Quotas]] = {}
         self._by_prefix: dict[str, tuple[float, int]] = {}
+        # Least recently seen first: past _SOURCES_MAX the longest-quiet address is
+        # forgotten (it comes back to a full bucket), so random sources cannot grow memory.
+        self._by_source: OrderedDict[str, TokenBucket] = OrderedDict()
 
     async def quotas(self, session: AsyncSession, tenant_id: str) -> Quotas:
         now = self._clock()
@@ -113,6 +121,29 @@ class Limiter:
                 f"retry after {retry}s or ask for a higher quota",
                 retry_after_s=retry,
                 quota={"name": "requests_per_minute", "limit": quotas.requests_per_minute},
+            )
+
+    def take_callback(self, address: str | None) -> None:
+        """A post to the callback route from ``address``: 429 past its rate, checked before
+        the route reads the database, so a flood costs a dictionary look-up each."""
+        per_minute = self.settings.callback_requests_per_minute
+        source = source_of(address)
+        now = self._clock()
+        bucket = self._by_source.get(source)
+        if bucket is None:
+            bucket = self._by_source[source] = TokenBucket(per_minute, now)
+            if len(self._by_source) > _SOURCES_MAX:
+                self._by_source.popitem(last=False)
+        else:
+            self._by_source.move_to_end(source)
+        wait = bucket.take(per_minute, now)
+        if wait > 0:
+            retry = max(1, math.ceil(wait))
+            raise TooManyRequests(
+                f"over {per_minute} environment callbacks per minute from {source}; retry "
+                f"after {retry}s (Retry-After), or spread the results out",
+                retry_after_s=retry,
+                quota={"name": "callback_requests_per_minute", "limit": per_minute},
             )
 
     def requests_available(self, tenant_id: str, quotas: Quotas) -> int:
@@ -146,6 +177,22 @@ class Limiter:
         limit = default if override is None else override
         _put(self._by_prefix, prefix, (now + CACHE_TTL_S, limit))
         return limit
+
+
+def source_of(address: str | None) -> str:
+    """The unit a callback rate is kept for: an IPv4 address, or an IPv6 address's /64
+    (one host usually holds a whole /64, so single IPv6 addresses would cost it nothing)."""
+    if not address:
+        return "unknown"
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:  # not an IP (a test client's name, a Unix socket): as it is
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 def _put(cache: dict[str, V], key: str, value: V) -> None:

@@ -11,7 +11,8 @@ Who parses what:
 - ``sdk.envserver`` (the author-side helper) parses the requests with
   `ResetRequest`, `StepRequest`, `CloseRequest`;
 - the control plane validates a deferred result posted to
-  ``/v1/env-callbacks/{episode_id}/{step}`` as a `CallbackBody`.
+  ``/v1/env-callbacks/{episode_id}/{step}`` as a `CallbackBody` (a step answer or
+  an error, naming the step it answers: `BoundToStep`).
 
 Tolerance: answers are written by environment authors in any language, and
 requests may gain optional fields within v1, so **unknown fields are ignored**
@@ -168,9 +169,26 @@ class ErrorAnswer(Tolerant):
     error: ErrorDetail
 
 
+class BoundToStep(Tolerant):
+    """Which step a deferred result answers: ``episode_id`` and ``step`` of its ``/step``
+    request, which must equal the callback URL's. They are in the body so that the
+    signature covers them: a captured post cannot be replayed onto another step."""
+
+    episode_id: EpisodeId
+    step: StepNumber
+
+
+class CallbackResult(StepAnswer, BoundToStep):
+    """A deferred step's result, posted to the callback route."""
+
+
+class CallbackFailure(ErrorAnswer, BoundToStep):
+    """A deferred step that failed after its 202, posted to the callback route."""
+
+
 # ``POST /v1/env-callbacks/{episode_id}/{step}``: the result, or the step's failure.
-CallbackBody = StepAnswer | ErrorAnswer
-CALLBACK_BODY: TypeAdapter[StepAnswer | ErrorAnswer] = TypeAdapter(CallbackBody)
+CallbackBody = CallbackResult | CallbackFailure
+CALLBACK_BODY: TypeAdapter[CallbackResult | CallbackFailure] = TypeAdapter(CallbackBody)
 
 
 class CallbackAccepted(Tolerant):
@@ -182,11 +200,23 @@ class CallbackAccepted(Tolerant):
 def parse_callback(body: Any) -> StepAnswer | ErrorAnswer:
     """A deferred result: a failure if it has an ``error``, else a step answer.
 
-    Raises `pydantic.ValidationError` (see `problems`) when it is neither.
+    The worker's view: the control plane checked the step binding when the result
+    was posted (`parse_bound_callback`). Raises `pydantic.ValidationError` (see
+    `problems`) when it is neither.
     """
     if isinstance(body, dict) and "error" in body:
         return ErrorAnswer.model_validate(body)
     return StepAnswer.model_validate(body)
+
+
+def parse_bound_callback(body: Any) -> CallbackResult | CallbackFailure:
+    """A posted deferred result, with the step it answers (`BoundToStep`).
+
+    Raises `pydantic.ValidationError` (see `problems`) when it is neither shape.
+    """
+    if isinstance(body, dict) and "error" in body:
+        return CallbackFailure.model_validate(body)
+    return CallbackResult.model_validate(body)
 
 
 def problems(exc: ValidationError) -> str:
@@ -225,7 +255,16 @@ def _plain_type(title: str, loc: tuple[int | str, ...]) -> str | None:
     return None
 
 
-for _model in (ResetRequest, StepRequest, CloseRequest, Action, ToolCall):
+for _model in (
+    ResetRequest,
+    StepRequest,
+    CloseRequest,
+    Action,
+    ToolCall,
+    BoundToStep,
+    CallbackResult,
+    CallbackFailure,
+):
     _MODELS[_model.__name__] = _model
 
 # The bodies of the protocol, by the name their JSON Schema file has (docs/schemas/).
@@ -262,8 +301,11 @@ __all__ = [
     "CALLBACK_BODY",
     "VERSION",
     "Action",
+    "BoundToStep",
     "CallbackAccepted",
     "CallbackBody",
+    "CallbackFailure",
+    "CallbackResult",
     "CloseAnswer",
     "CloseRequest",
     "DeferredAnswer",
@@ -278,6 +320,7 @@ __all__ = [
     "StepRequest",
     "ToolCall",
     "json_schemas",
+    "parse_bound_callback",
     "parse_callback",
     "problems",
 ]

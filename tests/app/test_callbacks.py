@@ -6,12 +6,14 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from app.db.models import EnvCallback
+from app.settings import Settings
 from rl_core.protocol.signing import HEADER, sign
 from tests.app.conftest import WORKER, Api, running_api
 
@@ -46,7 +48,13 @@ async def local(app_database: str) -> Any:
         yield api
 
 
-async def post(api: Api, episode_id: str, step: int, body: Any = RESULT, **sign_kw: Any) -> Any:
+def bound(episode_id: str, step: int, result: dict[str, Any] = RESULT) -> dict[str, Any]:
+    """A callback body: the result, naming the step it answers."""
+    return {"episode_id": episode_id, "step": step, **result}
+
+
+async def post(api: Api, episode_id: str, step: int, body: Any = None, **sign_kw: Any) -> Any:
+    body = bound(episode_id, step) if body is None else body
     raw = json.dumps(body).encode() if not isinstance(body, bytes) else body
     secret = sign_kw.pop("secret", SECRET)
     headers = {"Content-Type": "application/json"}
@@ -68,6 +76,8 @@ async def poll(api: Api, run_id: str, episode_id: str, step: int, wait_s: float)
 
 async def test_a_signed_result_is_stored_once_and_relayed(local: Api) -> None:
     ep = await running_episode(local)
+    for step in (3, 4):  # the worker awaits both (for callback_await_grace_s past its poll)
+        assert (await poll(local, ep.run_id, ep.episode_id, step, wait_s=0)).status_code == 204
     r = await post(local, ep.episode_id, 3)
     assert r.status_code == 202 and r.json() == {"accepted": True}
     replay = await post(local, ep.episode_id, 3)
@@ -75,12 +85,57 @@ async def test_a_signed_result_is_stored_once_and_relayed(local: Api) -> None:
     assert (await post(local, ep.episode_id, 4)).status_code == 202  # the next step is new
 
     got = await poll(local, ep.run_id, ep.episode_id, 3, wait_s=0)
-    assert got.status_code == 200 and got.json() == {"body": RESULT}
+    assert got.status_code == 200 and got.json() == {"body": bound(ep.episode_id, 3)}
     rows = await local.db(lambda s: s.scalars(select(EnvCallback).order_by(EnvCallback.step)))
     delivered = [(row.step, row.delivered_at is not None) for row in rows]
     assert delivered == [(3, True), (4, False)]
     # Fetched again (the worker lost the answer): the same body, at least once.
-    assert (await poll(local, ep.run_id, ep.episode_id, 3, wait_s=0)).json() == {"body": RESULT}
+    again = await poll(local, ep.run_id, ep.episode_id, 3, wait_s=0)
+    assert again.json() == {"body": bound(ep.episode_id, 3)}
+
+
+async def test_a_post_that_beats_the_workers_first_poll_is_held_for_it(local: Api) -> None:
+    # The environment posts as soon as it has answered 202; the worker polls after it
+    # has read the 202. The post waits for the poll (callback_await_grace_s, 10 s here).
+    ep = await running_episode(local)
+    posting = asyncio.create_task(post(local, ep.episode_id, 2))
+    await asyncio.sleep(0.2)
+    assert not posting.done()
+    got = await poll(local, ep.run_id, ep.episode_id, 2, wait_s=10)
+    assert got.status_code == 200 and got.json() == {"body": bound(ep.episode_id, 2)}
+    assert (await asyncio.wait_for(posting, timeout=10)).status_code == 202
+
+
+async def test_a_failed_step_is_relayed_as_its_error(local: Api) -> None:
+    ep = await running_episode(local)
+    failure = bound(ep.episode_id, 1, {"error": {"code": "environment_error", "message": "boom"}})
+    waiting = asyncio.create_task(poll(local, ep.run_id, ep.episode_id, 1, wait_s=10))
+    assert (await post(local, ep.episode_id, 1, failure)).status_code == 202
+    assert (await asyncio.wait_for(waiting, timeout=10)).json() == {"body": failure}
+
+
+async def test_a_result_after_the_workers_wait_ended_is_gone(app_database: str) -> None:
+    async with running_api(
+        app_database, env_url_allowlist="loopback", callback_await_grace_s=0
+    ) as api:
+        ep = await running_episode(api)
+        assert (await poll(api, ep.run_id, ep.episode_id, 1, wait_s=0)).status_code == 204
+        r = await post(api, ep.episode_id, 1)  # its wait ended with that poll
+        assert r.status_code == 410, r.text
+        assert "wait ended" in r.json()["error"]["message"]
+        never = await post(api, ep.episode_id, 2)
+        assert never.status_code == 410 and "not deferred" in never.json()["error"]["message"]
+
+
+async def test_an_old_style_callback_is_told_what_to_add(local: Api) -> None:
+    ep = await running_episode(local)
+    r = await post(local, ep.episode_id, 3, RESULT)  # the result alone, as before
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["field"] == "episode_id"
+    assert f'add "episode_id": "{ep.episode_id}" and "step": 3' in error["message"]
+    typed = await post(local, ep.episode_id, 3, {**bound(ep.episode_id, 3), "step": "3"})
+    assert typed.status_code == 422 and typed.json()["error"]["field"] == "step"
 
 
 async def test_nothing_yet_is_204_after_wait_s(local: Api) -> None:
@@ -98,7 +153,7 @@ async def test_a_waiting_poll_is_woken_in_process(app_database: str) -> None:
         assert not waiting.done()
         assert (await post(api, ep.episode_id, 2)).status_code == 202
         got = await asyncio.wait_for(waiting, timeout=10)
-        assert got.status_code == 200 and got.json() == {"body": RESULT}
+        assert got.status_code == 200 and got.json() == {"body": bound(ep.episode_id, 2)}
 
 
 async def test_a_result_posted_to_another_api_process_reaches_the_poll(app_database: str) -> None:
@@ -111,7 +166,7 @@ async def test_a_result_posted_to_another_api_process_reaches_the_poll(app_datab
         await asyncio.sleep(0.2)
         assert (await post(taker, ep.episode_id, 5)).status_code == 202
         got = await asyncio.wait_for(waiting, timeout=10)
-        assert got.status_code == 200 and got.json() == {"body": RESULT}
+        assert got.status_code == 200 and got.json() == {"body": bound(ep.episode_id, 5)}
 
 
 @pytest.mark.parametrize(
@@ -138,8 +193,8 @@ async def test_bad_signatures_are_401_naming_the_header(
 
 async def test_a_tampered_body_does_not_verify(local: Api) -> None:
     ep = await running_episode(local)
-    header = sign(SECRET, json.dumps(RESULT).encode())
-    tampered = {**RESULT, "reward": 1.0}
+    header = sign(SECRET, json.dumps(bound(ep.episode_id, 1)).encode())
+    tampered = bound(ep.episode_id, 1, {**RESULT, "reward": 1.0})
     r = await post(local, ep.episode_id, 1, tampered, header=header)
     assert r.status_code == 401 and "does not match" in r.json()["error"]["message"]
 
@@ -161,7 +216,7 @@ async def test_a_finished_run_takes_no_results(local: Api) -> None:
     await local.internal(ep.run_id, "status", worker_id="w1", status="running")
     await local.internal(ep.run_id, "status", worker_id="w1", status="failed", error="x")
     r = await post(local, ep.episode_id, 1)
-    assert r.status_code == 409 and "failed" in r.json()["error"]["message"]
+    assert r.status_code == 410 and "failed" in r.json()["error"]["message"]
 
 
 async def test_a_signed_body_that_is_not_a_json_object_is_422(local: Api) -> None:
@@ -182,3 +237,10 @@ async def test_the_long_poll_needs_the_worker_token_and_a_matching_run(local: Ap
     assert missing.status_code == 404 and missing.json()["error"]["field"] == "run_id"
     too_long = await poll(local, ep.run_id, ep.episode_id, 1, wait_s=61)
     assert too_long.status_code == 422 and too_long.json()["error"]["field"] == "wait_s"
+
+
+def test_the_protocol_page_states_the_control_planes_defaults() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "environment-protocol.md").read_text()
+    defaults = Settings.model_fields
+    assert f"held for up to {defaults['callback_await_grace_s'].default:g} seconds" in page
+    assert f"({defaults['callback_requests_per_minute'].default} a minute" in page

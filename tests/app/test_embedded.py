@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from app.admin import create_tenant, migrate
+from app.db.models import EnvCallback
 from app.dispatch import RecordingDispatcher
-from app.main import create_app
+from app.main import create_app, reap_once
 from app.settings import Settings
+from rl_core.protocol.signing import HEADER, sign
 from tests.app.conftest import spec
 
 pytestmark = pytest.mark.anyio
@@ -88,3 +92,53 @@ async def test_submit_claim_report_and_read_back_on_sqlite(
         if (cursor := page["next_cursor"]) is None:
             break
     assert seen == [*reversed(newer), run_id]
+
+
+async def test_a_deferred_result_is_taken_once_and_swept_on_sqlite(embedded: Settings) -> None:
+    # The callback rows' SQL on SQLite: the upsert of the worker's poll, the conditional
+    # UPDATE ... RETURNING of the post, and the sweep's correlated DELETE.
+    app = create_app(embedded, dispatcher=RecordingDispatcher())
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://local") as client:
+            _, key = await create_tenant(embedded, "local")
+            auth = {"Authorization": f"Bearer {key}"}
+            token = (embedded.data_dir / "worker_token").read_text().strip()
+            worker = {"Authorization": f"Bearer {token}"}
+            secret = "embedded-secret-0123456789"
+            env = await client.post(
+                "/v1/environments",
+                json={"name": "local", "url": "http://127.0.0.1:9/env", "secret": secret},
+                headers=auth,
+            )
+            assert env.status_code == 201, env.text
+            environment = {"name": env.json()["id"]}
+            created = await client.post(
+                "/v1/runs", json={"spec": spec(environment=environment)}, headers=auth
+            )
+            run_id = created.json()["id"]
+            claim = f"/internal/runs/{run_id}/claim"
+            assert (await client.post(claim, json={"worker_id": "w1"}, headers=worker)).is_success
+            episode = f"{run_id}~a1-g0-e0"
+            waited = f"/internal/runs/{run_id}/env-callbacks/{episode}/1"
+            assert (
+                await client.get(waited, params={"wait_s": 0}, headers=worker)
+            ).status_code == 204
+            raw = json.dumps({"episode_id": episode, "step": 1, "reward": 1.0, "done": True})
+            headers = {HEADER: sign(secret, raw.encode()), "Content-Type": "application/json"}
+            url = f"/v1/env-callbacks/{episode}/1"
+            assert (await client.post(url, content=raw, headers=headers)).status_code == 202
+            assert (await client.post(url, content=raw, headers=headers)).status_code == 409
+            got = await client.get(waited, params={"wait_s": 0}, headers=worker)
+            assert got.json()["body"]["reward"] == 1.0
+
+            for status in ("running", "succeeded"):
+                body = {"worker_id": "w1", "status": status}
+                ended = await client.post(
+                    f"/internal/runs/{run_id}/status", json=body, headers=worker
+                )
+                assert ended.is_success, ended.text
+            await reap_once(app.state.rlaas)
+            assert (await client.post(url, content=raw, headers=headers)).status_code == 410
+            async with app.state.rlaas.sessions() as session:
+                assert (await session.scalars(select(EnvCallback))).all() == []

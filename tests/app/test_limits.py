@@ -9,8 +9,11 @@ import pytest
 from sqlalchemy import update
 
 from app.db.models import Tenant
-from app.services.quotas import TokenBucket
+from app.errors import TooManyRequests
+from app.services import quotas
+from app.services.quotas import Limiter, TokenBucket
 from app.services.tenants import authenticate
+from app.settings import Settings
 from tests.app.conftest import WORKER, Api, running_api, spec
 
 pytestmark = pytest.mark.anyio
@@ -101,6 +104,35 @@ def test_the_token_bucket_refills_continuously() -> None:
     assert bucket.take(3, now=20.0) == 0.0
     assert bucket.take(3, now=1000.0) == 0.0 and bucket.tokens == pytest.approx(2.0)  # capped
     assert bucket.take(0, now=1000.0) == 60.0  # a zero quota refuses everything
+
+
+def test_the_callback_rate_is_kept_per_source_address() -> None:
+    now = [0.0]
+    limiter = Limiter(Settings(callback_requests_per_minute=2), clock=lambda: now[0])
+    for address in ("192.0.2.1", "192.0.2.1", "192.0.2.2"):
+        limiter.take_callback(address)
+    with pytest.raises(TooManyRequests) as over:
+        limiter.take_callback("::ffff:192.0.2.1")  # the same host, as an IPv4-mapped address
+    assert over.value.headers == {"Retry-After": "30"}
+    assert "from 192.0.2.1" in over.value.message
+    # One IPv6 host usually holds a whole /64: it is one source.
+    limiter.take_callback("2001:db8:1:2::1")
+    limiter.take_callback("2001:db8:1:2:ffff::9")
+    with pytest.raises(TooManyRequests, match="2001:db8:1:2::/64"):
+        limiter.take_callback("2001:db8:1:2::2")
+    limiter.take_callback("2001:db8:1:3::1")  # the next /64 is another source
+    now[0] = 30.0
+    limiter.take_callback("192.0.2.1")  # a token back after 60 / 2 s
+
+
+def test_the_callback_buckets_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quotas, "_SOURCES_MAX", 3)
+    limiter = Limiter(Settings(callback_requests_per_minute=1), clock=lambda: 0.0)
+    for i in range(5):
+        limiter.take_callback(f"192.0.2.{i}")
+    with pytest.raises(TooManyRequests):
+        limiter.take_callback("192.0.2.4")  # the most recent are kept...
+    limiter.take_callback("192.0.2.0")  # ...the longest quiet forgotten: a full bucket again
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from rl_core.envs import Action, MemoryCallbacks, Reset, Step
 from rl_core.errors import EnvironmentFailure
+from rl_core.protocol import webhook as wire
 from rl_core.protocol.signing import HEADER, SignatureError, verify
 
 SECRET = "test-secret-0123456789"
@@ -123,8 +124,16 @@ class Scripted:
         self.closed.append(episode_id)
 
 
-def relay_app(callbacks: MemoryCallbacks, secret: str = SECRET) -> Starlette:
-    """What the control plane does with a deferred result: verify it, hand it to the waiter."""
+def relay_app(
+    callbacks: MemoryCallbacks,
+    secret: str = SECRET,
+    *,
+    refusals: list[tuple[int, dict[str, str]]] | None = None,
+) -> Starlette:
+    """What the control plane does with a deferred result: verify it, check that it names
+    the URL's step, hand it to the waiter. ``refusals`` (status, headers) are answered
+    first, one per post, as a busy or refusing control plane would."""
+    pending = list(refusals or [])
 
     async def receive(request: Request) -> JSONResponse:
         raw = await request.body()
@@ -132,8 +141,16 @@ def relay_app(callbacks: MemoryCallbacks, secret: str = SECRET) -> Starlette:
             verify(secret, raw, request.headers.get(HEADER))
         except SignatureError as exc:
             return JSONResponse({"error": str(exc)}, status_code=401)
-        params = request.path_params
-        callbacks.deliver(params["episode_id"], int(params["step"]), await request.json())
+        if pending:
+            status, headers = pending.pop(0)
+            error = {"code": "refused", "message": f"scripted {status}"}
+            return JSONResponse({"error": error}, status_code=status, headers=headers)
+        episode_id, step = request.path_params["episode_id"], int(request.path_params["step"])
+        body = await request.json()
+        bound = wire.parse_bound_callback(body)
+        if (bound.episode_id, bound.step) != (episode_id, step):
+            return JSONResponse({"error": "signed for another step"}, status_code=403)
+        callbacks.deliver(episode_id, step, body)
         return JSONResponse({"accepted": True}, status_code=202)
 
     return Starlette(routes=[Route("/cb/{episode_id}/{step}", receive, methods=["POST"])])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from rl_core.envs import MemoryCallbacks
 from rl_core.protocol.signing import HEADER, sign
 from sdk.cli import cli
 from sdk.envserver import EnvServer, load_environment
-from tests.sdk.serving import SECRET, Scripted, free_port, relay_app, serving
+from tests.sdk.serving import SECRET, Counted, Scripted, free_port, relay_app, serving
 
 HTTP = httpx.Client(trust_env=False, timeout=10)  # one client: each new one loads the CA bundle
 
@@ -120,6 +121,42 @@ def test_slow_steps_are_deferred_and_posted_signed_to_the_callback_url() -> None
     assert callbacks.delivered == [("e1", 1)]
     assert after.status_code == 200 and after.json()["reward"] == 1.0
     assert env.applied[("e1", 1)] == 1
+
+
+def deliver_once(refusals: list[tuple[int, dict[str, str]]]) -> tuple[MemoryCallbacks, Counted]:
+    """One deferred step of a server whose callbacks meet ``refusals`` first; returns what
+    reached the waiter and the posts made, once the server has delivered or given up."""
+    callbacks = MemoryCallbacks()
+    relay = Counted(relay_app(callbacks, refusals=refusals))
+    env = Scripted(step_delays=[0.2])
+    with serving(relay) as relay_url:
+        server = EnvServer(env, secret=SECRET, callback_url=f"{relay_url}/cb", defer_after_s=0.05)
+        with serving(server.app) as url:
+            assert post(f"{url}/step", STEP).status_code == 202
+            deadline = time.monotonic() + 10
+            while not server_idle(server) and time.monotonic() < deadline:
+                time.sleep(0.02)
+    return callbacks, relay
+
+
+def server_idle(server: EnvServer) -> bool:
+    return not server._background  # the delivery task is gone: delivered or given up
+
+
+def test_a_deferred_result_names_its_step_and_a_busy_control_plane_is_retried() -> None:
+    callbacks, relay = deliver_once([(429, {"Retry-After": "1"}), (503, {})])
+    assert callbacks.delivered == [("e1", 1)]
+    assert relay.requests["/cb/e1/1"] == 3
+    taken = asyncio.run(callbacks.wait("e1", 1, timeout_s=0))
+    assert taken is not None
+    assert (taken["episode_id"], taken["step"], taken["reward"]) == ("e1", 1, 1.0)
+
+
+@pytest.mark.parametrize("status", [409, 410, 403, 422])
+def test_a_final_answer_ends_the_deliveries(status: int) -> None:
+    callbacks, relay = deliver_once([(status, {})])
+    assert callbacks.delivered == []
+    assert relay.requests["/cb/e1/1"] == 1
 
 
 def test_server_options_and_loading_are_checked() -> None:
