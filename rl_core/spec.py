@@ -292,6 +292,10 @@ class AlgorithmSpec(_Section):
     # each turn's tokens that turn's return-to-go against the group's at the same turn
     # (rewards the environment gives per step then reach the turn that earned them).
     credit: Literal["episode", "turn"] = "episode"
+    # With credit "turn": how much of the later turns' rewards a turn is credited with
+    # (return-to-go discounted by gamma per turn). 1 for games where a turn's answer
+    # shapes what follows; 0 where turns are independent draws (each its own reward).
+    gamma: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
     # GRPO's baseline: "group" subtracts the mean of the episode's own group (same
     # environment seed); "batch" the mean over the whole batch (REINFORCE++), which
     # still moves a policy when every member of a group answered alike and wrong.
@@ -326,6 +330,8 @@ class AlgorithmSpec(_Section):
             raise ValueError("credit 'turn' is GRPO's; PPO assigns credit with its value head")
         if self.baseline == "batch" and self.name == "ppo":
             raise ValueError("baseline 'batch' is GRPO's; PPO's baseline is its value head")
+        if self.gamma != 1.0 and self.credit != "turn":
+            raise ValueError("gamma discounts turn credit: set credit: turn, or leave gamma at 1")
         return self
 
 

@@ -118,11 +118,14 @@ def turn_advantages(
     scale: bool | jax.Array = True,
     eps: float = 1e-6,
     baseline: Baseline = "group",
+    gamma: float = 1.0,
 ) -> jax.Array:  # [G, K, T]; 0 where not reached
     """Turn-level GRPO: each turn's return-to-go against the group's at the same turn.
 
-    ``G_t = sum_{j >= t} r_j`` (what turn t and the turns after it earned; a turn
-    is not credited with rewards that came before it), and
+    ``G_t = sum_{j >= t} gamma^(j - t) r_j`` (what turn t and the turns after it
+    earned; a turn is not credited with rewards that came before it; ``gamma`` < 1
+    credits it less with the later turns', which in a game whose turns do not
+    change what comes after are noise: 0 credits each turn with its own reward), and
     ``A_t = (G_t - mean_group G_t) [/ (std_group G_t + eps)]`` over the members
     that reached turn t. Every member of a group starts from the same
     environment seed, so the mean is a per-turn baseline: the estimate stays
@@ -138,7 +141,10 @@ def turn_advantages(
     axes = _baseline_axes(baseline)
     reached_f = reached.astype(jnp.float32)
     earned = rewards * reached_f
-    togo = jnp.flip(jnp.cumsum(jnp.flip(earned, axis=-1), axis=-1), axis=-1)
+    offset = jnp.arange(earned.shape[-1])
+    later = offset[None, :] - offset[:, None]  # [t, j]: j - t
+    discount = jnp.where(later >= 0, jnp.power(gamma, jnp.maximum(later, 0)), 0.0)
+    togo = jnp.einsum("gkj,tj->gkt", earned, discount)
     count = jnp.maximum(reached_f.sum(axis=axes, keepdims=True), 1.0)  # [G|1, 1, T]
     mean = (togo * reached_f).sum(axis=axes, keepdims=True) / count
     centred = (togo - mean) * reached_f

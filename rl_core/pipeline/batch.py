@@ -39,11 +39,12 @@ def build_batch(
     min_length: int = 32,
     credit: Credit = "episode",
     baseline: Baseline = "group",
+    gamma: float = 1.0,
 ) -> TrainBatch:
     ordered = sorted(groups, key=lambda g: g.task)  # completion order must not change the math
     advantage: Callable[[int, Trajectory, Sample], float | list[float]]
     if credit == "turn":
-        per_turn = turn_credit(ordered, group_size, scale_rewards, baseline)
+        per_turn = turn_credit(ordered, group_size, scale_rewards, baseline, gamma)
 
         def advantage(i: int, t: Trajectory, sample: Sample) -> list[float]:
             turns = np.asarray(sample.turns, dtype=np.int64)
@@ -108,7 +109,11 @@ def episode_credit(
 
 
 def turn_credit(
-    groups: Sequence[Group], group_size: int, scale_rewards: bool, baseline: Baseline = "group"
+    groups: Sequence[Group],
+    group_size: int,
+    scale_rewards: bool,
+    baseline: Baseline = "group",
+    gamma: float = 1.0,
 ) -> np.ndarray:
     """Turn-level advantages, [groups, group_size, turns] (`turn_advantages`).
 
@@ -123,7 +128,7 @@ def turn_credit(
             rewards[i, t.member, : len(t.turn_rewards)] = t.turn_rewards
             reached[i, t.member, : t.turns] = t.kept
     adv = turn_advantages(
-        jnp.asarray(rewards), jnp.asarray(reached), scale_rewards, baseline=baseline
+        jnp.asarray(rewards), jnp.asarray(reached), scale_rewards, baseline=baseline, gamma=gamma
     )
     return np.asarray(adv)
 

@@ -296,6 +296,7 @@ def build_pipeline(
                 min_length=configs.TRAIN_MIN_LENGTH,
                 credit=spec.algorithm.credit,
                 baseline=spec.algorithm.baseline,
+                gamma=spec.algorithm.gamma,
             )
 
         pipeline = Pipeline(

@@ -64,6 +64,19 @@ def test_a_turn_is_credited_with_what_it_and_later_turns_earned_not_earlier_luck
     np.testing.assert_allclose(adv[0, :, 2], [0.5, -0.5], atol=1e-6)
 
 
+@pytest.mark.parametrize("gamma", [0.0, 0.5])
+def test_gamma_discounts_the_later_turns_rewards(gamma: float) -> None:
+    # Same rewards as above; returns-to-go written out by hand for each gamma.
+    rewards = jnp.array([[[1.0, 0.5, 1.0], [0.0, 0.5, 0.0]]])
+    adv = np.asarray(turn_advantages(rewards, jnp.ones((1, 2, 3), bool), False, gamma=gamma))
+    togo = {
+        0.0: [[1.0, 0.5, 1.0], [0.0, 0.5, 0.0]],
+        0.5: [[1.0 + 0.25 + 0.25, 0.5 + 0.5, 1.0], [0.0 + 0.25 + 0.0, 0.5, 0.0]],
+    }[gamma]
+    expected = np.asarray(togo) - np.asarray(togo).mean(axis=0)
+    np.testing.assert_allclose(adv[0], expected, atol=1e-6)
+
+
 def test_members_that_did_not_reach_a_turn_are_out_of_its_baseline() -> None:
     rewards = jnp.array([[[0.0, 1.0], [0.0, 0.0], [1.0, 0.0]]])
     reached = jnp.array([[[True, True], [True, True], [True, False]]])
