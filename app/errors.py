@@ -77,6 +77,18 @@ class PayloadTooLarge(AppError):
         self.extra = {"limit_bytes": limit_bytes}
 
 
+class Unavailable(AppError):
+    """A part the request needs is not there now (a worker restarting); retry."""
+
+    status_code = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.extra = {"retry_after_s": retry_after_s}
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
 class TooManyRequests(AppError):
     status_code = 429
     code = "too_many_requests"

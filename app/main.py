@@ -30,6 +30,7 @@ from app.api import (
     prometheus,
     results,
     runs,
+    sessions,
     stream,
 )
 from app.api.body_limit import BodyLimitMiddleware
@@ -95,12 +96,14 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             await live.aclose()
+            await app_state.gateways.aclose()
             sender.close()
             await engine.dispose()
 
     app = FastAPI(title="rlaas", version="0.1.0", lifespan=lifespan)
     app.include_router(health.router)
     app.include_router(runs.router)
+    app.include_router(sessions.router)
     app.include_router(internal.router)
     app.include_router(ingest.router)
     app.include_router(results.router)

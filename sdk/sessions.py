@@ -11,11 +11,14 @@
         ...                                            # your agent loop, your tools
         session.end(reward=1.0)                        # the episode's reward
 
+A run submitted to the service: ``SessionGateway.for_run(api_url, api_key, run_id)``
+(the API proxies the session's calls to the worker holding the run).
+
 Sessions of one ``group`` are GRPO's group (the same task, ``rollout.group_size`` of
 them). `SessionGateway.open` waits while the run has no free episode (HTTP 429: the
-run's backpressure), up to ``wait_s``. A cancelled session (`Session.cancel`) is not
-trained on, nor is one left without `Session.end`: it times out on the server after
-``rollout.episode_timeout_s``.
+run's backpressure) or is not serving yet (503), up to ``wait_s``. A cancelled session
+(`Session.cancel`) is not trained on, nor is one left without `Session.end`: it times
+out on the server after ``rollout.episode_timeout_s``.
 """
 
 from __future__ import annotations
@@ -32,10 +35,21 @@ from sdk.errors import RlaasError
 
 
 class SessionGateway:
-    def __init__(self, url: str, token: str, *, timeout_s: float = 120.0) -> None:
+    """Where sessions of one run are opened: a local run's gateway (``SessionGateway(url,
+    token)`` or `from_folder`), or a run of the service (`for_run`: the API's URL)."""
+
+    def __init__(
+        self, url: str, token: str, *, timeout_s: float = 120.0, open_path: str = "/v1/sessions"
+    ) -> None:
         self.url = url.rstrip("/")
+        self._open_url = self.url + open_path
         self._http = httpx.Client(timeout=timeout_s)
         self._token = token
+
+    @classmethod
+    def for_run(cls, api_url: str, api_key: str, run_id: str) -> SessionGateway:
+        """Sessions of a run submitted to the service (``POST /v1/runs/{id}/sessions``)."""
+        return cls(f"{api_url.rstrip('/')}/v1/runs/{run_id}", api_key, open_path="/sessions")
 
     @classmethod
     def from_folder(cls, out: str | Path, *, wait_s: float = 60.0) -> SessionGateway:
@@ -55,11 +69,10 @@ class SessionGateway:
         body = {"group": group} if group is not None else {}
         while True:
             answer = self._http.post(
-                f"{self.url}/v1/sessions",
-                json=body,
-                headers={"Authorization": f"Bearer {self._token}"},
+                self._open_url, json=body, headers={"Authorization": f"Bearer {self._token}"}
             )
-            if answer.status_code != 429:
+            # 429: no free episode now; 503: the run's worker is not serving yet.
+            if answer.status_code not in (429, 503):
                 break
             pause = float(answer.headers.get("Retry-After", "1"))
             if time.monotonic() + pause > deadline:

@@ -31,6 +31,7 @@ from rl_core.protocol.internal import (
     ArtifactBody,
     ClaimBody,
     ClaimRead,
+    GatewayBody,
     HeartbeatBody,
     HeartbeatRead,
     IngestRead,
@@ -99,6 +100,11 @@ class ControlPlane:
         body = _body(HeartbeatBody, **fields)
         data = self._post(f"/internal/runs/{run_id}/heartbeat", body, on_conflict=LeaseLost)
         return _answer(HeartbeatRead, data, "heartbeat")
+
+    def register_gateway(self, run_id: str, url: str, token: str) -> None:
+        """Where this worker serves the sessions run's gateway (the API proxies to it)."""
+        body = _body(GatewayBody, worker_id=self.worker_id, url=url, token=token)
+        self._post(f"/internal/runs/{run_id}/gateway", body, on_conflict=LeaseLost)
 
     def report_status(self, run_id: str, status: str, error: str | None = None) -> None:
         fields: dict[str, Any] = {"worker_id": self.worker_id, "status": status}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
 from worker.callbacks import HttpCallbackSource
@@ -87,6 +87,7 @@ def _train_claimed(
             episode_prefix=f"{run_id}~a{claim.attempt}-",
             webhooks=webhooks,
             callbacks=HttpCallbackSource(settings.api_url, token, run_id),
+            gateway=session_gateway(api, run_id, settings),
         )
         # Everything reported must be stored before the run may be called finished.
         sink.flush(timeout_s=settings.api_retry_seconds)
@@ -107,6 +108,32 @@ def _train_claimed(
         return "cancelled"
     api.report_status(run_id, "succeeded")
     return "succeeded"
+
+
+def session_gateway(api: ControlPlane, run_id: str, settings: WorkerSettings) -> Any:
+    """A sessions run's gateway, registered with the control plane once it serves (the
+    API proxies clients' calls to it; it holds no database, only the run's broker)."""
+    import asyncio
+    import contextlib
+    import secrets
+
+    from worker.gateway import serve_gateway
+
+    @contextlib.asynccontextmanager
+    async def serving(broker: Any) -> Any:
+        token = secrets.token_urlsafe(24)
+        async with serve_gateway(
+            broker,
+            token=token,
+            host=settings.gateway_host,
+            port=settings.gateway_port,
+            public_url=settings.gateway_url,
+        ) as url:
+            await asyncio.to_thread(api.register_gateway, run_id, url, token)
+            log.info("run %s: sessions served at %s", run_id, url)
+            yield url
+
+    return serving
 
 
 def webhook_targets(claim: Claim, settings: WorkerSettings) -> dict[str, WebhookTarget]:

@@ -51,6 +51,13 @@ class WorkerSettings(BaseSettings):
     # server broker; "public,loopback" on the embedded default, as the control plane.
     env_url_allowlist: str | None = None
 
+    # A sessions run's gateway (worker/gateway.py): the address it binds and, when the
+    # control plane must reach it by another name (0.0.0.0, a container), that URL.
+    # Only the control plane calls it (clients reach it through the API).
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=0, ge=0, le=65535)  # 0: any free port
+    gateway_url: str | None = None
+
     @field_validator("env_url_allowlist")
     @classmethod
     def _allowlist_parses(cls, value: str | None) -> str | None:

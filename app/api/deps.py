@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import httpx
 from fastapi import Depends, Header, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -34,6 +35,13 @@ class AppState:
     limits: Limiter
     relay: CallbackRelay = field(default_factory=CallbackRelay)
     known_keys: KnownKeys = field(default_factory=KnownKeys)
+    # Sessions runs' calls, proxied to the gateways of their workers (app.services.gateways):
+    # a model call may wait minutes behind others; connecting may not.
+    gateways: httpx.AsyncClient = field(
+        default_factory=lambda: httpx.AsyncClient(
+            timeout=httpx.Timeout(900.0, connect=5.0), follow_redirects=False
+        )
+    )
 
 
 @dataclass

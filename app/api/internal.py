@@ -11,6 +11,7 @@ from app.api.jsonbody import documented, json_body
 from app.schemas import (
     ClaimBody,
     ClaimRead,
+    GatewayBody,
     HeartbeatBody,
     HeartbeatRead,
     IngestRead,
@@ -60,6 +61,16 @@ async def heartbeat(run_id: str, body: HeartbeatBody, session: SessionDep) -> He
         lease_expires_at=run.lease_expires_at,
         profile_steps=profile_steps,
     )
+
+
+@router.post("/{run_id}/gateway", response_model=StatusRead)
+async def register_gateway(
+    run_id: str, body: GatewayBody, session: SessionDep, app_state: StateDep
+) -> StatusRead:
+    run = await service.register_gateway(
+        session, run_id, body.worker_id, body.url, body.token, app_state.secrets
+    )
+    return StatusRead(status=run.status)
 
 
 @router.post("/{run_id}/status", response_model=StatusRead)

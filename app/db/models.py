@@ -93,6 +93,10 @@ class Run(Base):
     inflight_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # A profile asked for with POST /v1/runs/{id}/profile, handed out by the next heartbeat.
     profile_steps_requested: Mapped[int | None] = mapped_column(Integer)
+    # A sessions run's gateway on the worker holding it (worker/gateway.py): where client
+    # calls are proxied to, and its token, encrypted with RLAAS_SECRET_KEY.
+    gateway_url: Mapped[str | None] = mapped_column(String(2048))
+    gateway_token_encrypted: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -8,6 +8,7 @@ from app.schemas._base import Body, Timestamp
 from app.schemas.internal import (
     ClaimBody,
     ClaimRead,
+    GatewayBody,
     HeartbeatBody,
     HeartbeatRead,
     IngestRead,
@@ -32,6 +33,7 @@ __all__ = [
     "ClaimRead",
     "EventPage",
     "EventRead",
+    "GatewayBody",
     "HeartbeatBody",
     "HeartbeatRead",
     "IngestRead",

@@ -20,7 +20,6 @@ from app.errors import Conflict, NotFound, Unprocessable
 from app.schemas.environments import EnvironmentCreate, EnvironmentGrant
 from app.services import run_states
 from app.urlcheck import Allowlist, UrlRefused, check_url
-from rl_core.spec import SESSIONS
 
 ID_PREFIX = "env_"
 _UNFINISHED = (run_states.QUEUED, run_states.STARTING, run_states.RUNNING)
@@ -97,14 +96,6 @@ def environment_name(spec: dict[str, Any]) -> str | None:
 
 async def require_registered(session: AsyncSession, tenant_id: str, name: str) -> None:
     """A spec naming ``env_...`` must name one of the tenant's environments (422 otherwise)."""
-    if name == SESSIONS:
-        # The gateway runs beside the run's engine; the control plane's routes to a
-        # worker's gateway are not built yet (docs/sessions.md).
-        raise Unprocessable(
-            "spec.environment.name: 'sessions' (your own agent through an OpenAI-compatible "
-            "URL) runs with `rlaas train` on your machine for now, not through the API",
-            field="spec.environment.name",
-        )
     if not name.startswith(ID_PREFIX):
         return
     found = await session.scalar(

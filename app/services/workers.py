@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import case, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.crypto import SecretBox
 from app.db.models import Artifact, Run, utcnow
 from app.errors import Conflict, NotFound
 from app.live.notes import note_step
@@ -37,6 +38,7 @@ async def claim(session: AsyncSession, run_id: str, worker_id: str, lease_s: flo
     run.attempts += 1
     run.lease_owner = worker_id
     run.lease_expires_at = now + timedelta(seconds=lease_s)
+    run.gateway_url = run.gateway_token_encrypted = None  # the last attempt's, if any
     await session.flush()
     return run
 
@@ -71,6 +73,17 @@ async def heartbeat(
     profile_steps = ingest.take_profile_request(run)
     await session.flush()
     return run, profile_steps
+
+
+async def register_gateway(
+    session: AsyncSession, run_id: str, worker_id: str, url: str, token: str, box: SecretBox
+) -> Run:
+    """Where the lease holder serves this sessions run's gateway (proxied to by the API)."""
+    run = await _owned_run(session, run_id, worker_id)
+    run.gateway_url = url
+    run.gateway_token_encrypted = box.encrypt(token, context=f"gateway:{run.id}")
+    await session.flush()
+    return run
 
 
 async def report_status(

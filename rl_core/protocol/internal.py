@@ -138,6 +138,15 @@ class HeartbeatRead(Answer):
     profile_steps: int | None = None  # profile the next N steps; handed out once
 
 
+class GatewayBody(Sent):
+    """A sessions run's gateway (worker/gateway.py), as the control plane reaches it: the
+    URL it proxies client calls to and the token that opens sessions there."""
+
+    worker_id: WorkerId
+    url: str = Field(min_length=1, max_length=2048)
+    token: str = Field(min_length=16, max_length=200)
+
+
 class StatusBody(Sent):
     worker_id: WorkerId
     status: Literal["running", "succeeded", "failed", "cancelled"]
@@ -268,6 +277,7 @@ __all__ = [
     "ClaimBody",
     "ClaimRead",
     "EnvironmentGrant",
+    "GatewayBody",
     "HeartbeatBody",
     "HeartbeatRead",
     "InflightEpisodeIn",

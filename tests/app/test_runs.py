@@ -79,7 +79,6 @@ async def test_an_unknown_run_is_404(api: Api) -> None:
         (spec(rollout={"group_size": "many"}), "spec.rollout.group_size", "valid integer"),
         ({"environment": {}}, "spec.environment.name", "Field required"),
         (spec(rollout={"vllm_url": "http://10.0.0.2:8000"}), "spec.rollout", "only used when"),
-        (spec(environment={"name": "sessions"}), "spec.environment.name", "rlaas train"),
     ],
 )
 async def test_an_invalid_spec_names_the_field_and_writes_nothing(

@@ -1,0 +1,94 @@
+"""Sessions of a ``sessions`` run, through the API: /v1/runs/{id}/sessions[/{sid}/...].
+
+::
+
+    POST /v1/runs/{id}/sessions                      tenant key   {"group": "task-17"}
+         -> 201 {"session_id", "base_url", "api_key", "group"}
+    POST /v1/runs/{id}/sessions/{sid}/chat/completions   session key (the openai client)
+    POST /v1/runs/{id}/sessions/{sid}/end                session key  {"reward", ...}
+    POST /v1/runs/{id}/sessions/{sid}/cancel             session key
+
+``base_url`` is this API's (``OpenAI(base_url=..., api_key=...)`` then calls the
+routes below it). Each call is proxied to the gateway of the worker holding the run
+(`app.services.gateways`); answers, errors (OpenAI's body) and SSE streams come back
+as the gateway sent them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from app.api.deps import SessionDep, StateDep, TenantDep
+from app.services import gateways
+
+router = APIRouter(prefix="/v1/runs", tags=["sessions"])
+
+ACTIONS = ("chat/completions", "end", "cancel")
+
+
+@router.post("/{run_id}/sessions", status_code=201)
+async def open_session(
+    run_id: str, request: Request, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+) -> StreamingResponse:
+    url, token = await gateways.gateway_of(session, run_id, app_state.secrets, tenant_id)
+    await session.commit()  # no transaction held open across the worker's answer
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    answer, chunks = await gateways.forward(
+        app_state.gateways, f"{url}/v1/sessions", await request.body(), headers
+    )
+    body = b"".join([c async for c in chunks])
+    if answer.status_code == 201:
+        body = _with_our_base_url(body, f"{str(request.base_url).rstrip('/')}/v1/runs/{run_id}")
+    return StreamingResponse(
+        iter([body]), status_code=answer.status_code, headers=gateways.answer_headers(answer)
+    )
+
+
+async def _proxy(
+    run_id: str, sid: str, action: str, request: Request, session: Any, app_state: Any
+) -> StreamingResponse:
+    url, _token = await gateways.gateway_of(session, run_id, app_state.secrets)
+    await session.commit()
+    answer, chunks = await gateways.forward(
+        app_state.gateways,
+        f"{url}/v1/sessions/{sid}/{action}",
+        await request.body(),
+        request.headers,
+    )
+    return StreamingResponse(
+        chunks, status_code=answer.status_code, headers=gateways.answer_headers(answer)
+    )
+
+
+@router.post("/{run_id}/sessions/{sid}/chat/completions")
+async def chat_completions(
+    run_id: str, sid: str, request: Request, session: SessionDep, app_state: StateDep
+) -> StreamingResponse:
+    """OpenAI's chat completions; ``Authorization: Bearer <the session's api_key>``."""
+    return await _proxy(run_id, sid, "chat/completions", request, session, app_state)
+
+
+@router.post("/{run_id}/sessions/{sid}/end")
+async def end_session(
+    run_id: str, sid: str, request: Request, session: SessionDep, app_state: StateDep
+) -> StreamingResponse:
+    """``{"reward": r, "turn_rewards": [...]}``; ``Authorization: Bearer <api_key>``."""
+    return await _proxy(run_id, sid, "end", request, session, app_state)
+
+
+@router.post("/{run_id}/sessions/{sid}/cancel")
+async def cancel_session(
+    run_id: str, sid: str, request: Request, session: SessionDep, app_state: StateDep
+) -> StreamingResponse:
+    """End the session unscored; ``Authorization: Bearer <api_key>``."""
+    return await _proxy(run_id, sid, "cancel", request, session, app_state)
+
+
+def _with_our_base_url(body: bytes, runs_base: str) -> bytes:
+    data = json.loads(body)
+    data["base_url"] = f"{runs_base}/sessions/{data['session_id']}"
+    return json.dumps(data).encode()
