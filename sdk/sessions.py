@@ -134,7 +134,10 @@ class Session:
     ) -> None:
         # An agent that failed says nothing about the policy: a made-up reward would.
         if kind is not None and not self.ended:
-            self.cancel()
+            try:
+                self.cancel()
+            except (RlaasError, httpx.HTTPError):
+                pass  # the run is gone or unreachable: the session times out there anyway
 
 
 def _checked(answer: httpx.Response) -> dict[str, Any]:

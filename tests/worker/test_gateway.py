@@ -44,7 +44,7 @@ TOOLS: list[dict[str, Any]] = [
 ARGUMENTS = '{"a": 3,  "b":4}'  # odd spacing: it must come back as sampled
 CALLING = f'<tool_call>{{"name": "add", "arguments": {ARGUMENTS}}}</tool_call>'
 ANSWER = "7"
-TOKEN = "run-token"
+TOKEN = "run-token-of-the-test-gateway"
 
 
 class Served:

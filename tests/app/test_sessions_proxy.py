@@ -1,0 +1,119 @@
+"""Sessions through the API: the control plane proxies a session's calls to its run's gateway.
+
+The gateway is the real one (worker/gateway.py over a `SessionBroker` and a scripted
+engine, on loopback, `tests.worker.test_gateway.Served`); the run is submitted, claimed
+and its gateway registered through the API's own routes, as a worker would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.app.conftest import Api, spec
+from tests.worker.test_gateway import ARGUMENTS, TOKEN, TOOLS, Served
+
+pytestmark = pytest.mark.anyio
+
+SESSIONS_SPEC = {"environment": {"name": "sessions"}, "rollout": {"group_size": 2}}
+QUESTION = {"model": "policy", "messages": [{"role": "user", "content": "What is 3 + 4?"}]}
+
+
+@pytest.fixture
+def gateway() -> Iterator[Served]:
+    served = Served(groups=2, group_size=2, timeout_s=30.0)
+    try:
+        yield served
+    finally:
+        served.close()
+
+
+async def sessions_run(api: Api, auth: dict[str, str], gateway: Served | None) -> str:
+    run_id = await api.submit(auth, **SESSIONS_SPEC)
+    assert (await api.internal(run_id, "claim", worker_id="w1")).status_code == 200
+    if gateway is not None:
+        answer = await api.internal(run_id, "gateway", worker_id="w1", url=gateway.url, token=TOKEN)
+        assert answer.status_code == 200, answer.text
+    return run_id
+
+
+async def test_a_session_opened_through_the_api_is_served_by_the_runs_gateway(
+    api: Api, gateway: Served
+) -> None:
+    auth = await api.tenant()
+    run_id = await sessions_run(api, auth, gateway)
+    opened = await api.client.post(
+        f"/v1/runs/{run_id}/sessions", json={"group": "task-1"}, headers=auth
+    )
+    assert opened.status_code == 201, opened.text
+    session = opened.json()
+    base = f"http://rlaas.test/v1/runs/{run_id}/sessions/{session['session_id']}"
+    assert session["base_url"] == base and session["group"] == "task-1"
+    key = {"Authorization": f"Bearer {session['api_key']}"}
+
+    answer = await api.client.post(
+        f"{base}/chat/completions", json={**QUESTION, "tools": TOOLS}, headers=key
+    )
+    assert answer.status_code == 200, answer.text
+    (call,) = answer.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["arguments"] == ARGUMENTS  # the sampled bytes, through two hops
+
+    streamed = await api.client.post(
+        f"{base}/chat/completions", json={**QUESTION, "stream": True}, headers=key
+    )
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[0].removeprefix("data: "))["object"] == "chat.completion.chunk"
+
+    ended = await api.client.post(f"{base}/end", json={"reward": 1.0}, headers=key)
+    assert ended.status_code == 200 and ended.json()["calls"] == 2
+    (traj,) = gateway.wait_finished(1)
+    assert traj.end_state == "done" and traj.reward == 1.0
+
+
+async def test_what_the_gateway_refuses_comes_back_as_it_said_it(api: Api, gateway: Served) -> None:
+    auth = await api.tenant()
+    run_id = await sessions_run(api, auth, gateway)
+    session = (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)).json()
+    base = f"/v1/runs/{run_id}/sessions/{session['session_id']}"
+    refused = await api.client.post(
+        f"{base}/chat/completions",
+        json={**QUESTION, "frequency_penalty": 1},
+        headers={"Authorization": f"Bearer {session['api_key']}"},
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "frequency_penalty"
+    # The tenant's key is not a session's key.
+    assert (
+        await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=auth)
+    ).status_code == 404
+    # Two groups of two: the fifth session waits (the run's backpressure).
+    for _ in range(3):
+        await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)
+    full = await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)
+    assert full.status_code == 429 and full.headers["retry-after"] == "1"
+
+
+async def test_sessions_need_a_served_sessions_run_of_ones_own(api: Api) -> None:
+    auth, other = await api.tenant(), await api.tenant()
+    run_id = await sessions_run(api, auth, gateway=None)
+    waiting = await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)
+    assert waiting.status_code == 503 and waiting.headers["retry-after"] == "2"
+    assert "not started serving" in waiting.json()["error"]["message"]
+    assert (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=other)).status_code == 404
+    assert (await api.client.post(f"/v1/runs/{run_id}/sessions")).status_code == 401
+    game = await api.submit(auth, **spec())
+    refused = await api.client.post(f"/v1/runs/{game}/sessions", headers=auth)
+    assert refused.status_code == 409 and "sessions" in refused.json()["error"]["message"]
+
+
+async def test_only_the_lease_holder_registers_a_gateway(api: Api) -> None:
+    auth = await api.tenant()
+    run_id = await sessions_run(api, auth, gateway=None)
+    taken = await api.internal(
+        run_id, "gateway", worker_id="w2", url="http://10.0.0.9:1", token="x" * 24
+    )
+    assert taken.status_code == 409
