@@ -23,6 +23,7 @@ out on the server after ``rollout.episode_timeout_s``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -134,10 +135,9 @@ class Session:
     ) -> None:
         # An agent that failed says nothing about the policy: a made-up reward would.
         if kind is not None and not self.ended:
-            try:
+            # The run gone or unreachable: the session times out there anyway.
+            with contextlib.suppress(RlaasError, httpx.HTTPError):
                 self.cancel()
-            except (RlaasError, httpx.HTTPError):
-                pass  # the run is gone or unreachable: the session times out there anyway
 
 
 def _checked(answer: httpx.Response) -> dict[str, Any]:
