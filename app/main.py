@@ -41,6 +41,7 @@ from app.dispatch import CeleryDispatcher, Dispatcher, dispatch_committed
 from app.errors import AppError
 from app.live.stream import live_updates
 from app.observability import Observability, ObservabilityMiddleware, configure_logging
+from app.services import gateways
 from app.services.callbacks import sweep as sweep_callbacks
 from app.services.leases import reap_expired_leases, stranded_queued_runs
 from app.services.quotas import Limiter
@@ -74,6 +75,7 @@ def create_app(
             env_allowlist=allowlist,
             limits=Limiter(conf),
         )
+        app_state.gateways = gateways.client_session()
         app.state.rlaas = app_state
         live = contextlib.AsyncExitStack()
         app.state.fanout = await live.enter_async_context(
@@ -96,7 +98,7 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             await live.aclose()
-            await app_state.gateways.aclose()
+            await app_state.gateways.close()
             sender.close()
             await engine.dispose()
 

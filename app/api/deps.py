@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
-import httpx
+import aiohttp
 from fastapi import Depends, Header, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -16,6 +16,7 @@ from app.errors import Unauthorized
 from app.observability import Observability
 from app.security import same_secret
 from app.services.callbacks import CallbackRelay
+from app.services.gateways import GatewayCache
 from app.services.quotas import Limiter
 from app.services.tenants import KnownKeys, authenticate
 from app.settings import Settings
@@ -35,13 +36,10 @@ class AppState:
     limits: Limiter
     relay: CallbackRelay = field(default_factory=CallbackRelay)
     known_keys: KnownKeys = field(default_factory=KnownKeys)
-    # Sessions runs' calls, proxied to the gateways of their workers (app.services.gateways):
-    # a model call may wait minutes behind others; connecting may not.
-    gateways: httpx.AsyncClient = field(
-        default_factory=lambda: httpx.AsyncClient(
-            timeout=httpx.Timeout(900.0, connect=5.0), follow_redirects=False
-        )
-    )
+    # Sessions runs' calls, proxied to the gateways of their workers (app.services.gateways);
+    # made in the lifespan (it needs the running loop).
+    gateways: aiohttp.ClientSession | None = None
+    gateway_cache: GatewayCache = field(default_factory=GatewayCache)
 
 
 @dataclass

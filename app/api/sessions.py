@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from app.api.deps import SessionDep, StateDep, TenantDep
+from app.api.deps import AppState, SessionDep, StateDep, TenantDep
+from app.errors import Unavailable
 from app.services import gateways
 
 router = APIRouter(prefix="/v1/runs", tags=["sessions"])
@@ -33,7 +34,7 @@ ACTIONS = ("chat/completions", "end", "cancel")
 @router.post("/{run_id}/sessions", status_code=201)
 async def open_session(
     run_id: str, request: Request, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
-) -> StreamingResponse:
+) -> Response:
     url, token = await gateways.gateway_of(session, run_id, app_state.secrets, tenant_id)
     await session.commit()  # no transaction held open across the worker's answer
     headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
@@ -41,51 +42,54 @@ async def open_session(
         app_state.gateways, f"{url}/v1/sessions", await request.body(), headers
     )
     body = b"".join([c async for c in chunks])
-    if answer.status_code == 201:
+    if answer.status == 201:
         body = _with_our_base_url(body, f"{str(request.base_url).rstrip('/')}/v1/runs/{run_id}")
-    return StreamingResponse(
-        iter([body]), status_code=answer.status_code, headers=gateways.answer_headers(answer)
-    )
+    return Response(body, status_code=answer.status, headers=gateways.answer_headers(answer))
 
 
-async def _proxy(
-    run_id: str, sid: str, action: str, request: Request, session: Any, app_state: Any
-) -> StreamingResponse:
-    url, _token = await gateways.gateway_of(session, run_id, app_state.secrets)
-    await session.commit()
-    answer, chunks = await gateways.forward(
-        app_state.gateways,
-        f"{url}/v1/sessions/{sid}/{action}",
-        await request.body(),
-        request.headers,
-    )
-    return StreamingResponse(
-        chunks, status_code=answer.status_code, headers=gateways.answer_headers(answer)
-    )
+async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state: AppState) -> Any:
+    """One call of a session, passed to the run's gateway as it came (the session key is
+    the gateway's to check). The gateway's URL comes from a short cache (bench S1: the
+    database read was most of what the proxy added to a call)."""
+    cached = app_state.gateway_cache.get(run_id)
+    if cached is None:
+        async with app_state.sessions() as session:
+            cached = await gateways.gateway_of(session, run_id, app_state.secrets)
+        app_state.gateway_cache.put(run_id, *cached)
+    url, _token = cached
+    try:
+        answer, chunks = await gateways.forward(
+            app_state.gateways,
+            f"{url}/v1/sessions/{sid}/{action}",
+            await request.body(),
+            request.headers,
+        )
+    except Unavailable:
+        app_state.gateway_cache.drop(run_id)  # the run may have moved: look it up again
+        raise
+    headers = gateways.answer_headers(answer)
+    if answer.content_type == "text/event-stream":
+        return StreamingResponse(chunks, status_code=answer.status, headers=headers)
+    body = b"".join([c async for c in chunks])
+    return Response(body, status_code=answer.status, headers=headers)
 
 
 @router.post("/{run_id}/sessions/{sid}/chat/completions")
-async def chat_completions(
-    run_id: str, sid: str, request: Request, session: SessionDep, app_state: StateDep
-) -> StreamingResponse:
+async def chat_completions(run_id: str, sid: str, request: Request, app_state: StateDep) -> Any:
     """OpenAI's chat completions; ``Authorization: Bearer <the session's api_key>``."""
-    return await _proxy(run_id, sid, "chat/completions", request, session, app_state)
+    return await _proxy(run_id, sid, "chat/completions", request, app_state)
 
 
 @router.post("/{run_id}/sessions/{sid}/end")
-async def end_session(
-    run_id: str, sid: str, request: Request, session: SessionDep, app_state: StateDep
-) -> StreamingResponse:
+async def end_session(run_id: str, sid: str, request: Request, app_state: StateDep) -> Any:
     """``{"reward": r, "turn_rewards": [...]}``; ``Authorization: Bearer <api_key>``."""
-    return await _proxy(run_id, sid, "end", request, session, app_state)
+    return await _proxy(run_id, sid, "end", request, app_state)
 
 
 @router.post("/{run_id}/sessions/{sid}/cancel")
-async def cancel_session(
-    run_id: str, sid: str, request: Request, session: SessionDep, app_state: StateDep
-) -> StreamingResponse:
+async def cancel_session(run_id: str, sid: str, request: Request, app_state: StateDep) -> Any:
     """End the session unscored; ``Authorization: Bearer <api_key>``."""
-    return await _proxy(run_id, sid, "cancel", request, session, app_state)
+    return await _proxy(run_id, sid, "cancel", request, app_state)
 
 
 def _with_our_base_url(body: bytes, runs_base: str) -> bytes:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from app.services.gateways import CACHE_S, GatewayCache
 from tests.app.conftest import Api, spec
 from tests.worker.test_gateway import ARGUMENTS, TOKEN, TOOLS, Served
 
@@ -117,3 +118,15 @@ async def test_only_the_lease_holder_registers_a_gateway(api: Api) -> None:
         run_id, "gateway", worker_id="w2", url="http://10.0.0.9:1", token="x" * 24
     )
     assert taken.status_code == 409
+
+
+def test_the_gateway_cache_expires_and_forgets_a_gateway_that_did_not_answer() -> None:
+    now = [100.0]
+    cache = GatewayCache(clock=lambda: now[0])
+    cache.put("run_1", "http://10.0.0.5:9000", "token")
+    assert cache.get("run_1") == ("http://10.0.0.5:9000", "token")
+    now[0] += CACHE_S + 0.01
+    assert cache.get("run_1") is None  # read from the database again
+    cache.put("run_1", "http://10.0.0.6:9000", "token")
+    cache.drop("run_1")  # it did not answer: the run may have moved
+    assert cache.get("run_1") is None
