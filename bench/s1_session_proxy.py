@@ -55,8 +55,7 @@ def start_gateway(slots: int) -> tuple[str, threading.Event]:
                 for i in range(slots)
             ]
             ready.set()
-            while not stop.is_set():
-                await asyncio.sleep(0.1)
+            await asyncio.to_thread(stop.wait)
             for task in tasks:
                 task.cancel()
 
@@ -86,20 +85,34 @@ async def sequential(session: tuple[str, str], calls: int) -> list[float]:
         return times
 
 
-async def concurrent(sessions: list[tuple[str, str]], seconds: float) -> float:
-    done = 0
+async def concurrent(sessions: list[tuple[str, str]], seconds: float) -> list[float]:
+    """Each session's calls back to back for ``seconds``; every call's latency."""
+    times: list[float] = []
     deadline = time.monotonic() + seconds
 
     async def client(base: str, key: str) -> None:
-        nonlocal done
         headers = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(timeout=30, headers=headers) as c:
             while time.monotonic() < deadline:
+                t0 = time.perf_counter()
                 (await c.post(f"{base}/chat/completions", json=QUESTION)).raise_for_status()
-                done += 1
+                times.append(time.perf_counter() - t0)
 
     await asyncio.gather(*(client(b, k) for b, k in sessions))
-    return done / seconds
+    return times
+
+
+async def engine_alone(calls: int) -> list[float]:
+    """The baseline below both: the engine's generate itself, no HTTP, no session."""
+    tok = BuiltinTokenizer()
+    engine = ScriptedEngine([[*tok.encode("4"), tok.end_of_turn_id]], stop_ids=[tok.end_of_turn_id])
+    prompt = tok.render_messages(QUESTION["messages"]) + tok.assistant_prefix()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        await engine.generate([prompt], max_new_tokens=8, sampling=SamplingParams(), seeds=[0])
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -121,22 +134,29 @@ async def run(args: argparse.Namespace) -> None:
                     r.raise_for_status()
             direct = await open_sessions(f"{url}/v1/sessions", TOKEN, n)
             proxied = await open_sessions(f"{s.base_url}/v1/runs/{run_id}/sessions", s.api_key, n)
-            rows = []
+            alone = await engine_alone(args.calls)
+            rows: list[tuple[object, ...]] = [
+                ("the engine alone", 1, ms(alone, 50), ms(alone, 99), ""),
+            ]
             for name, sessions in (("direct to the gateway", direct), ("through the API", proxied)):
-                times = await sequential(sessions[0], args.calls)
-                rate = await concurrent(sessions[1:], args.seconds)
-                rows.append((name, percentile(times, 50) * 1e3, percentile(times, 95) * 1e3, rate))
-            print(table(("path", "p50 ms", "p95 ms", f"calls/s ({args.clients} clients)"), rows))
-            print(f"proxy adds {rows[1][1] - rows[0][1]:.2f} ms at p50; throughput ratio "
-                  f"{rows[1][3] / rows[0][3]:.2f}")  # fmt: skip
+                one = await sequential(sessions[0], args.calls)
+                many = await concurrent(sessions[1:], args.seconds)
+                rows.append((name, 1, ms(one, 50), ms(one, 99), f"{len(one) / sum(one):.0f}"))
+                rate = f"{len(many) / args.seconds:.0f}"
+                rows.append((name, args.clients, ms(many, 50), ms(many, 99), rate))
+            print(table(("path", "sessions", "p50 ms", "p99 ms", "calls/s"), rows))
     finally:
         stop.set()
+
+
+def ms(times: list[float], q: float) -> float:
+    return percentile(times, q) * 1e3
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0)
     asyncio.run(run(parser.parse_args()))
     return 0
