@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import AppState, SessionDep, StateDep, TenantDep
-from app.errors import Unavailable
+from app.errors import AppError, NotFound, Unavailable
 from app.services import gateways
 
 router = APIRouter(prefix="/v1/runs", tags=["sessions"])
@@ -53,8 +53,18 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
     database read was most of what the proxy added to a call)."""
     cached = app_state.gateway_cache.get(run_id)
     if cached is None:
-        async with app_state.sessions() as session:
-            cached = await gateways.gateway_of(session, run_id, app_state.secrets)
+        try:
+            async with app_state.sessions() as session:
+                cached = await gateways.gateway_of(session, run_id, app_state.secrets)
+        except AppError as exc:
+            # No key of the API opens these routes (the session's key is the gateway's to
+            # check), so whether a run exists, and of what kind, is told to no one here.
+            raise NotFound(
+                f"no open session {sid!r} of run {run_id}: the run does not serve sessions "
+                "now (not a sessions run, not started, ended, or restarting). Open a new "
+                "session",
+                field="sid",
+            ) from exc
         app_state.gateway_cache.put(run_id, *cached)
     url, _token = cached
     try:
@@ -64,9 +74,13 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
             await request.body(),
             request.headers,
         )
-    except Unavailable:
+    except Unavailable as exc:
         app_state.gateway_cache.drop(run_id)  # the run may have moved: look it up again
-        raise
+        raise NotFound(
+            f"no open session {sid!r} of run {run_id}: its worker did not answer (it may "
+            "be restarting; sessions do not outlive it). Open a new session",
+            field="sid",
+        ) from exc
     headers = gateways.answer_headers(answer)
     if answer.content_type == "text/event-stream":
         return StreamingResponse(chunks, status_code=answer.status, headers=headers)

@@ -21,6 +21,13 @@ pytestmark = pytest.mark.anyio
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/runs/{run_id}/cancel"): None,
     ("POST", "/v1/runs/{run_id}/profile"): {"steps": 1},
+    ("POST", "/v1/runs/{run_id}/sessions"): {},
+}
+# A session's own calls take the session's key, not a tenant's: with any tenant's key
+# they answer 404, owner included (tests/app/test_sessions_proxy.py holds them to it).
+SESSION_CALLS = {
+    f"/v1/runs/{{run_id}}/sessions/{{sid}}/{action}"
+    for action in ("chat/completions", "end", "cancel")
 }
 
 
@@ -30,7 +37,7 @@ def run_routes(api: Api) -> list[tuple[str, str]]:
     return [
         (method.upper(), path)
         for path, operations in sorted(paths.items())
-        if path.startswith("/v1/runs/{run_id}")
+        if path.startswith("/v1/runs/{run_id}") and path not in SESSION_CALLS
         for method in sorted(operations)
     ]
 

@@ -111,6 +111,23 @@ async def test_sessions_need_a_served_sessions_run_of_ones_own(api: Api) -> None
     assert refused.status_code == 409 and "sessions" in refused.json()["error"]["message"]
 
 
+async def test_a_sessions_calls_tell_nothing_of_runs_to_callers_without_its_key(
+    api: Api,
+) -> None:
+    """The call routes take no API key: whatever the run (another tenant's, not a sessions
+    run, not served yet, unknown), the answer is the same 404."""
+    auth = await api.tenant()
+    waiting = await sessions_run(api, auth, gateway=None)
+    game = await api.submit(auth, **spec())
+    for run_id in (waiting, game, "run_unknown"):
+        for action in ("chat/completions", "end", "cancel"):
+            answer = await api.client.post(
+                f"/v1/runs/{run_id}/sessions/s1/{action}", json=QUESTION, headers=auth
+            )
+            assert answer.status_code == 404, (run_id, action, answer.text)
+            assert answer.json()["error"]["code"] == "not_found"
+
+
 async def test_only_the_lease_holder_registers_a_gateway(api: Api) -> None:
     auth = await api.tenant()
     run_id = await sessions_run(api, auth, gateway=None)
