@@ -15,7 +15,7 @@ earns 1. That is all the tiny model has to learn: ``builtin:tiny`` starts
 from random weights, ends a turn (samples its end-of-turn token) within 8
 tokens about one time in six, and the agent truncates an episode at the
 first turn that does not end, so until the model has learned to end its turns
-(10-20 steps at the spec's learning rate) episodes last one or two turns,
+(9-16 steps at B12's learning rate) episodes last one or two turns,
 not the workload's twelve. Once it has, every member of a group earns the
 same and GRPO's advantages are zero: the policy stops moving and the
 workload stays put for the rest of the run.

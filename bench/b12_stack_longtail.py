@@ -69,6 +69,8 @@ from sdk.client import Client
 
 G, B = 4, 4
 N = G * B
+# The failure reasons of rl_core/pipeline/metrics.py that are not the run stopping.
+FAILURES = ("episode_timeout", "env_timeout", "env_reset", "env_step")
 
 
 # --- one run ----------------------------------------------------------------------
@@ -130,7 +132,7 @@ def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> 
         "environment": {"name": env_id},
         # 32 turns of "ok?" and an 8-token reply fit in ~450 tokens: never cut by context.
         # 8 tokens: the random model ends a turn within them about one time in six, enough
-        # for GRPO to learn to end turns in 10-20 steps (bench/_longtail_env.py).
+        # for GRPO to learn to end its turns in 9-16 steps here (bench/_longtail_env.py).
         "agent": {"max_turns": 32, "max_new_tokens": 8, "max_context": 512,
                   "tool_call_format": "none"},
         "rollout": {"group_size": G, "concurrency": c, "sampling": {"temperature": 1.0}},
@@ -295,8 +297,7 @@ def figures(run: Run) -> Figures:
     waited = sum(run.metrics[s]["time/env_step_s"] for s in window)
 
     started, done = len(run.episodes), total("episode/trained")
-    failed = sum(total(f"failures/{r}") for r in ("episode_timeout", "env_timeout", "env_reset",
-                                                   "env_step"))  # fmt: skip
+    failed = sum(total(f"failures/{r}") for r in FAILURES)
     reasons = {
         "stale untrained": total("stale/episodes_untrained"),
         "groups dropped stale": total("groups/dropped_stale"),
@@ -358,8 +359,7 @@ def report(results: list[tuple[Run, Figures]], m: int) -> list[str]:
                      f"{f.l_mean / run.c:.2f}", f"{run.c / f.w:.1f}", f"{run.c / f.w_env:.1f}",
                      f"{N / f.t_step:.1f}", f"{f.t_step:.2f}", f"{f.blocked:.0%}",
                      f"{f.engine_busy:.0%}", f"{f.calls_s:.0f}", f"{f.overhead_ms:.1f}",
-                     f"{f.cpu_call_ms:.1f}",
-                     f"{f.cpu_call_run_ms:.1f}"])  # fmt: skip
+                     f"{f.cpu_call_ms:.1f}", f"{f.cpu_call_run_ms:.1f}"])  # fmt: skip
         never = f.started - f.trained
         loss.append([run.mode, run.c, run.seed, f.warm, f.truncated, f.started, f.trained, never,
                      f"{never / max(f.started, 1):.1%}",
@@ -373,8 +373,8 @@ def report(results: list[tuple[Run, Figures]], m: int) -> list[str]:
     ))  # fmt: skip
     out.append(f"N = {N} ({B} groups of {G}), max_staleness {m}. Window: the steps after the "
                "warm-up and the first fifth of those that follow it; W (reset to the step "
-               "that said done), "
-               "W_env (its sleeps) and L (episodes open) by the environment server's clock; "
+               "that said done), W_env (its sleeps) and L (episodes open) by the environment "
+               "server's clock; "
                "worker CPU: its process tree, per env call the server answered (resets, "
                "steps, closes), model calls and training included.")  # fmt: skip
     out.append("")
