@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 
 def svg_plot(lines: dict[str, list[tuple[float, float]]], c: int, title: str) -> str:
-    """Step lines of each series over time; a dashed line at C; ticks at 0, C/2, C, every 10 s."""
+    """Step lines of each series over time; a dashed line at C; ticks at 0, C/2, C, and every
+    10 s (a multiple of 10 s past 150 s, so that a long run keeps about 15 labels)."""
     width, height, pad = 720, 300, 44
     t_max = max(t for pts in lines.values() for t, _ in pts)
     colours = {"sync": "#d62728", "async": "#1f77b4"}
@@ -30,7 +33,7 @@ def svg_plot(lines: dict[str, list[tuple[float, float]]], c: int, title: str) ->
     ]
     for level in (0, c // 2, c):
         parts.append(f'<text x="{pad - 6}" y="{y(level) + 4:.1f}" text-anchor="end">{level}</text>')
-    for tick in range(0, int(t_max) + 1, 10):
+    for tick in range(0, int(t_max) + 1, 10 * max(1, math.ceil(t_max / 150))):
         parts.append(
             f'<text x="{x(tick):.1f}" y="{height - pad + 16}" text-anchor="middle">{tick}</text>'
         )
