@@ -75,7 +75,6 @@ class _Slot:
 class OpenSession:
     session_id: str
     key: str
-    group_name: str | None
     chat: ChatSession
     # (reward, turn rewards) from `end`; None from `cancel`.
     ended: asyncio.Future[tuple[float, list[float] | None] | None]
@@ -183,7 +182,6 @@ class SessionBroker:
         session = OpenSession(
             session_id=slot.episode_id,
             key=secrets.token_urlsafe(24),
-            group_name=group,
             chat=chat,
             ended=asyncio.get_running_loop().create_future(),
         )
