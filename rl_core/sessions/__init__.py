@@ -10,7 +10,7 @@ assembled into a `rl_core.agent.ledger.Trajectory` for the trainer
   chat template; an assistant message this session produced is rendered from the
   exact text the model sampled.
 - `reply`: the sampled tokens back to an answer (content and/or tool calls, whose
-  arguments are the sampled text).
+  arguments are the sampled text); `stop`: where a ``stop`` string cuts them.
 - `ledger`: the calls of one session and their assembly into a trajectory by token
   prefix (a call whose prompt does not extend the previous call starts a new sample
   and is counted as a prefix break).

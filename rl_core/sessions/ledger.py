@@ -2,8 +2,9 @@
 
 Each call is recorded as the engine saw it: the prompt token ids, the completion
 token ids and their sampler logprobs, the policy version that sampled it and the
-engine's finish reason. The calls become `Sample`s (`rl_core.agent.ledger`) by one
-rule, on token ids only:
+engine's finish reason (a completion cut at a client's stop string is recorded as cut,
+`rl_core.sessions.stop`: the tokens up to the stop string's, finish reason ``stop``).
+The calls become `Sample`s (`rl_core.agent.ledger`) by one rule, on token ids only:
 
 - a call whose prompt **starts with** the previous call's prompt + completion
   extends the current sample: the prompt's new tokens after that prefix are
@@ -44,7 +45,7 @@ class CallRecord:
     completion: tuple[int, ...]
     logprobs: tuple[float, ...]
     policy_version: int
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length"]  # stop: on a stop token (its last) or a stop string
 
 
 @dataclasses.dataclass(frozen=True)

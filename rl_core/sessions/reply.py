@@ -1,24 +1,29 @@
 """The sampled tokens of one call as the answer's message: content and/or tool calls.
 
 The text is the completion decoded without its end-of-turn token (as the built-in
-agent reads it). Tool calls are read only when the request offers tools with
-``tool_choice`` ``"auto"`` and the turn ended (``finish_reason`` ``"length"``
-is a cut-off text, not an answer to act on); then each readable
-``<tool_call>{json}</tool_call>`` block becomes a call whose ``arguments`` is the
-arguments' text exactly as sampled (`rl_core.agent.toolcalls.scan_tool_calls`), so
-a client that hands it to its tool, or echoes it back, sees the model's own bytes.
-The content is the text outside those blocks, stripped (null when empty); a block
-that cannot be read stays in the content, where the client can see what the model
-wrote. Without tool calls the content is the text as sampled, unstripped.
+agent reads it); when the request gives ``stop`` strings and that text reaches one,
+the answer is the tokens up to the one that completes it, shown up to the string
+(`rl_core.sessions.stop`). Tool calls are read in the text shown, only when the
+request offers tools with ``tool_choice`` ``"auto"`` and the turn ended (at the
+end-of-turn token or a stop string; ``finish_reason`` ``"length"`` is a cut-off
+text, not an answer to act on); then each readable ``<tool_call>{json}</tool_call>``
+block becomes a call whose ``arguments`` is the arguments' text exactly as sampled
+(`rl_core.agent.toolcalls.scan_tool_calls`), so a client that hands it to its tool,
+or echoes it back, sees the model's own bytes. The content is the text outside those
+blocks, stripped (null when empty); a block that cannot be read stays in the content,
+where the client can see what the model wrote. Without tool calls the content is the
+text as sampled, unstripped.
 
-`Reply.text` is the sampled text the message stands for: the session renders the
-message from it when the client sends it back (`rl_core.sessions.render`).
+`SampledText.text` is the sampled text the message stands for: the session renders
+the message from it when the client sends it back (`rl_core.sessions.render`), and
+`SampledText.kept` the tokens it records.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal
 
 from rl_core.agent.toolcalls import scan_tool_calls
 from rl_core.models.tokenizer import Tokenizer
@@ -31,31 +36,59 @@ from rl_core.protocol.chat_completions import (
     ToolCallOut,
 )
 from rl_core.rollout.base import Completion
+from rl_core.sessions.stop import find_stop
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledText:
+    """The part of a completion an answer stands for, and its text."""
+
+    shown: str  # what the client reads: no end-of-turn token, nothing from a stop string on
+    text: str  # the text of the answer's tokens, a stop string included (rendered when echoed)
+    text_tokens: int  # how many of the completion's tokens ``text`` decodes (their logprobs)
+    kept: int  # how many of them the answer stands for: recorded, trained on
+    finish_reason: Literal["stop", "length"]
+
+
+def read_text(
+    completion: Completion, tokenizer: Tokenizer, stop: Sequence[str] = ()
+) -> SampledText:
+    """The completion as text: to its end-of-turn token, or cut at the first stop string."""
+    ended = completion.finish_reason == "stop"
+    body = completion.tokens[:-1] if ended else completion.tokens
+    cut = find_stop(body, stop, tokenizer)
+    if cut is not None:
+        return SampledText(cut.shown, cut.text, cut.kept, cut.kept, "stop")
+    text = tokenizer.decode(body)
+    kept = len(completion.tokens)  # the end-of-turn token too: the model ended its turn
+    return SampledText(text, text, len(body), kept, "stop" if ended else "length")
 
 
 @dataclasses.dataclass(frozen=True)
 class Reply:
     message: ReplyMessage
     finish_reason: FinishReason
-    text: str  # the sampled text, end-of-turn token left out
-    text_tokens: int  # how many of the completion's tokens ``text`` decodes
+    sampled: SampledText
 
 
 def read_reply(
-    completion: Completion, tokenizer: Tokenizer, *, calls_tools: bool, id_prefix: str
+    completion: Completion,
+    tokenizer: Tokenizer,
+    *,
+    calls_tools: bool,
+    id_prefix: str,
+    stop: Sequence[str] = (),
 ) -> Reply:
     """The answer ``completion`` stands for; tool call ids are ``f"{id_prefix}_{i}"``."""
-    ended = completion.finish_reason == "stop"
-    body = completion.tokens[:-1] if ended else completion.tokens
-    text = tokenizer.decode(body)
-    finish: FinishReason = "stop" if ended else "length"
+    sampled = read_text(completion, tokenizer, stop)
+    text, finish = sampled.shown, sampled.finish_reason
     blocks = [
         (b.start, b.end, b.name, b.arguments_text)
-        for b in (scan_tool_calls(text) if calls_tools and ended else ())
+        for b in (scan_tool_calls(text) if calls_tools and finish == "stop" else ())
         if b.name is not None and b.arguments_text is not None  # a readable call
     ]
     if not blocks:
-        return Reply(ReplyMessage(content=text), finish, text, len(body))
+        return Reply(ReplyMessage(content=text), finish, sampled)
     calls, outside, cursor = [], [], 0
     for i, (start, end, name, arguments) in enumerate(blocks):
         function = FunctionCallOut(name=name, arguments=arguments)
@@ -64,7 +97,20 @@ def read_reply(
         cursor = end
     outside.append(text[cursor:])
     content = "".join(outside).strip() or None
-    return Reply(ReplyMessage(content=content, tool_calls=calls), "tool_calls", text, len(body))
+    return Reply(ReplyMessage(content=content, tool_calls=calls), "tool_calls", sampled)
+
+
+def recorded(completion: Completion, sampled: SampledText) -> Completion:
+    """What the ledger records of ``completion``: the tokens the answer stands for."""
+    if sampled.kept == len(completion.tokens):
+        return completion
+    # Cut at a stop string: the turn ended there, though on no stop token.
+    return dataclasses.replace(
+        completion,
+        tokens=completion.tokens[: sampled.kept],
+        logprobs=completion.logprobs[: sampled.kept],
+        finish_reason="stop",
+    )
 
 
 def token_logprobs(
@@ -80,4 +126,4 @@ def token_logprobs(
     return ChoiceLogprobs(content=content)
 
 
-__all__ = ["Reply", "read_reply", "token_logprobs"]
+__all__ = ["Reply", "SampledText", "read_reply", "read_text", "recorded", "token_logprobs"]

@@ -13,7 +13,9 @@ Every call is sampled with the run's sampler (`SessionConfig.sampling`): the tra
 scores the recorded tokens under it (the logprobs at the run's temperature), so a
 request whose ``temperature`` or ``top_p`` differ is refused, naming the field,
 rather than sampled another way or silently overridden. ``max_tokens`` is an upper
-bound under the session's own ``max_new_tokens`` and ``max_context``.
+bound under the session's own ``max_new_tokens`` and ``max_context``. ``stop``
+strings are applied to the sampled tokens (`rl_core.sessions.stop`): what is recorded,
+counted in ``usage`` and given logprobs for is the tokens the answer stands for.
 
 Calls are recorded in the order they finish. A session is meant for one
 conversation at a time; concurrent calls are answered, but each can only extend
@@ -42,7 +44,7 @@ from rl_core.records import EpisodeEnd
 from rl_core.rollout.base import RolloutEngine, SamplingParams
 from rl_core.sessions.ledger import SessionLedger
 from rl_core.sessions.render import ReplyKey, render_prompt, reply_key, splice
-from rl_core.sessions.reply import read_reply, token_logprobs
+from rl_core.sessions.reply import read_reply, recorded, token_logprobs
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,17 +114,22 @@ class ChatSession:
         (completion,) = await self.engine.generate(
             [prompt], max_new_tokens=limit, sampling=self.config.sampling, seeds=[seed]
         )
-        turn = self.ledger.record(prompt, completion)  # concurrent calls: the order they end
+        # Read and recorded with no await between: ``turn`` is the index the ledger gives
+        # (concurrent calls are recorded in the order they end).
+        turn = len(self.ledger.calls)
         reply = read_reply(
             completion,
             self.tokenizer,
             calls_tools=request.calls_tools,
             id_prefix=f"call_{turn}",
+            stop=request.stop or (),
         )
-        self._replies[reply_key(reply.message)] = reply.text
+        sampled = reply.sampled
+        self.ledger.record(prompt, recorded(completion, sampled))
+        self._replies[reply_key(reply.message)] = sampled.text
         logprobs = None
         if request.logprobs:
-            n = reply.text_tokens
+            n = sampled.text_tokens
             logprobs = token_logprobs(
                 completion.tokens[:n], completion.logprobs[:n], self.tokenizer
             )
@@ -135,8 +142,8 @@ class ChatSession:
             ],
             usage=Usage(
                 prompt_tokens=len(prompt),
-                completion_tokens=len(completion.tokens),
-                total_tokens=len(prompt) + len(completion.tokens),
+                completion_tokens=sampled.kept,
+                total_tokens=len(prompt) + sampled.kept,
             ),
         )
 

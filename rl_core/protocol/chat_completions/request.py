@@ -9,9 +9,7 @@ never ignored: the request fails with OpenAI's error body naming it
   (``frequency_penalty``, ``presence_penalty``, ``logit_bias``, ``response_format``,
   ``user``, ``metadata``, ``name`` on a message, ...);
 - ``unsupported_value``: a field it takes, with a value it cannot honour: ``n``
-  other than 1 (a session is one trajectory), a non-empty ``stop`` (the engine
-  stops at the end of the model's turn only; cutting the sampled tokens at a
-  string would break their token-exact record), ``top_logprobs`` above 0 (the
+  other than 1 (a session is one trajectory), ``top_logprobs`` above 0 (the
   engine returns the sampled token's logprob only), ``tool_choice`` ``"required"``
   or a named function and a tool's ``strict: true`` (both need constrained
   decoding), ``parallel_tool_calls: false``, ``stream_options`` without
@@ -25,10 +23,14 @@ list of text parts, joined with newlines), ``tools`` (functions), ``tool_choice`
 ``"auto"`` / ``"none"``, ``temperature`` and ``top_p`` (they must equal the run's
 sampler: checked by the session, which knows the run), ``max_tokens`` /
 ``max_completion_tokens`` (an upper bound; the run's own limits may end a turn
-sooner, with ``finish_reason: "length"``), ``n: 1``, ``logprobs`` (the sampled
-tokens' logprobs under the run's sampler, after temperature and top-p: what the
-trainer uses), ``top_logprobs: 0``, ``stream`` with ``stream_options.include_usage``,
-``seed``. Types are strict (``"0.7"`` is not a number, ``1`` is not a boolean).
+sooner, with ``finish_reason: "length"``), ``stop`` (a string or a list of up to 4
+non-empty strings: the answer ends before the first one its text reaches, with
+``finish_reason: "stop"``; the engine samples as always, and the session keeps the
+sampled tokens up to the one that completes the string, `rl_core.sessions.stop`),
+``n: 1``, ``logprobs`` (the sampled tokens' logprobs under the run's sampler, after
+temperature and top-p: what the trainer uses), ``top_logprobs: 0``, ``stream`` with
+``stream_options.include_usage``, ``seed``. Types are strict (``"0.7"`` is not a
+number, ``1`` is not a boolean).
 
 An assistant message the official client echoes back may carry ``refusal``,
 ``function_call``, ``audio`` and ``annotations``; they are accepted when empty
@@ -146,6 +148,31 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
 
 def _unsupported(message: str, **context: Any) -> PydanticCustomError:
     return PydanticCustomError("unsupported_value", message, context)
+
+
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+
+
+def _stop_sequences(value: Any) -> Any:
+    """OpenAI's ``stop``, a string or a list of strings, as a tuple (None for none)."""
+    if value is None:
+        return None
+    strings = [value] if isinstance(value, str) else value
+    if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
+        raise PydanticCustomError("invalid_value", "expected a string or a list of strings", {})
+    if len(strings) > MAX_STOP:
+        raise PydanticCustomError(
+            "invalid_value",
+            "at most {most} stop sequences are taken, not {count}",
+            {"most": MAX_STOP, "count": len(strings)},
+        )
+    if not all(strings):
+        raise PydanticCustomError("invalid_value", "a stop sequence cannot be empty", {})
+    return tuple(strings) or None
+
+
+# Shared with the legacy completions request (`rl_core.protocol.completions`).
+Stop = Annotated[tuple[StrictStr, ...] | None, BeforeValidator(_stop_sequences)]
 
 
 # --- the request ------------------------------------------------------------------------
@@ -284,7 +311,7 @@ class ChatCompletionRequest(_Strict):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    stop: Any = None
+    stop: Stop = None
     n: StrictInt | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
@@ -305,21 +332,6 @@ class ChatCompletionRequest(_Strict):
         raise PydanticCustomError(
             "invalid_value", "expected 'none', 'auto', 'required' or a function", {}
         )
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, value: Any) -> Any:
-        if value is None or value == []:
-            return None
-        if isinstance(value, str) or (
-            isinstance(value, list) and all(isinstance(s, str) for s in value)
-        ):
-            raise _unsupported(
-                "stop sequences are not served: the model's turn ends at its end-of-turn "
-                "token, and cutting the sampled tokens at a string would break their exact "
-                "record; stop in the client instead"
-            )
-        raise PydanticCustomError("invalid_value", "expected a string or a list of strings", {})
 
     @field_validator("n")
     @classmethod
@@ -383,12 +395,14 @@ def parse_request(body: bytes | str | Mapping[str, Any]) -> ChatCompletionReques
 
 
 __all__ = [
+    "MAX_STOP",
     "AssistantMessage",
     "ChatCompletionError",
     "ChatCompletionRequest",
     "FunctionCall",
     "FunctionDefinition",
     "Message",
+    "Stop",
     "StreamOptions",
     "SystemMessage",
     "Tool",

@@ -134,8 +134,6 @@ def test_a_field_not_served_inside_a_message_or_tool_is_refused_by_its_path() ->
     ("fields", "param"),
     [
         ({"n": 2}, "n"),
-        ({"stop": "\n"}, "stop"),
-        ({"stop": ["END"]}, "stop"),
         ({"logprobs": True, "top_logprobs": 5}, "top_logprobs"),
         ({"tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
         (
@@ -194,6 +192,11 @@ def test_a_value_not_served_is_refused_by_name(fields: dict[str, Any], param: st
         (body(max_tokens=0), "max_tokens", "invalid_value"),
         (body(max_tokens=8, max_completion_tokens=9), "max_completion_tokens", "invalid_value"),
         (body(stream=1), "stream", "invalid_value"),
+        (body(stop=["a", "b", "c", "d", "e"]), "stop", "invalid_value"),
+        (body(stop=""), "stop", "invalid_value"),
+        (body(stop=["END", ""]), "stop", "invalid_value"),
+        (body(stop=[1]), "stop", "invalid_value"),
+        (body(stop={"s": 1}), "stop", "invalid_value"),
         (body(tool_choice=3), "tool_choice", "invalid_value"),
         (
             body(tools=[{"type": "function", "function": {"name": "two words"}}]),
@@ -223,6 +226,13 @@ def test_invalid_requests_name_their_field(
     error = refusal(request_body)
     assert (error["param"], error["code"]) == (param, code)
     assert param.split(".")[-1].split("[")[0] in error["message"]
+
+
+def test_stop_is_one_string_or_up_to_four() -> None:
+    assert parse_request(body(stop="\n")).stop == ("\n",)
+    assert parse_request(json.dumps(body(stop=["END", "\n\n"]))).stop == ("END", "\n\n")
+    assert parse_request(body(stop=[])).stop is None
+    assert "at most 4" in refusal(body(stop=list("abcde")))["message"]
 
 
 def test_a_body_that_is_not_json_or_not_an_object() -> None:
