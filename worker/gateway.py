@@ -7,6 +7,8 @@ An aiohttp server on the run's own event loop, over its
          {"group": "task-17"}   (optional)     -> 201 {"session_id", "base_url", "api_key"}
     POST /v1/sessions/{id}/chat/completions    Authorization: Bearer <session key>
          an OpenAI chat completion request     -> the answer, or its SSE chunks
+    POST /v1/sessions/{id}/completions         Authorization: Bearer <session key>
+         a legacy (text) completion request    -> the answer, or its SSE chunks
     POST /v1/sessions/{id}/end                 Authorization: Bearer <session key>
          {"reward": 1.0, "turn_rewards": [...]} -> 200 {"session_id", "calls", "prefix_breaks"}
     POST /v1/sessions/{id}/cancel              Authorization: Bearer <session key>
@@ -39,6 +41,8 @@ from rl_core.protocol.chat_completions import (
     parse_request,
     stream_completion,
 )
+from rl_core.protocol.chat_completions.request import StreamOptions
+from rl_core.protocol.completions import parse_completion_request, stream_text_completion
 from rl_core.sessions.broker import NoRoom, SessionBroker
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,7 @@ def gateway_app(broker: SessionBroker, *, token: str, public_url: str) -> web.Ap
     app[ROUTES] = routes
     app.router.add_post("/v1/sessions", routes.open)
     app.router.add_post("/v1/sessions/{sid}/chat/completions", routes.complete)
+    app.router.add_post("/v1/sessions/{sid}/completions", routes.complete_text)
     app.router.add_post("/v1/sessions/{sid}/end", routes.end)
     app.router.add_post("/v1/sessions/{sid}/cancel", routes.cancel)
     return app
@@ -122,15 +127,18 @@ class _Routes:
         answer = await self.broker.complete(sid, key, parsed)
         if not parsed.stream:
             return web.Response(text=answer.to_json(), content_type="application/json")
-        usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        for event in stream_completion(answer, include_usage=usage):
-            await response.write(event.encode())
-        await response.write_eof()
-        return response
+        events = stream_completion(answer, include_usage=_with_usage(parsed.stream_options))
+        return await _event_stream(request, events)
+
+    async def complete_text(self, request: web.Request) -> web.StreamResponse:
+        sid, key = request.match_info["sid"], _bearer(request)
+        self.broker.session(sid, key)
+        parsed = parse_completion_request(await request.read())
+        answer = await self.broker.complete_text(sid, key, parsed)
+        if not parsed.stream:
+            return web.Response(text=answer.to_json(), content_type="application/json")
+        events = stream_text_completion(answer, include_usage=_with_usage(parsed.stream_options))
+        return await _event_stream(request, events)
 
     async def end(self, request: web.Request) -> web.Response:
         sid, key = request.match_info["sid"], _bearer(request)
@@ -182,6 +190,21 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             type="server_error",
         )
         return web.json_response(error.body(), status=500)
+
+
+def _with_usage(options: StreamOptions | None) -> bool:
+    return bool(options and options.include_usage)
+
+
+async def _event_stream(request: web.Request, events: list[str]) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    for event in events:
+        await response.write(event.encode())
+    await response.write_eof()
+    return response
 
 
 def _bearer(request: web.Request) -> str:

@@ -5,6 +5,7 @@
     POST /v1/runs/{id}/sessions                      tenant key   {"group": "task-17"}
          -> 201 {"session_id", "base_url", "api_key", "group"}
     POST /v1/runs/{id}/sessions/{sid}/chat/completions   session key (the openai client)
+    POST /v1/runs/{id}/sessions/{sid}/completions        session key (legacy text completions)
     POST /v1/runs/{id}/sessions/{sid}/end                session key  {"reward", ...}
     POST /v1/runs/{id}/sessions/{sid}/cancel             session key
 
@@ -28,7 +29,8 @@ from app.services import gateways
 
 router = APIRouter(prefix="/v1/runs", tags=["sessions"])
 
-ACTIONS = ("chat/completions", "end", "cancel")
+# A session's calls, each proxied as it came (the routes below).
+ACTIONS = ("chat/completions", "completions", "end", "cancel")
 
 
 @router.post("/{run_id}/sessions", status_code=201)
@@ -92,6 +94,12 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
 async def chat_completions(run_id: str, sid: str, request: Request, app_state: StateDep) -> Any:
     """OpenAI's chat completions; ``Authorization: Bearer <the session's api_key>``."""
     return await _proxy(run_id, sid, "chat/completions", request, app_state)
+
+
+@router.post("/{run_id}/sessions/{sid}/completions")
+async def completions(run_id: str, sid: str, request: Request, app_state: StateDep) -> Any:
+    """OpenAI's legacy (text) completions; ``Authorization: Bearer <the session's api_key>``."""
+    return await _proxy(run_id, sid, "completions", request, app_state)
 
 
 @router.post("/{run_id}/sessions/{sid}/end")

@@ -14,10 +14,12 @@ assembled into a `rl_core.agent.ledger.Trajectory` for the trainer
 - `ledger`: the calls of one session and their assembly into a trajectory by token
   prefix (a call whose prompt does not extend the previous call starts a new sample
   and is counted as a prefix break).
-- `session`: `ChatSession`, the three together over a `RolloutEngine`.
+- `session`: `ChatSession`, the three together over a `RolloutEngine`; it also answers
+  legacy text completions (`ChatSession.complete_text`: the client's text as the
+  prompt, no chat template) into the same ledger.
 
 The HTTP route, the choice of which process holds it, and session ids and
 lifetimes belong to the gateway; this room has no web code (the wire bodies are in
-`rl_core.protocol.chat_completions`). Pure Python:
+`rl_core.protocol.chat_completions` and `rl_core.protocol.completions`). Pure Python:
 importing this room starts no JAX.
 """

@@ -41,6 +41,7 @@ from rl_core.protocol.chat_completions import (
     ChatCompletionError,
     ChatCompletionRequest,
 )
+from rl_core.protocol.completions import CompletionRequest, TextCompletion
 from rl_core.rollout.base import RolloutEngine
 from rl_core.sessions.session import ChatSession, SessionConfig
 
@@ -225,6 +226,15 @@ class SessionBroker:
         if session.over:
             raise _ended(session_id)
         return await session.chat.complete(request)
+
+    async def complete_text(
+        self, session_id: str, key: str, request: CompletionRequest
+    ) -> TextCompletion:
+        """A legacy (text) completions call of the session (`ChatSession.complete_text`)."""
+        session = self.session(session_id, key)
+        if session.over:
+            raise _ended(session_id)
+        return await session.chat.complete_text(request)
 
     def end(
         self,

@@ -35,6 +35,7 @@ from rl_core.protocol.chat_completions import (
     TokenLogprob,
     ToolCallOut,
 )
+from rl_core.protocol.completions import CompletionLogprobs
 from rl_core.rollout.base import Completion
 from rl_core.sessions.stop import find_stop
 
@@ -126,4 +127,32 @@ def token_logprobs(
     return ChoiceLogprobs(content=content)
 
 
-__all__ = ["Reply", "SampledText", "read_reply", "read_text", "recorded", "token_logprobs"]
+def text_logprobs(
+    tokens: Sequence[int], logprobs: Sequence[float], tokenizer: Tokenizer, *, start: int
+) -> CompletionLogprobs:
+    """The legacy ``logprobs`` (asked for with 0): each token, its logprob, itself as its one
+    ``top_logprobs`` entry, and its offset from the prompt's start (the prompt ``start``
+    characters long; the tokens' texts counted as ``tokens`` spells them)."""
+    pieces = [tokenizer.decode([token], skip_special=False) for token in tokens]
+    offsets, at = [], start
+    for piece in pieces:
+        offsets.append(at)
+        at += len(piece)
+    values = [float(lp) for lp in logprobs]
+    return CompletionLogprobs(
+        tokens=pieces,
+        token_logprobs=values,
+        top_logprobs=[{piece: lp} for piece, lp in zip(pieces, values, strict=True)],
+        text_offset=offsets,
+    )
+
+
+__all__ = [
+    "Reply",
+    "SampledText",
+    "read_reply",
+    "read_text",
+    "recorded",
+    "text_logprobs",
+    "token_logprobs",
+]

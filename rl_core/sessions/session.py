@@ -6,6 +6,7 @@
     request = parse_request(body)  # raises ChatCompletionError (OpenAI's error body)
     answer = await session.complete(request)  # ChatCompletion, or ChatCompletionError
     events = stream_completion(answer) if request.stream else None
+    text = await session.complete_text(parse_completion_request(body))  # legacy /completions
     ...
     trajectory = session.finish(reward=1.0)  # for the trainer
 
@@ -40,11 +41,19 @@ from rl_core.protocol.chat_completions import (
     Choice,
     Usage,
 )
+from rl_core.protocol.completions import CompletionChoice, CompletionRequest, TextCompletion
 from rl_core.records import EpisodeEnd
-from rl_core.rollout.base import RolloutEngine, SamplingParams
+from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
 from rl_core.sessions.ledger import SessionLedger
 from rl_core.sessions.render import ReplyKey, render_prompt, reply_key, splice
-from rl_core.sessions.reply import read_reply, recorded, token_logprobs
+from rl_core.sessions.reply import (
+    SampledText,
+    read_reply,
+    read_text,
+    recorded,
+    text_logprobs,
+    token_logprobs,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,13 +89,8 @@ class ChatSession:
 
     async def complete(self, request: ChatCompletionRequest) -> ChatCompletion:
         """Answer one call and record it; `ChatCompletionError` for what cannot be served."""
-        if self._finished:
-            raise ChatCompletionError(
-                f"session {self.session_id!r} is finished; start a new session",
-                code="session_finished",
-                status=409,
-            )
-        self._check_sampling(request)
+        self._check_open()
+        self._check_sampling(request.temperature, request.top_p)
         try:
             prompt = render_prompt(request, self.tokenizer, self._replies)
         except (ValueError, RlCoreError) as exc:
@@ -95,25 +99,8 @@ class ChatSession:
                 param="messages",
                 code="invalid_value",
             ) from exc
-        if self.ledger.samples:
-            last = self.ledger.samples[-1]
-            spliced = splice(prompt, last.tokens, self.tokenizer, sampled=last.loss_mask)
-            if spliced is not None and spliced != prompt:
-                prompt, self.spliced = spliced, self.spliced + 1
-        room = self.config.max_context - len(prompt)
-        if room < 1:
-            raise ChatCompletionError(
-                f"the prompt is {len(prompt)} tokens; this session's context is "
-                f"{self.config.max_context}. Shorten the messages",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        limit = min(self.config.max_new_tokens, room, request.token_limit or room)
-        turn = len(self.ledger.calls)
-        seed = request.seed if request.seed is not None else self._seed(turn)
-        (completion,) = await self.engine.generate(
-            [prompt], max_new_tokens=limit, sampling=self.config.sampling, seeds=[seed]
-        )
+        prompt = self._spliced(prompt)
+        completion = await self._generate(prompt, request.token_limit, request.seed, "messages")
         # Read and recorded with no await between: ``turn`` is the index the ledger gives
         # (concurrent calls are recorded in the order they end).
         turn = len(self.ledger.calls)
@@ -140,11 +127,50 @@ class ChatSession:
             choices=[
                 Choice(message=reply.message, logprobs=logprobs, finish_reason=reply.finish_reason)
             ],
-            usage=Usage(
-                prompt_tokens=len(prompt),
-                completion_tokens=sampled.kept,
-                total_tokens=len(prompt) + sampled.kept,
-            ),
+            usage=_usage(prompt, sampled),
+        )
+
+    async def complete_text(self, request: CompletionRequest) -> TextCompletion:
+        """Answer one legacy completions call and record it in the same ledger.
+
+        The prompt is the client's text encoded as it is, with no chat template: the
+        client owns the formatting. A prompt that extends the session's tokens so far
+        (by token ids, or by text where the model's own tokens can be spliced back, as
+        for chat) joins the current sample; any other starts one, a counted prefix
+        break. So a session may mix the two kinds of call.
+        """
+        self._check_open()
+        self._check_sampling(request.temperature, request.top_p)
+        prompt = self.tokenizer.encode(request.prompt)
+        if not prompt:
+            raise ChatCompletionError(
+                "the prompt encodes to no tokens; send some text",
+                param="prompt",
+                code="invalid_value",
+            )
+        prompt = self._spliced(prompt)
+        completion = await self._generate(prompt, request.token_limit, request.seed, "prompt")
+        turn = len(self.ledger.calls)  # no await from here to the record, as in `complete`
+        sampled = read_text(completion, self.tokenizer, request.stop or ())
+        self.ledger.record(prompt, recorded(completion, sampled))
+        logprobs = None
+        if request.logprobs is not None:
+            n = sampled.text_tokens
+            logprobs = text_logprobs(
+                completion.tokens[:n],
+                completion.logprobs[:n],
+                self.tokenizer,
+                start=len(request.prompt),
+            )
+        choice = CompletionChoice(
+            text=sampled.shown, logprobs=logprobs, finish_reason=sampled.finish_reason
+        )
+        return TextCompletion(
+            id=f"cmpl-{self.session_id}-{turn}",
+            created=int(self._clock()),
+            model=request.model,
+            choices=[choice],
+            usage=_usage(prompt, sampled),
         )
 
     def finish(
@@ -173,11 +199,19 @@ class ChatSession:
         self._finished = True
         return trajectory
 
-    def _check_sampling(self, request: ChatCompletionRequest) -> None:
+    def _check_open(self) -> None:
+        if self._finished:
+            raise ChatCompletionError(
+                f"session {self.session_id!r} is finished; start a new session",
+                code="session_finished",
+                status=409,
+            )
+
+    def _check_sampling(self, temperature: float | None, top_p: float | None) -> None:
         run = self.config.sampling
         for field, asked, used in (
-            ("temperature", request.temperature, run.temperature),
-            ("top_p", request.top_p, run.top_p),
+            ("temperature", temperature, run.temperature),
+            ("top_p", top_p, run.top_p),
         ):
             if asked is not None and not math.isclose(asked, used, abs_tol=1e-6):
                 raise ChatCompletionError(
@@ -188,9 +222,48 @@ class ChatSession:
                     code="unsupported_value",
                 )
 
+    def _spliced(self, prompt: list[int]) -> list[int]:
+        """``prompt`` with the session's own tokens spliced back where its text holds them."""
+        if not self.ledger.samples:
+            return prompt
+        last = self.ledger.samples[-1]
+        spliced = splice(prompt, last.tokens, self.tokenizer, sampled=last.loss_mask)
+        if spliced is None or spliced == prompt:
+            return prompt
+        self.spliced += 1
+        return spliced
+
+    async def _generate(
+        self, prompt: list[int], token_limit: int | None, seed: int | None, param: str
+    ) -> Completion:
+        """One engine call under the run's sampler and the tightest of the limits."""
+        room = self.config.max_context - len(prompt)
+        if room < 1:
+            raise ChatCompletionError(
+                f"the prompt is {len(prompt)} tokens; this session's context is "
+                f"{self.config.max_context}. Shorten the {param}",
+                param=param,
+                code="context_length_exceeded",
+            )
+        limit = min(self.config.max_new_tokens, room, token_limit or room)
+        if seed is None:
+            seed = self._seed(len(self.ledger.calls))
+        (completion,) = await self.engine.generate(
+            [prompt], max_new_tokens=limit, sampling=self.config.sampling, seeds=[seed]
+        )
+        return completion
+
     def _seed(self, turn: int) -> int:
         # Distinct per session and call, the same on a replay of the session.
         return zlib.crc32(f"{self.session_id}/{turn}".encode()) & 0x7FFFFFFF
+
+
+def _usage(prompt: Sequence[int], sampled: SampledText) -> Usage:
+    return Usage(
+        prompt_tokens=len(prompt),
+        completion_tokens=sampled.kept,
+        total_tokens=len(prompt) + sampled.kept,
+    )
 
 
 __all__ = ["ChatSession", "SessionConfig"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from app.api.sessions import ACTIONS
 from tests.app.conftest import Api
 from tests.app.test_results_ingest import span, trajectory
 
@@ -25,10 +26,7 @@ BODIES: dict[tuple[str, str], Any] = {
 }
 # A session's own calls take the session's key, not a tenant's: with any tenant's key
 # they answer 404, owner included (tests/app/test_sessions_proxy.py holds them to it).
-SESSION_CALLS = {
-    f"/v1/runs/{{run_id}}/sessions/{{sid}}/{action}"
-    for action in ("chat/completions", "end", "cancel")
-}
+SESSION_CALLS = {f"/v1/runs/{{run_id}}/sessions/{{sid}}/{action}" for action in ACTIONS}
 
 
 def run_routes(api: Api) -> list[tuple[str, str]]:

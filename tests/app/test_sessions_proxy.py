@@ -12,9 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from app.api.sessions import ACTIONS
 from app.services.gateways import CACHE_S, GatewayCache
 from tests.app.conftest import Api, spec
-from tests.worker.test_gateway import ARGUMENTS, TOKEN, TOOLS, Served
+from tests.worker.test_gateway import ANSWER, ARGUMENTS, TOKEN, TOOLS, Served
 
 pytestmark = pytest.mark.anyio
 
@@ -75,6 +76,37 @@ async def test_a_session_opened_through_the_api_is_served_by_the_runs_gateway(
     assert traj.end_state == "done" and traj.reward == 1.0
 
 
+async def test_a_text_completion_through_the_api_is_recorded_with_the_sessions_calls(
+    api: Api, gateway: Served
+) -> None:
+    auth = await api.tenant()
+    run_id = await sessions_run(api, auth, gateway)
+    session = (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)).json()
+    base = f"/v1/runs/{run_id}/sessions/{session['session_id']}"
+    key = {"Authorization": f"Bearer {session['api_key']}"}
+    prompt = {"model": "policy", "prompt": "Q: 3 + 4?\nA:", "max_tokens": 64}
+
+    answer = await api.client.post(f"{base}/completions", json=prompt, headers=key)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["object"] == "text_completion"
+    assert ARGUMENTS in answer.json()["choices"][0]["text"]  # the sampled text, as sampled
+    streamed = await api.client.post(
+        f"{base}/completions", json={**prompt, "stream": True}, headers=key
+    )
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == ANSWER
+    refused = await api.client.post(
+        f"{base}/completions", json={**prompt, "echo": True}, headers=key
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
+
+    ended = await api.client.post(f"{base}/end", json={"reward": 1.0}, headers=key)
+    assert ended.status_code == 200 and ended.json()["calls"] == 2
+
+
 async def test_what_the_gateway_refuses_comes_back_as_it_said_it(api: Api, gateway: Served) -> None:
     auth = await api.tenant()
     run_id = await sessions_run(api, auth, gateway)
@@ -120,7 +152,7 @@ async def test_a_sessions_calls_tell_nothing_of_runs_to_callers_without_its_key(
     waiting = await sessions_run(api, auth, gateway=None)
     game = await api.submit(auth, **spec())
     for run_id in (waiting, game, "run_unknown"):
-        for action in ("chat/completions", "end", "cancel"):
+        for action in ACTIONS:
             answer = await api.client.post(
                 f"/v1/runs/{run_id}/sessions/s1/{action}", json=QUESTION, headers=auth
             )

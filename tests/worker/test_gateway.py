@@ -273,3 +273,40 @@ def test_an_end_that_does_not_add_up_is_refused_and_the_session_stays_open(
     session.end(1.0, turn_rewards=[0.25, 0.75])
     (traj,) = served.wait_finished(1)
     assert traj.turn_rewards == [0.25, 0.75] and traj.end_state == "done"
+
+
+def test_an_openai_client_completes_text_in_a_session(served: Served) -> None:
+    """The legacy /completions route, as ``client.completions.create`` calls it: the
+    prompt is the client's text, and a continuation of it joins the recorded sample."""
+    session = SessionGateway(served.url, TOKEN).open()
+    client = session.openai()
+    prompt = "Q: 3 + 4?\nA:"
+    first = client.completions.create(
+        model="policy", prompt=prompt, max_tokens=64, stop=['"arguments"'], logprobs=0
+    )
+    (choice,) = first.choices
+    assert first.object == "text_completion"
+    assert (choice.text, choice.finish_reason) == ('<tool_call>{"name": "add", ', "stop")
+    assert choice.logprobs.token_logprobs[0] == pytest.approx(-0.1)
+    assert choice.logprobs.text_offset[0] == len(prompt)
+
+    rest = '"arguments": {"a": 3, "b": 4}}</tool_call>\nResult: 7\nA:'
+    stream = client.completions.create(
+        model="policy",
+        prompt=prompt + choice.text + rest,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ANSWER
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
+    assert session.end(reward=1.0)["prefix_breaks"] == 0
+
+    (traj,) = served.wait_finished(1)
+    p0, p1 = served.engine.prompts
+    kept = served.tok.encode('<tool_call>{"name": "add", "arguments"')
+    assert p0 == served.tok.encode(prompt)  # no chat template
+    assert p1[: len(p0) + len(kept)] == p0 + kept
+    answer = [*served.tok.encode(ANSWER), served.tok.end_of_turn_id]
+    assert [traj.tokens[i] for i, m in enumerate(traj.loss_mask) if m] == kept + answer
