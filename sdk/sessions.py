@@ -66,16 +66,27 @@ class SessionGateway:
         return cls(data["url"], data["token"])
 
     def open(self, group: str | None = None, *, wait_s: float = 60.0) -> Session:
+        """A new session (of ``group``), waiting up to ``wait_s`` for a free episode.
+
+        The server holds the request until an episode is free (up to 20 s a request);
+        a 429 or 503 (the run's worker is not serving yet) is retried after its
+        Retry-After until ``wait_s`` has passed.
+        """
         deadline = time.monotonic() + wait_s
-        body = {"group": group} if group is not None else {}
         while True:
+            body: dict[str, Any] = {
+                "wait_s": round(min(20.0, max(0.0, deadline - time.monotonic())), 3)
+            }
+            if group is not None:
+                body["group"] = group
             answer = self._http.post(
                 self._open_url, json=body, headers={"Authorization": f"Bearer {self._token}"}
             )
-            # 429: no free episode now; 503: the run's worker is not serving yet.
             if answer.status_code not in (429, 503):
                 break
             pause = float(answer.headers.get("Retry-After", "1"))
+            if answer.status_code == 429 and body["wait_s"] > 0:
+                pause = 0.0  # the server already waited
             if time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)

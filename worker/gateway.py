@@ -4,7 +4,8 @@ An aiohttp server on the run's own event loop, over its
 `rl_core.sessions.broker.SessionBroker` (rl_core has no web code; this is its edge)::
 
     POST /v1/sessions                          Authorization: Bearer <run token>
-         {"group": "task-17"}   (optional)     -> 201 {"session_id", "base_url", "api_key"}
+         {"group": "task-17", "wait_s": 10}    -> 201 {"session_id", "base_url", "api_key"}
+         (both optional; wait_s: how long to wait for a free episode before the 429)
     POST /v1/sessions/{id}/chat/completions    Authorization: Bearer <session key>
          an OpenAI chat completion request     -> the answer, or its SSE chunks
     POST /v1/sessions/{id}/completions         Authorization: Bearer <session key>
@@ -19,9 +20,9 @@ An aiohttp server on the run's own event loop, over its
 session key opens only its own session. Every error is OpenAI's error body with a
 status (429 with Retry-After when the run has no free episode: its backpressure).
 
-Served by ``rlaas train`` for a local run (`serve_gateway`). In a deployment the
-worker that holds the run would serve it; the control plane's routes to it are not
-built yet (docs/sessions.md).
+Served by ``rlaas train`` for a local run (`serve_gateway`), and in a deployment by
+the worker that holds the run, behind the API's proxy (`app.api.sessions`;
+docs/sessions.md says why).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from rl_core.sessions.broker import NoRoom, SessionBroker
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a long conversation with tool results, not a file upload
+MAX_OPEN_WAIT_S = 60  # a long poll for a free episode; the client asks again after
 ROUTES: web.AppKey[_Routes] = web.AppKey("routes")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -111,7 +113,14 @@ class _Routes:
                 "group must be a string of 1 to 200 characters (e.g. your task's id)",
                 param="group",
             )
-        session = self.broker.open(group)
+        wait_s = body.get("wait_s", 0)
+        if not _finite(wait_s) or not 0 <= wait_s <= MAX_OPEN_WAIT_S:
+            raise ChatCompletionError(
+                f"wait_s must be a number of seconds from 0 to {MAX_OPEN_WAIT_S} (how long "
+                "to wait for a free episode before the 429)",
+                param="wait_s",
+            )
+        session = await self.broker.open(group, wait_s=float(wait_s))
         answer = {
             "session_id": session.session_id,
             "base_url": f"{self.public_url}/v1/sessions/{session.session_id}",

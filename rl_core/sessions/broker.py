@@ -46,6 +46,8 @@ from rl_core.rollout.base import RolloutEngine
 from rl_core.sessions.session import ChatSession, SessionConfig
 
 RETRY_AFTER_S = 1
+# How long a named group's unclaimed members wait for the rest of its name's sessions.
+GROUP_FILL_TIMEOUT_S = 120.0
 
 
 class NoRoom(ChatCompletionError):
@@ -70,6 +72,8 @@ class _Slot:
     group: int
     member: int
     claimed: asyncio.Future[OpenSession]
+    # The wait for a client; given a deadline once the slot's group belongs to a name.
+    wait: asyncio.Timeout | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -94,16 +98,28 @@ class SessionBroker:
         tokenizer: Tokenizer,
         config: SessionConfig,
         group_size: int,
+        fill_timeout_s: float = GROUP_FILL_TIMEOUT_S,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
         self.group_size = group_size
+        self.fill_timeout_s = fill_timeout_s
         self._waiting: dict[int, collections.OrderedDict[int, _Slot]] = {}  # group -> members
         self._named: dict[str, int] = {}  # client group name -> collector group
         self._taken: set[int] = set()  # groups some client has opened a session in
+        # Members of a taken group that were claimed or gave up waiting; at group_size the
+        # group is forgotten (its name free for a new group).
+        self._settled: collections.Counter[int] = collections.Counter()
         self._sessions: dict[str, OpenSession] = {}
-        self._counted: dict[str, int] = {"opened": 0, "refused": 0, "prefix_breaks": 0}
+        self._counted: dict[str, int] = {
+            "opened": 0,
+            "refused": 0,
+            "prefix_breaks": 0,
+            "unfilled": 0,
+        }
+        # Set (and replaced) whenever a slot starts waiting: wakes clients waiting to open.
+        self._slot_offered = asyncio.Event()
         self._reported = dict(self._counted)
 
     # -- the collector's side ------------------------------------------------------------
@@ -130,9 +146,20 @@ class SessionBroker:
         loop = asyncio.get_running_loop()
         slot = _Slot(traj.episode_id, traj.group, traj.member, loop.create_future())
         self._waiting.setdefault(slot.group, collections.OrderedDict())[slot.member] = slot
+        self._slot_offered.set()
+        self._slot_offered = asyncio.Event()
         traj.enter("waiting_client")
         try:
-            session = await slot.claimed
+            async with asyncio.timeout(None) as slot.wait:
+                if slot.group in self._named.values():
+                    self._set_fill_deadline(slot)
+                session = await slot.claimed
+        except TimeoutError:
+            # Its group's name never sent this many sessions: the member ends unplayed and
+            # the group trains without it (as with a failed episode), freeing its place.
+            self._counted["unfilled"] += 1
+            traj.end("cancelled", "group_not_filled")
+            return
         finally:
             self._forget_slot(slot)
         traj.started = session.opened
@@ -157,26 +184,58 @@ class SessionBroker:
 
     def _forget_slot(self, slot: _Slot) -> None:
         members = self._waiting.get(slot.group)
-        if members is not None:
-            members.pop(slot.member, None)
+        if members is not None and members.get(slot.member) is slot:
+            del members[slot.member]
             if not members:
                 del self._waiting[slot.group]
-                self._taken.discard(slot.group)
-                for name in [n for n, g in self._named.items() if g == slot.group]:
-                    del self._named[name]
+        if slot.group in self._taken:
+            self._settled[slot.group] += 1
+            if self._settled[slot.group] >= self.group_size:
+                self._forget_group(slot.group)
+
+    def _forget_group(self, group: int) -> None:
+        """Every member of ``group`` is accounted for: its name may start a new group."""
+        self._taken.discard(group)
+        del self._settled[group]
+        for name in [n for n, g in self._named.items() if g == group]:
+            del self._named[name]
+
+    def _set_fill_deadline(self, slot: _Slot) -> None:
+        if slot.wait is not None and self.fill_timeout_s is not None:
+            slot.wait.reschedule(asyncio.get_running_loop().time() + self.fill_timeout_s)
 
     # -- the clients' side ---------------------------------------------------------------
 
-    def open(self, group: str | None = None) -> OpenSession:
-        """A new session in the named group (see the module docstring), or `NoRoom`."""
-        slot = self._free_slot(group)
-        if slot is None:
-            self._counted["refused"] += 1
-            raise NoRoom()
-        del self._waiting[slot.group][slot.member]
-        if group is not None and self._waiting[slot.group]:
-            self._named[group] = slot.group
+    async def open(self, group: str | None = None, *, wait_s: float = 0.0) -> OpenSession:
+        """A new session in the named group (see the module docstring), waiting up to
+        ``wait_s`` for a free episode; `NoRoom` if none came.
+
+        Waiting here rather than in the client: a client told 429 comes back after
+        whole seconds (Retry-After), while a slot offered now is taken at once, so the
+        run's episodes do not sit idle between a client's retries.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, wait_s)
+        while (slot := self._free_slot(group)) is None:
+            offered = self._slot_offered
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await offered.wait()
+            except TimeoutError:
+                self._counted["refused"] += 1
+                raise NoRoom() from None
+        members = self._waiting[slot.group]
+        del members[slot.member]
+        if not members:
+            del self._waiting[slot.group]
+        first = slot.group not in self._taken
         self._taken.add(slot.group)
+        if group is not None and first:
+            # The name holds the group until all its members are claimed: the rest may
+            # not be offered yet (the collector starts episodes as places free up).
+            self._named[group] = slot.group
+            for waiting in self._waiting.get(slot.group, {}).values():
+                self._set_fill_deadline(waiting)
         chat = ChatSession(
             slot.episode_id, engine=self.engine, tokenizer=self.tokenizer, config=self.config
         )
@@ -193,9 +252,9 @@ class SessionBroker:
 
     def _free_slot(self, group: str | None) -> _Slot | None:
         if group is not None and group in self._named:
+            # Its group's next member, when offered; never a second group meanwhile.
             members = self._waiting.get(self._named[group])
-            if members:
-                return next(iter(members.values()))
+            return next(iter(members.values())) if members else None
         # A group no one has opened a session in yet; unnamed sessions first fill the
         # unnamed group already begun.
         candidates = [g for g, members in self._waiting.items() if members]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,21 +75,32 @@ class Served:
     async def _main(self, groups: int, group_size: int, timeout_s: float) -> None:
         self._stop = asyncio.Event()
 
-        async def episode(group: int, member: int) -> None:
-            traj = Trajectory(episode_id=f"g{group}-e{member}", group=group, member=member)
-            await self.broker.play(traj, timeout_s=timeout_s)
-            self.finished.append(traj)
-
+        self._timeout_s = timeout_s
         async with serve_gateway(self.broker, token=TOKEN) as url:
             self.url = url
-            tasks = [
-                asyncio.create_task(episode(g, m)) for g in range(groups) for m in range(group_size)
+            tasks = self._tasks = [
+                asyncio.create_task(self._episode(g, m))
+                for g in range(groups)
+                for m in range(group_size)
             ]
             self._ready.set()
             await self._stop.wait()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _episode(self, group: int, member: int) -> None:
+        traj = Trajectory(episode_id=f"g{group}-e{member}", group=group, member=member)
+        await self.broker.play(traj, timeout_s=self._timeout_s)
+        self.finished.append(traj)
+
+    def offer(self, group: int, member: int) -> None:
+        """One more episode, as the collector starts one when admission allows."""
+
+        def start() -> None:
+            self._tasks.append(asyncio.create_task(self._episode(group, member)))
+
+        self.loop.call_soon_threadsafe(start)
 
     def wait_finished(self, n: int, timeout_s: float = 10) -> list[Trajectory]:
         for _ in range(int(timeout_s * 20)):
@@ -199,6 +211,36 @@ def test_no_free_episode_is_a_429_with_retry_after(served: Served) -> None:
     assert answer.json()["error"]["code"] == "no_free_session"
     with pytest.raises(RlaasError, match="429"):
         gateway.open(wait_s=0)
+
+
+@pytest.mark.parametrize("served", [(1, 1, 30.0)], indirect=True)
+def test_an_open_that_waits_takes_the_next_episode_as_soon_as_it_is_offered(
+    served: Served,
+) -> None:
+    gateway = SessionGateway(served.url, TOKEN)
+    gateway.open()  # the only episode
+    waited: list[float] = []
+
+    def open_later() -> None:
+        start = time.monotonic()
+        gateway.open(wait_s=10)
+        waited.append(time.monotonic() - start)
+
+    opener = threading.Thread(target=open_later)
+    opener.start()
+    time.sleep(0.3)  # the client is waiting at the server now
+    offered = time.monotonic()
+    served.offer(1, 0)
+    opener.join(10)
+    # Taken when offered, not after a whole-second Retry-After.
+    assert waited and waited[0] - 0.3 < 0.5, waited
+    assert time.monotonic() - offered < 0.5
+    bad = httpx.post(
+        f"{served.url}/v1/sessions",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        json={"wait_s": 3600},
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "wait_s"
 
 
 @pytest.mark.parametrize("served", [(3, 2, 30.0)], indirect=True)
