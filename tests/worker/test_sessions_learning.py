@@ -1,0 +1,126 @@
+"""Through sessions, from random init, the tiny model learns the demo game a client plays.
+
+The run is ``examples/tiny-game.yaml`` with ``environment: sessions``: the game is no
+longer the worker's; a client plays it. The client is ``examples/guess_number_agent.py``
+in a process of its own, as a user's would be: agents written against the official
+``openai`` package (not our SDK) at each session's URL, sessions opened and ended with
+plain HTTP, every other answer streamed, the game's rules and rewards driven from the
+client's side. 128 agents play at once, the 16 sessions of a game under one group name.
+
+The bars are the built-in learning test's (tests/rl_core/pipeline/test_learning.py),
+computed from the game, not guessed: the last 10 steps average at least 3x the first
+10, at least 0.8 of the optimal policy's expected reward, and more than a uniform
+random guess each turn. As there, the game is too small to tell reading the hints
+from a blind sweep; what this proves is that the client-driven path trains: a model
+that starts by emitting random tokens learns, from calls it never saw but through the
+sessions' record of them, to answer with bare numbers and to stop guessing at random.
+The run stops once the bars have held for five steps in a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl_core.envs.guess_number import (
+    GuessNumberConfig,
+    best_expected_reward,
+    random_guess_reward,
+)
+from rl_core.host.control import RunControl
+from rl_core.pipeline.files import RunFiles
+from rl_core.pipeline.runner import train
+from rl_core.spec import load_spec
+from worker.gateway import serve_gateway
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+EXAMPLE, AGENT = EXAMPLES / "tiny-game.yaml", EXAMPLES / "guess_number_agent.py"
+TOKEN = "the-learning-test-gateway-token"
+
+
+@pytest.mark.minutes(5)
+@pytest.mark.timeout(1500)
+def test_the_tiny_model_learns_the_demo_game_played_by_an_openai_client(tmp_path: Path) -> None:
+    example = load_spec(EXAMPLE)
+    game = GuessNumberConfig.from_mapping(example.environment.config)
+    best, blind = best_expected_reward(game), random_guess_reward(game)
+    spec = example.model_copy(
+        update={
+            "name": "tiny-game-sessions",
+            "environment": example.environment.model_copy(
+                update={"name": "sessions", "config": {}}
+            ),
+            "eval_interval": 0,
+        }
+    )
+
+    def bars_met_once(rewards: list[float]) -> bool:
+        first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+        return last >= 3 * first and last >= 0.8 * best and last > blind
+
+    def bars_met(rewards: list[float], times: int = 5) -> bool:
+        n = len(rewards)
+        return n >= 20 + times - 1 and all(bars_met_once(rewards[: n - k]) for k in range(times))
+
+    control = RunControl()
+    seen: list[float] = []
+
+    class StopWhenProven(RunFiles):
+        def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
+            super().on_step(step, metrics)
+            seen.append(metrics["reward/mean"])
+            if bars_met(seen):
+                control.request_stop()
+
+    client_log = tmp_path / "client.log"
+    exits: list[int | None] = []
+
+    @contextlib.asynccontextmanager
+    async def gateway(broker: Any) -> AsyncIterator[str]:
+        async with serve_gateway(broker, token=TOKEN) as url:
+            command = [sys.executable, str(AGENT), "--url", url, "--token", TOKEN]
+            with client_log.open("wb") as log:
+                client = await asyncio.create_subprocess_exec(
+                    *command, cwd=EXAMPLES.parent, stdout=log, stderr=subprocess.STDOUT
+                )
+            try:
+                yield url
+            finally:
+                exits.append(client.returncode)  # None: still playing, as it should be
+                client.terminate()
+                await asyncio.wait_for(client.wait(), 30)
+
+    files = StopWhenProven(tmp_path)
+    try:
+        result = train(spec, sink=files, control=control, artifacts_dir=tmp_path, gateway=gateway)
+    finally:
+        files.close()
+    assert exits == [None], f"the client stopped early:\n{client_log.read_text()[-3000:]}"
+
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["reward/mean"] for r in rows]
+    proven = next((n for n in range(20, len(rewards) + 1) if bars_met(rewards[:n])), None)
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    print(f"steps {len(rewards)} proven at {proven}  first-10 {first:.3f}  last-10 {last:.3f}")
+    print(f"best {best:.3f}  random {blind:.3f}")
+    assert proven is not None, f"bars not met in {spec.train.steps} steps (last-10 {last:.3f})"
+    assert result.steps_completed <= spec.train.steps
+
+    # What was trained came from the sessions, unbroken and within the staleness bound.
+    assert sum(r["sessions/prefix_breaks"] for r in rows) == 0
+    assert max(r["staleness/max"] for r in rows) <= spec.staleness.max_staleness
+    records = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    late = [r for r in records if r["step"] > len(rows) - 10 and r["end_state"] == "done"]
+    assert late and all(r["info"]["session_id"] == r["episode_id"] for r in late)
+    solved = [r for r in late if r["reward"] >= 0.5]
+    answers = [s["text"] for s in solved[0]["segments"] if s["trained"]] if solved else []
+    # The winning guess, bare, and the end of the model's turn: what it sampled, trained on.
+    assert answers and answers[-1].removesuffix("<|end|>").isdigit(), answers
