@@ -10,16 +10,25 @@ reports its sessions in the metrics and trajectories.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import httpx
+import openai
 import pytest
 
+from rl_core.agent.ledger import Trajectory
+from rl_core.models.tokenizer import BuiltinTokenizer
+from rl_core.pipeline import build
 from rl_core.pipeline.runner import train_to_folder
+from rl_core.rollout.base import Completion, SamplingParams
 from rl_core.spec import parse_spec
 from sdk.cli import _session_gateway
 from sdk.errors import RlaasError
@@ -110,3 +119,225 @@ def test_a_sessions_run_trains_on_episodes_an_openai_agent_plays(tmp_path: Path)
         assert "Answer each number" in texts[0] and not record["segments"][0]["trained"]
         assert [s["trained"] for s in record["segments"]][1::2] == [True] * 3
         assert record["turns"] == 3 and record["info"]["prefix_breaks"] == 0
+
+
+# --- a tool-using agent: what the trainer gets is what the engine served ---------------
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
+ARGUMENTS = '{"a": 3,  "b":4}'  # odd spacing: it must reach the client as sampled
+
+
+class ToolCallingPolicy:
+    """A scripted engine (`RolloutEngine`): a tool call when the conversation's last word
+    is the user's, an answer once a tool has spoken. A random-init model never writes a
+    tool call, so the policy here is chosen tokens; what is under test is everything
+    around it: the gateway, the record, the staleness gate and the trainer's batch. Every
+    call is logged as (prompt, completion, logprobs)."""
+
+    def __init__(self, tok: BuiltinTokenizer) -> None:
+        self.tok, self.version = tok, 0
+        call = f'<tool_call>{{"name": "add", "arguments": {ARGUMENTS}}}</tool_call>'
+        self.replies = {
+            "call": [*tok.encode(call), tok.end_of_turn_id],
+            "answer": [*tok.encode("7"), tok.end_of_turn_id],
+        }
+        self.calls: list[tuple[list[int], list[int], list[float]]] = []
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
+
+    async def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int | Sequence[int],
+        sampling: SamplingParams,
+        seeds: Sequence[int],
+    ) -> list[Completion]:
+        out = []
+        for prompt in prompts:
+            text = self.tok.decode(prompt, skip_special=False)
+            tool_spoke = text.rfind("<|tool|>") > text.rfind("<|user|>")
+            tokens = self.replies["answer" if tool_spoke else "call"]
+            logprobs = [-0.01 * (len(self.calls) + 1 + i / 1000) for i in range(len(tokens))]
+            self.calls.append((list(prompt), tokens, logprobs))
+            out.append(
+                Completion(
+                    tokens=tokens,
+                    logprobs=logprobs,
+                    finish_reason="stop",
+                    policy_version=self.version,
+                )
+            )
+        return out
+
+    def update_weights(self, params: Any, version: int) -> None:
+        self.version = version
+
+
+def tool_agent(base: str, token: str, game: int, kind: str) -> dict[str, Any]:
+    """One episode of an ordinary tool-using agent on the official ``openai`` client.
+    ``kind``: ``plain``; ``edits`` (rewrites its first message before the second call:
+    a prefix break); ``abandons`` (never ends the session: it must time out)."""
+    opened = httpx.post(
+        f"{base}/v1/sessions",
+        json={"group": f"game-{game}", "wait_s": 20},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+    opened.raise_for_status()
+    session = opened.json()
+    client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"])
+    question = {"role": "user", "content": "What is 3 + 4?"}
+    first = client.chat.completions.create(
+        model="policy", messages=[question], tools=TOOLS, logprobs=True
+    )
+    message = first.choices[0].message
+    (call,) = message.tool_calls or []
+    assert (call.function.name, call.function.arguments) == ("add", ARGUMENTS)
+    args = json.loads(call.function.arguments)
+    messages: list[Any] = [question, message.model_dump(exclude_none=True)]
+    messages.append(
+        {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}
+    )
+    if kind == "edits":
+        messages[0] = {"role": "user", "content": "What is 3 + 4? Be brief."}
+    if kind == "abandons":
+        return {"id": session["session_id"], "kind": kind}
+    chunks = client.chat.completions.create(
+        model="policy", messages=messages, tools=TOOLS, stream=True
+    )
+    answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert answer == "7"
+    ended = httpx.post(
+        f"{session['base_url']}/end",
+        json={"reward": 1.0, "turn_rewards": [0.0, 1.0]},
+        headers={"Authorization": f"Bearer {session['api_key']}"},
+    )
+    ended.raise_for_status()
+    return {
+        "id": session["session_id"],
+        "kind": kind,
+        "logprobs": [t.logprob for t in first.choices[0].logprobs.content],
+        "end": ended.json(),
+    }
+
+
+@pytest.mark.timeout(600)
+def test_a_tool_using_agents_calls_are_trained_on_exactly_as_the_engine_sampled_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = ToolCallingPolicy(BuiltinTokenizer())
+    monkeypatch.setattr(build, "build_engine", lambda *args, **kwargs: policy)
+    trained: list[Trajectory] = []
+    real_batch = build.build_batch
+
+    def spy(groups: list[Any], **options: Any) -> Any:  # what the trainer is given
+        trained.extend(t for g in groups for t in g.to_train)
+        return real_batch(groups, **options)
+
+    monkeypatch.setattr(build, "build_batch", spy)
+    spec = parse_spec(
+        {
+            **SPEC,
+            "agent": {"max_new_tokens": 64, "max_context": 1024},  # tools spelt out: ~540
+            "rollout": {"group_size": 2, "concurrency": 4, "episode_timeout_s": 3},
+            "algorithm": {"batch_groups": 2},
+            "train": {"steps": 2, "seed": 0},
+        }
+    )
+    out = tmp_path / "run"
+    done = threading.Event()
+    played: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+
+    def clients() -> None:
+        served = SessionGateway.from_folder(out, wait_s=300)  # only to read sessions.json
+        url, token = served.url, json.loads((out / "sessions.json").read_text())["token"]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for game in itertools.count():
+                if done.is_set():
+                    return
+                kinds = {0: ("plain", "edits"), 1: ("plain", "abandons")}.get(game, ("plain",) * 2)
+                futures = [pool.submit(tool_agent, url, token, game, k) for k in kinds]
+                for future in futures:
+                    try:
+                        played.append(future.result())
+                    except Exception as exc:
+                        if not done.is_set() and (out / "sessions.json").exists():
+                            errors.append(exc)
+
+    client_thread = threading.Thread(target=clients)
+    client_thread.start()
+    try:
+        result = train_to_folder(spec, out, gateway=_session_gateway(out, "127.0.0.1", 0))
+    except Exception as exc:
+        raise AssertionError(f"the run failed; the clients' errors: {errors}") from exc
+    finally:
+        done.set()
+        client_thread.join(60)
+    assert not errors, errors[0]
+    assert result.steps_completed == 2
+
+    by_id = {p["id"]: p for p in played}
+    assert trained and all(t.episode_id in by_id for t in trained)
+    served = {(tuple(p), tuple(c), tuple(lp)) for p, c, lp in policy.calls}
+    for traj in trained:
+        kind = by_id[traj.episode_id]["kind"]
+        assert kind != "abandons"
+        # One sample per unbroken run of calls; in it, each stretch of loss-masked tokens
+        # is one call's completion as the engine sampled it (ids and logprobs), after
+        # exactly the prompt that call was given; nothing else is in the loss.
+        assert len(traj.samples) == (2 if kind == "edits" else 1)
+        for sample in traj.samples:
+            stretches = 0
+            for start, end in _runs(sample.loss_mask):
+                call = (
+                    tuple(sample.tokens[:start]),
+                    tuple(sample.tokens[start:end]),
+                    tuple(sample.logprobs[start:end]),
+                )
+                assert call in served
+                stretches += 1
+            assert stretches == (1 if kind == "edits" else 2) == traj.turns // len(traj.samples)
+        assert traj.info["prefix_breaks"] == (1 if kind == "edits" else 0)
+    # The logprobs a client asked for are the sampler's, for the answer's tokens.
+    for p in played:
+        if "logprobs" in p:
+            assert any(lp[:-1] == p["logprobs"] for _, _, lp in policy.calls)
+
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    edits = [p for p in played if p["kind"] == "edits"]
+    assert sum(r["sessions/prefix_breaks"] for r in rows) == len(edits) == 1
+    assert edits[0]["end"]["prefix_breaks"] == 1
+    records = {
+        r["episode_id"]: r
+        for r in map(json.loads, (out / "trajectories.jsonl").read_text().splitlines())
+    }
+    (abandoned,) = (p["id"] for p in played if p["kind"] == "abandons")
+    assert records[abandoned]["end_state"] == "timeout"
+
+
+def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s in ``mask``."""
+    runs, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
