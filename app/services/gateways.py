@@ -11,8 +11,9 @@ URL handed to clients: docs/sessions.md.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import aiohttp
 from sqlalchemy import select
@@ -66,6 +67,42 @@ class GatewayCache:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._entries: dict[str, tuple[str, str, float]] = {}
         self._clock = clock
+        self._loading: dict[str, asyncio.Future[tuple[str, str]]] = {}
+
+    async def lookup(
+        self, run_id: str, load: Callable[[], Awaitable[tuple[str, str]]]
+    ) -> tuple[str, str]:
+        """The cached gateway, or ``load()``'s, put in the cache. Calls that miss together
+        share one ``load`` (S1 at 64 sessions: every entry's expiry sent each of the calls
+        in flight to the database at once, and their wait for a connection was the p99)."""
+        cached = self.get(run_id)
+        if cached is not None:
+            return cached
+        loading = self._loading.get(run_id)
+        if loading is not None:
+            try:
+                return await asyncio.shield(loading)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if loading.cancelled() and task is not None and not task.cancelling():
+                    return await self.lookup(run_id, load)  # the loader's caller went away
+                raise
+        loading = self._loading[run_id] = asyncio.get_running_loop().create_future()
+        try:
+            url, token = await load()
+        except Exception as exc:
+            loading.set_exception(exc)
+            loading.exception()  # retrieved: no "never retrieved" warning without waiters
+            raise
+        except BaseException:
+            loading.cancel()
+            raise
+        else:
+            self.put(run_id, url, token)
+            loading.set_result((url, token))
+            return url, token
+        finally:
+            del self._loading[run_id]
 
     def get(self, run_id: str) -> tuple[str, str] | None:
         entry = self._entries.get(run_id)

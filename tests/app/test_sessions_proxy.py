@@ -7,6 +7,7 @@ and its gateway registered through the API's own routes, as a worker would.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -179,3 +180,22 @@ def test_the_gateway_cache_expires_and_forgets_a_gateway_that_did_not_answer() -
     cache.put("run_1", "http://10.0.0.6:9000", "token")
     cache.drop("run_1")  # it did not answer: the run may have moved
     assert cache.get("run_1") is None
+
+
+async def test_calls_that_miss_the_gateway_cache_together_share_one_lookup() -> None:
+    cache, loads = GatewayCache(), []
+
+    async def load() -> tuple[str, str]:
+        loads.append(1)
+        await asyncio.sleep(0.05)  # the database read
+        if len(loads) == 1:
+            raise ConnectionError("the database went away")
+        return "http://10.0.0.7:8080", "token"
+
+    first = await asyncio.gather(
+        *(cache.lookup("run_1", load) for _ in range(20)), return_exceptions=True
+    )
+    assert len(loads) == 1 and all(isinstance(r, ConnectionError) for r in first)
+    again = await asyncio.gather(*(cache.lookup("run_1", load) for _ in range(20)))
+    assert len(loads) == 2 and set(again) == {("http://10.0.0.7:8080", "token")}
+    assert await cache.lookup("run_1", load) == again[0] and len(loads) == 2  # cached
