@@ -165,7 +165,12 @@ def build_agent(
     )
 
 
-def build_sessions(spec: JobSpec, engine: RolloutEngine, tokenizer: Tokenizer) -> SessionBroker:
+def build_sessions(
+    spec: JobSpec,
+    engine: RolloutEngine,
+    tokenizer: Tokenizer,
+    recorder: SpanRecorder | None = None,
+) -> SessionBroker:
     """Where clients' sessions meet the collector's episodes (``environment.name: sessions``)."""
     if spec.train.eval_interval:
         raise UnsupportedSpec(
@@ -179,7 +184,11 @@ def build_sessions(spec: JobSpec, engine: RolloutEngine, tokenizer: Tokenizer) -
         max_context=spec.agent.max_context,
     )
     return SessionBroker(
-        engine=engine, tokenizer=tokenizer, config=config, group_size=spec.rollout.group_size
+        engine=engine,
+        tokenizer=tokenizer,
+        config=config,
+        group_size=spec.rollout.group_size,
+        recorder=recorder,
     )
 
 
@@ -258,7 +267,7 @@ def build_pipeline(
             spec, model, tokenizer, device, cleanup, log_dir=artifacts_dir, recorder=recorder
         )
         trainer, start_step, position = build_trainer(spec, model, resume_from)
-        broker = build_sessions(spec, engine, tokenizer) if clients_play else None
+        broker = build_sessions(spec, engine, tokenizer, recorder) if clients_play else None
         agent: EpisodePlayer = broker or build_agent(spec, engine, tokenizer, recorder)
         evaluator = (
             build_evaluator(

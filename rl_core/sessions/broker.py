@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rl_core.agent.ledger import Trajectory
+from rl_core.host.telemetry import SpanRecorder, now_us
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.protocol.chat_completions import (
     ChatCompletion,
@@ -84,6 +85,7 @@ class OpenSession:
     # (reward, turn rewards) from `end`; None from `cancel`.
     ended: asyncio.Future[tuple[float, list[float] | None] | None]
     opened: float = dataclasses.field(default_factory=time.monotonic)
+    opened_us: int = dataclasses.field(default_factory=now_us)  # the timeline's clock
 
     @property
     def over(self) -> bool:
@@ -99,8 +101,10 @@ class SessionBroker:
         config: SessionConfig,
         group_size: int,
         fill_timeout_s: float = GROUP_FILL_TIMEOUT_S,
+        recorder: SpanRecorder | None = None,
     ) -> None:
         self.engine = engine
+        self.recorder = recorder or SpanRecorder()
         self.tokenizer = tokenizer
         self.config = config
         self.group_size = group_size
@@ -164,6 +168,22 @@ class SessionBroker:
             self._forget_slot(slot)
         traj.started = session.opened
         traj.enter("client")
+        try:
+            await self._played(traj, session, timeout_s)
+        finally:
+            self.recorder.add(
+                "rollout",
+                start_us=session.opened_us,
+                dur_us=now_us() - session.opened_us,
+                track=f"episode/{traj.episode_id}",
+                step=traj.policy_version,
+                args={"end_state": traj.end_state or "cancelled", "turns": traj.turns},
+            )
+
+    async def _played(
+        self, traj: Trajectory, session: OpenSession, timeout_s: float | None
+    ) -> None:
+        """Wait for the client's end (or the timeout) and fill ``traj`` from its calls."""
         try:
             async with asyncio.timeout(timeout_s):
                 outcome = await asyncio.shield(session.ended)
@@ -284,7 +304,8 @@ class SessionBroker:
         session = self.session(session_id, key)
         if session.over:
             raise _ended(session_id)
-        return await session.chat.complete(request)
+        with self._call_span(session, kind="chat"):
+            return await session.chat.complete(request)
 
     async def complete_text(
         self, session_id: str, key: str, request: CompletionRequest
@@ -293,7 +314,18 @@ class SessionBroker:
         session = self.session(session_id, key)
         if session.over:
             raise _ended(session_id)
-        return await session.chat.complete_text(request)
+        with self._call_span(session, kind="text"):
+            return await session.chat.complete_text(request)
+
+    def _call_span(self, session: OpenSession, *, kind: str) -> Any:
+        """The call on the session's timeline row, as the built-in agent's model calls are."""
+        return self.recorder.span(
+            "model_call",
+            track=f"episode/{session.session_id}",
+            step=self.engine.policy_version,
+            turn=len(session.chat.ledger.calls) + 1,
+            kind=kind,
+        )
 
     def end(
         self,

@@ -329,6 +329,12 @@ def test_a_tool_using_agents_calls_are_trained_on_exactly_as_the_engine_sampled_
     }
     (abandoned,) = (p["id"] for p in played if p["kind"] == "abandons")
     assert records[abandoned]["end_state"] == "timeout"
+    # On the timeline as the built-in agent's episodes are: a row per session, with its
+    # calls and the whole session.
+    events = json.loads((out / "timeline.json").read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert sum(e["name"] == "model_call" for e in spans) >= 2 * len(trained)
+    assert sum(e["name"] == "rollout" for e in spans) >= len(trained)
 
 
 def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
