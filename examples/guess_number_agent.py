@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -158,18 +159,25 @@ def main() -> int:
     spec_path.write_text(yaml.safe_dump(spec))
     command = [sys.executable, "-m", "sdk.cli", "train", str(spec_path), "--out", str(args.out)]
     train = subprocess.Popen(command)
-    while not where.exists():
-        if train.poll() is not None:
-            return train.returncode
-        time.sleep(0.2)
-    served = json.loads(where.read_text())
-    agents = GuessNumberAgents(served["url"], served["token"], game, rollout["group_size"])
+    # Killed, this script takes its run with it (a SIGTERM would skip the `finally`).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        while not where.exists():
+            if train.poll() is not None:
+                return train.returncode
+            time.sleep(0.2)
+        served = json.loads(where.read_text())
+        agents = GuessNumberAgents(served["url"], served["token"], game, rollout["group_size"])
 
-    def serving() -> bool:  # the run removes sessions.json when its gateway closes
-        return train.poll() is None and where.exists()
+        def serving() -> bool:  # the run removes sessions.json when its gateway closes
+            return train.poll() is None and where.exists()
 
-    asyncio.run(play(agents, args.agents or rollout["concurrency"], serving))
-    return train.wait()
+        asyncio.run(play(agents, args.agents or rollout["concurrency"], serving))
+        return train.wait()
+    finally:
+        if train.poll() is None:
+            train.terminate()
+            train.wait(60)
 
 
 async def play(agents: GuessNumberAgents, n: int, serving: Callable[[], bool]) -> None:
@@ -183,7 +191,10 @@ async def play(agents: GuessNumberAgents, n: int, serving: Callable[[], bool]) -
             last = agents.played[-256:]
             print(f"{reported} games, the last 256 earned {sum(last) / 256:.3f}", flush=True)
     agents.stop.set()
-    await playing
+    if serving():
+        await playing  # an agent failed while the run serves: say why
+    else:
+        await asyncio.gather(playing, return_exceptions=True)  # cut short by the run's end
 
 
 if __name__ == "__main__":
