@@ -9,14 +9,15 @@
         client = session.openai()                      # openai.OpenAI for this session
         answer = client.chat.completions.create(model="policy", messages=[...], tools=[...])
         ...                                            # your agent loop, your tools
+        text = client.completions.create(model="policy", prompt="...")  # no chat template
         session.end(reward=1.0)                        # the episode's reward
 
 A run submitted to the service: ``SessionGateway.for_run(api_url, api_key, run_id)``
 (the API proxies the session's calls to the worker holding the run).
 
 Sessions of one ``group`` are GRPO's group (the same task, ``rollout.group_size`` of
-them). `SessionGateway.open` waits while the run has no free episode (HTTP 429: the
-run's backpressure) or is not serving yet (503), up to ``wait_s``. A cancelled session
+them). `SessionGateway.open` waits while the run has no free episode (at the server,
+then HTTP 429: the run's backpressure) or is not serving yet (503), up to ``wait_s``. A cancelled session
 (`Session.cancel`) is not trained on, nor is one left without `Session.end`: it times
 out on the server after ``rollout.episode_timeout_s``.
 """
