@@ -329,6 +329,7 @@ def test_a_tool_using_agents_calls_are_trained_on_exactly_as_the_engine_sampled_
     }
     (abandoned,) = (p["id"] for p in played if p["kind"] == "abandons")
     assert records[abandoned]["end_state"] == "timeout"
+    assert sum(r["episode/timeout"] for r in rows) == 1  # counted, and not trained (above)
     # On the timeline as the built-in agent's episodes are: a row per session, with its
     # calls and the whole session.
     events = json.loads((out / "timeline.json").read_text())["traceEvents"]
