@@ -39,6 +39,9 @@ def parse_id(episode_id: str) -> tuple[int, int, int]:
     return int(match[1]), int(match[2]), int(match[3] or 0)
 
 
+UNTIL_LIMIT_S = 30.0  # a condition that never comes fails the test, not hangs it
+
+
 @dataclasses.dataclass
 class Behaviour:
     """What the environment does for one episode."""
@@ -47,6 +50,9 @@ class Behaviour:
     delay_s: float = 0.0  # per step
     reward: float = 1.0
     fail: bool = False  # step raises (an infrastructure failure)
+    # The step also waits until this holds (e.g. the trainer has made two updates): an
+    # ordering on events, not on how long the host takes (at most `UNTIL_LIMIT_S`).
+    until: Callable[[], bool] | None = None
 
 
 class ScriptEnv:
@@ -67,6 +73,10 @@ class ScriptEnv:
         b = self.active[episode_id]
         if b.delay_s:
             await asyncio.sleep(b.delay_s)
+        if b.until is not None:
+            async with asyncio.timeout(UNTIL_LIMIT_S):
+                while not b.until():  # noqa: ASYNC110 (set on the trainer's thread)
+                    await asyncio.sleep(0.001)
         if b.fail:
             raise ConnectionError(f"{episode_id}: webhook down")
         done = step >= b.turns

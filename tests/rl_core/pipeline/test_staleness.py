@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -73,31 +74,22 @@ def test_trained_data_is_never_staler_than_the_bound(
     assert len(episodes) == len(set(episodes))
 
 
-# Timing-dependent since admission by episode (#20): whether the 0.25 s straggler is
-# overtaken by two versions depends on how fast the fake trainer's steps run, and the
-# unfinished straggler now holds admission room, so on an idle machine it can be trained
-# fresh; CI saw both outcomes. Kept running (not strict) until rewritten on a fake clock;
-# the bound itself is held by the parametrised test above and the long-tail test below.
-STRAGGLER_TIMING = pytest.mark.xfail(
-    strict=False, reason="wall-clock race between a straggler and the trainer; see comment"
-)
+def straggling(trainer: RecordingTrainer) -> Callable[[int, int, int], Behaviour]:
+    """Task 0's first attempt ends only once the trainer has made two updates: its calls
+    (policy 0) are then two versions old, past a bound of 1, however fast the host is."""
+
+    def plan(task: int, member: int, attempt: int) -> Behaviour:
+        if task == 0 and attempt == 0:
+            return Behaviour(until=lambda: trainer.updates >= 2)
+        return Behaviour(delay_s=0.002)
+
+    return plan
 
 
-def straggler(task: int, member: int, attempt: int) -> Behaviour:
-    # Task 0's first attempt is slow enough to be overtaken by two batches of others.
-    if task == 0 and attempt == 0:
-        return Behaviour(delay_s=0.25)
-    return Behaviour(delay_s=0.01)
-
-
-@STRAGGLER_TIMING
 def test_a_stale_straggler_is_dropped_never_trained() -> None:
+    trainer = RecordingTrainer()
     run = run_pipeline(
-        steps=12,
-        max_staleness=1,
-        policy="drop",
-        env=ScriptEnv(straggler),
-        trainer=RecordingTrainer(delay_s=0.03),
+        steps=6, max_staleness=1, policy="drop", env=ScriptEnv(straggling(trainer)), trainer=trainer
     )
     trained = {g.task.index for _, batch in run.trained() for g in batch}
     assert 0 not in trained
@@ -105,14 +97,14 @@ def test_a_stale_straggler_is_dropped_never_trained() -> None:
     assert sum(run.metrics("groups/requeued")) == 0
 
 
-@STRAGGLER_TIMING
 def test_a_stale_straggler_is_requeued_and_replayed_under_a_fresh_policy() -> None:
+    trainer = RecordingTrainer()
     run = run_pipeline(
-        steps=12,
+        steps=6,
         max_staleness=1,
         policy="requeue",
-        env=ScriptEnv(straggler),
-        trainer=RecordingTrainer(delay_s=0.03),
+        env=ScriptEnv(straggling(trainer)),
+        trainer=trainer,
     )
     replayed = [(step, g) for step, batch in run.trained() for g in batch if g.task.index == 0]
     assert len(replayed) == 1
