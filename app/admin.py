@@ -1,12 +1,17 @@
-"""Operator commands that talk to the database directly (the CLI's `tenants`, `migrate`)."""
+"""Operator commands that talk to the database directly (the CLI's `tenants`, `migrate`,
+`secrets reseal`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import select
 
+from app.crypto import DecryptionError, SecretBox
+from app.db.models import Environment, Run
 from app.db.session import make_engine, make_sessionmaker
 from app.services.tenants import create_tenant as _create_tenant
 from app.settings import Settings
@@ -36,3 +41,48 @@ async def create_tenant(settings: Settings, name: str) -> tuple[str, str]:
             return tenant.id, key
     finally:
         await engine.dispose()
+
+
+@dataclasses.dataclass
+class ResealReport:
+    resealed: int = 0  # sealed again under the current key
+    current: int = 0  # already under it
+    unreadable: list[str] = dataclasses.field(default_factory=list)  # under no key given
+
+
+async def reseal_secrets(settings: Settings) -> ResealReport:
+    """Seal every stored secret (environment secrets, runs' gateway tokens) under the
+    current RLAAS_SECRET_KEY, opening them with it or RLAAS_OLD_SECRET_KEYS. A row no
+    key opens is left as it is and reported; run it again after setting the right key."""
+    box = SecretBox(settings.resolved_secret_key(), old_keys=settings.resolved_old_secret_keys())
+    report = ResealReport()
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        async with make_sessionmaker(engine)() as session:
+            envs = await session.scalars(select(Environment).with_for_update())
+            for env in envs:
+                env.secret_encrypted = _reseal(box, env.secret_encrypted, env.id, report)
+            runs = await session.scalars(
+                select(Run).where(Run.gateway_token_encrypted.is_not(None)).with_for_update()
+            )
+            for run in runs:
+                token = run.gateway_token_encrypted
+                assert token is not None
+                run.gateway_token_encrypted = _reseal(box, token, f"gateway:{run.id}", report)
+            await session.commit()
+    finally:
+        await engine.dispose()
+    return report
+
+
+def _reseal(box: SecretBox, stored: str, context: str, report: ResealReport) -> str:
+    try:
+        again = box.reseal(stored, context=context)
+    except DecryptionError:
+        report.unreadable.append(context)
+        return stored
+    if again is None:
+        report.current += 1
+        return stored
+    report.resealed += 1
+    return again

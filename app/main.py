@@ -59,7 +59,7 @@ def create_app(
         conf = settings or Settings()
         # First, so a missing token fails start-up before anything is opened.
         worker_token = conf.resolved_worker_token()
-        secrets = SecretBox(conf.resolved_secret_key())
+        secrets = SecretBox(conf.resolved_secret_key(), old_keys=conf.resolved_old_secret_keys())
         allowlist = Allowlist.parse(conf.env_url_allowlist, embedded=conf.embedded)
         if conf.log_json:
             configure_logging()

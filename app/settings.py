@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     worker_token: str | None = None
     secret_key: str | None = None
+    # Keys RLAAS_SECRET_KEY replaced, comma-separated: secrets sealed under them still
+    # open until `rlaas secrets reseal` has sealed them under the current key.
+    old_secret_keys: str | None = None
     task_queue: str = "cpu"
     reaper_interval_s: float = 5.0
     # A run still queued this long after it was sent to the broker is sent again.
@@ -103,6 +106,9 @@ class Settings(BaseSettings):
         token_file.write_text(token + "\n", encoding="utf-8")
         token_file.chmod(0o600)
         return token
+
+    def resolved_old_secret_keys(self) -> list[str]:
+        return [k.strip() for k in (self.old_secret_keys or "").split(",") if k.strip()]
 
     def resolved_secret_key(self) -> str:
         """The key that encrypts environment secrets; made once on the embedded default."""

@@ -25,6 +25,11 @@ cli = typer.Typer(help="rlaas: RL-as-a-service for agentic LLMs.", no_args_is_he
 tenants = typer.Typer(help="Manage tenants (talks to the database directly).", no_args_is_help=True)
 runs = typer.Typer(help="Submit and follow runs over the HTTP API.", no_args_is_help=True)
 cli.add_typer(tenants, name="tenants")
+secrets_cli = typer.Typer(
+    help="Stored secrets: re-encrypt after a key rotation (talks to the database directly).",
+    no_args_is_help=True,
+)
+cli.add_typer(secrets_cli, name="secrets")
 cli.add_typer(runs, name="runs")
 envs = typer.Typer(help="Environments: serve your own as a webhook.", no_args_is_help=True)
 cli.add_typer(envs, name="env")
@@ -80,6 +85,23 @@ def migrate() -> None:
 
     run_migrations(Settings())
     typer.echo("database is at the newest schema")
+
+
+@secrets_cli.command("reseal")
+def secrets_reseal() -> None:
+    """Seal every stored secret under RLAAS_SECRET_KEY (after a rotation: the old key in
+    RLAAS_OLD_SECRET_KEYS). Drop the old key once this reports nothing unreadable."""
+    from app.admin import reseal_secrets
+    from app.settings import Settings
+
+    report = asyncio.run(reseal_secrets(Settings()))
+    typer.echo(f"resealed {report.resealed}, already under the current key {report.current}")
+    if report.unreadable:
+        _fail(
+            f"{len(report.unreadable)} secrets open under no key given (left as they were): "
+            f"{', '.join(report.unreadable[:10])}; set the key they were sealed with in "
+            "RLAAS_OLD_SECRET_KEYS and run this again"
+        )
 
 
 @tenants.command("create")

@@ -17,9 +17,9 @@ A run submitted to the service: ``SessionGateway.for_run(api_url, api_key, run_i
 
 Sessions of one ``group`` are GRPO's group (the same task, ``rollout.group_size`` of
 them). `SessionGateway.open` waits while the run has no free episode (at the server,
-then HTTP 429: the run's backpressure) or is not serving yet (503), up to ``wait_s``. A cancelled session
-(`Session.cancel`) is not trained on, nor is one left without `Session.end`: it times
-out on the server after ``rollout.episode_timeout_s``.
+then HTTP 429: the run's backpressure) or is not serving yet (503), up to ``wait_s``.
+A cancelled session (`Session.cancel`) is not trained on, nor is one left without
+`Session.end`: it times out on the server after ``rollout.episode_timeout_s``.
 """
 
 from __future__ import annotations

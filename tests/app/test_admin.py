@@ -136,3 +136,41 @@ async def test_readyz_is_503_when_the_database_is_down(tmp_path: Path) -> None:
             assert (await client.get("/healthz")).status_code == 200
             ready = await client.get("/readyz")
             assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
+
+
+async def test_reseal_moves_every_stored_secret_to_the_new_key(api: Api, app_database: str) -> None:
+    """Rotation as an operator does it: new key, old one kept as old; reseal; drop it."""
+    from app.admin import reseal_secrets
+    from app.crypto import DecryptionError, SecretBox
+    from tests.app.conftest import SECRET_KEY
+
+    old = SecretBox(SECRET_KEY)
+    with psycopg.connect(plain(app_database)) as conn:
+        conn.execute("INSERT INTO tenants (id, name, created_at) VALUES ('ten_r', 'r', now())")
+        for i in range(3):
+            conn.execute(
+                "INSERT INTO environments (id, tenant_id, name, url, secret_encrypted, timeout_s,"
+                " max_concurrency, created_at) VALUES (%s, 'ten_r', %s, 'http://e.test', %s, 5,"
+                " 4, now())",
+                (f"env_{i}", f"e{i}", old.encrypt(f"secret-{i}-secret-{i}", context=f"env_{i}")),
+            )
+    new_key = "reseal-test-key-Zx8Vq2Lm7Hn4Rt9Wb3Kc6Pd"
+    settings = Settings(
+        database_url=app_database,
+        worker_token=WORKER_TOKEN,
+        secret_key=new_key,
+        old_secret_keys=SECRET_KEY,
+    )
+    first = await reseal_secrets(settings)
+    assert (first.resealed, first.current, first.unreadable) == (3, 0, [])
+    again = await reseal_secrets(settings)
+    assert (again.resealed, again.current) == (0, 3)
+    with psycopg.connect(plain(app_database)) as conn:
+        rows = conn.execute("SELECT id, secret_encrypted FROM environments ORDER BY id").fetchall()
+    new_only = SecretBox(new_key)
+    for env_id, stored in rows:
+        assert new_only.decrypt(stored, context=env_id).startswith("secret-")
+        with pytest.raises(DecryptionError):
+            old.decrypt(stored, context=env_id)  # a leaked old key opens nothing now
+    lost = Settings(database_url=app_database, worker_token=WORKER_TOKEN, secret_key=SECRET_KEY)
+    assert len((await reseal_secrets(lost)).unreadable) == 3  # reported, left as they were

@@ -62,3 +62,34 @@ async def test_a_server_database_without_a_secret_key_fails_start_up(
             async with app.router.lifespan_context(app):
                 pass
     assert not (tmp_path / "secret_key").exists()
+
+
+NEW_KEY = "unit-test-key-rotated-Hq7Lm3Zp9Wx2Rt5Vb8Nc"
+
+
+def test_a_rotated_key_opens_old_secrets_seals_new_ones_and_reseals() -> None:
+    old = SecretBox(KEY)
+    sealed = old.encrypt("hunter2-hunter2!", context="env_1")
+    assert sealed.split(".")[1] == old.key_id  # the key that sealed it, named
+    rotated = SecretBox(NEW_KEY, old_keys=[KEY])
+    assert rotated.decrypt(sealed, context="env_1") == "hunter2-hunter2!"
+    fresh = rotated.encrypt("s3cret-s3cret!!", context="env_2")
+    assert fresh.split(".")[1] == rotated.key_id != old.key_id
+    resealed = rotated.reseal(sealed, context="env_1")
+    assert resealed is not None and rotated.reseal(resealed, context="env_1") is None
+    # The old key dropped: what was resealed opens, and the old key opens none of it.
+    new_only = SecretBox(NEW_KEY)
+    assert new_only.decrypt(resealed, context="env_1") == "hunter2-hunter2!"
+    with pytest.raises(DecryptionError, match=f"key '{rotated.key_id}'"):
+        old.decrypt(resealed, context="env_1")
+    with pytest.raises(DecryptionError, match="RLAAS_OLD_SECRET_KEYS"):
+        new_only.decrypt(sealed, context="env_1")
+
+
+def test_secrets_sealed_before_key_ids_still_open_under_either_key() -> None:
+    # The v1 form (no key id) as rows written before rotation existed hold it.
+    box = SecretBox(KEY)
+    v2 = box.encrypt("hunter2-hunter2!", context="env_1")
+    v1 = "v1." + v2.split(".", 2)[2]
+    assert SecretBox(NEW_KEY, old_keys=[KEY]).decrypt(v1, context="env_1") == "hunter2-hunter2!"
+    assert SecretBox(KEY).reseal(v1, context="env_1") is not None  # gains its key id

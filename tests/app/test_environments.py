@@ -103,7 +103,7 @@ async def test_the_secret_is_encrypted_at_rest_and_never_returned_or_logged(
             "SELECT secret_encrypted FROM environments WHERE id = %s", (env["id"],)
         ).fetchone()  # type: ignore[misc]
         dump = conn.execute("SELECT row_to_json(e)::text FROM environments e").fetchall()
-    assert stored.startswith("v1.") and SECRET not in stored
+    assert stored.startswith("v2.") and SECRET not in stored
     assert all(SECRET not in row[0] for row in dump)
     box = SecretBox(SECRET_KEY)
     assert box.decrypt(stored, context=env["id"]) == SECRET
