@@ -1,5 +1,10 @@
 # A CPU worker: Celery with the solo pool, JAX on the CPU. Serves the "cpu" queue.
 FROM python:3.11-slim
+# bubblewrap: the code_exec sandbox's walls (rl_core/envs/sandbox.py).
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --create-home --uid 10001 rlaas \
+    && mkdir -p /var/lib/rlaas && chown rlaas /var/lib/rlaas  # the artifacts volume
 WORKDIR /srv/rlaas
 COPY pyproject.toml README.md ./
 COPY app app
@@ -9,4 +14,6 @@ COPY worker worker
 COPY migrations migrations
 RUN pip install --no-cache-dir '.[worker]'
 ENV RLAAS_QUEUE=cpu
+# Unprivileged: what a sandboxed program could reach is what this user can.
+USER rlaas
 CMD ["rlaas", "worker"]

@@ -1,7 +1,9 @@
 # A GPU worker: JAX with CUDA 12. Serves the "gpu" queue.
 FROM nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/*
+    bubblewrap && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --create-home --uid 10001 rlaas \
+    && mkdir -p /var/lib/rlaas && chown rlaas /var/lib/rlaas  # the artifacts volume
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /srv/rlaas
@@ -13,4 +15,6 @@ COPY worker worker
 COPY migrations migrations
 RUN pip install --no-cache-dir '.[worker]' 'jax[cuda12]'
 ENV RLAAS_QUEUE=gpu
+# Unprivileged: what a sandboxed program could reach is what this user can.
+USER rlaas
 CMD ["rlaas", "worker"]

@@ -11,6 +11,7 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 [ -x /usr/lib/postgresql/15/bin/initdb ] || need+=(postgresql-15)
 [ -x /usr/bin/chromium ] || need+=(chromium)  # the dashboard's browser test (tests/web)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # the code_exec sandbox's walls
 # Only to check docker/compose.yaml (`docker-compose config` needs no daemon).
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then

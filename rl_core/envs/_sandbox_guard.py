@@ -62,6 +62,7 @@ def main() -> int:
     checker = sys.stdin.read()
     sys.stdin.close()
     _set_limits(limits)
+    os.environ.pop("PWD", None)  # bwrap's --chdir sets it; the environment stays the four
     home = os.path.realpath(os.getcwd())
     sys.addaudithook(_hook(home))
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}

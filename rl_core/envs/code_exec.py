@@ -156,7 +156,8 @@ class CodeExec:
         )
         passed, total = _score(run.stdout, marker, len(episode.task.cases))
         reward = passed / total if episode.config.partial_credit else float(passed == total)
-        info = {"passed": passed, "total": total, "solved": passed == total}
+        info: dict[str, object] = {"passed": passed, "total": total, "solved": passed == total}
+        info["isolation"] = run.isolation  # which wall stood (bwrap where it runs)
         return Step([], reward, True, info)
 
 

@@ -4,19 +4,34 @@ Each run gets a fresh temporary folder as its working directory (removed
 afterwards), a clean environment (``PATH``, ``HOME``/``TMPDIR`` pointing at
 that folder, nothing of the worker's: no tokens, no proxies), and
 ``python -I -S`` (no ``PYTHON*`` variables, no site-packages: the standard
-library only). The limits:
+library only). The walls, strongest first; `SandboxResult.isolation` says which
+stood:
 
-- wall time: the parent kills the process group when ``wall_s`` passes;
-- CPU time (``RLIMIT_CPU``), address space (``RLIMIT_AS``), file size
-  (``RLIMIT_FSIZE``) and open files (``RLIMIT_NOFILE``), set in the child
-  by ``_sandbox_guard.py`` before the model's code runs;
-- output: each of stdout and stderr is read up to ``output_bytes``; past it
-  the process is killed and the result marked ``truncated``;
-- network: where unprivileged user namespaces work (``unshare -rn``), the
-  child runs in a network namespace with no interfaces. Always, an audit
-  hook refuses sockets, new processes, ctypes and file writes outside the
-  folder (see the guard's docstring for what that does and does not stop).
-  `SandboxResult.isolation` says which network wall was up.
+- ``bwrap`` (Debian's ``bubblewrap``, where it runs): the child gets its own user,
+  mount, pid, network, IPC and UTS namespaces, no capabilities, a new session, and
+  a file system made of read-only ``/usr`` and the Python installation, its
+  folder (read-write, at ``/sandbox``) and fresh ``/proc`` and ``/dev``: nothing
+  else of the host is there to read (no ``/etc``, no home, no data folder, no
+  other process: ``/proc`` shows its own namespace only, so not the worker's
+  environment). It dies with the worker, and the whole pid namespace dies with it
+  when the wall limit kills it (a child that calls ``setsid`` does not outlive it).
+  No network interface but loopback of its own.
+- ``namespace`` (``unshare -rn``, where user namespaces work but bwrap is missing):
+  only the network namespace.
+- ``audit``: only the guard's audit hook (see ``_sandbox_guard.py``), which is
+  not a boundary against a program that sets out to get past it.
+
+Inside every kind, the limits: wall time (the parent kills the process group when
+``wall_s`` passes); CPU time (``RLIMIT_CPU``), address space (``RLIMIT_AS``), file
+size (``RLIMIT_FSIZE``) and open files (``RLIMIT_NOFILE``), set by the guard
+before the model's code runs; output: each of stdout and stderr is read up to
+``output_bytes``, past it the process is killed and the result marked
+``truncated``. The audit hook stays as a second line: it refuses sockets, new
+processes, ctypes and file writes outside the folder.
+
+Not yet bounded: the number of processes when the worker runs as root
+(``RLIMIT_NPROC`` does not apply to uid 0, even inside a user namespace), and
+the total bytes of many files (each is capped).
 """
 
 from __future__ import annotations
@@ -37,6 +52,10 @@ from typing import Any, Literal
 
 GUARD = Path(__file__).with_name("_sandbox_guard.py")
 KilledBy = Literal["wall_time", "cpu_time", "output", "signal"]
+Isolation = Literal["bwrap", "namespace", "audit"]
+# Where the child sees its folder and the guard under bwrap (paths that exist in no
+# host, so nothing the child prints about them means anything outside).
+INSIDE_FOLDER, INSIDE_GUARD = "/sandbox", "/.rlaas-guard.py"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,7 +66,9 @@ class SandboxLimits:
     output_bytes: int = 16 * 2**10
     file_bytes: int = 8 * 2**20
     open_files: int = 64
-    network: Literal["auto", "namespace", "audit"] = "auto"  # namespace: fail if unavailable
+    # The strongest wall to use: "auto" is the strongest that runs here; the others
+    # ask for that wall exactly (bwrap, namespace: SandboxUnavailable where it cannot).
+    network: Literal["auto", "bwrap", "namespace", "audit"] = "auto"
 
     def __post_init__(self) -> None:
         if self.wall_s <= 0 or self.cpu_s < 1 or self.memory_bytes < 32 * 2**20:
@@ -61,7 +82,7 @@ class SandboxResult:
     exit_code: int | None  # negative: killed by that signal
     killed_by: KilledBy | None
     truncated: bool
-    isolation: Literal["namespace", "audit"]
+    isolation: Isolation
 
     @property
     def ok(self) -> bool:
@@ -69,7 +90,24 @@ class SandboxResult:
 
 
 class SandboxUnavailable(RuntimeError):
-    """``network="namespace"`` was asked for but user namespaces do not work here."""
+    """The wall asked for (``network="bwrap"`` or ``"namespace"``) does not work here."""
+
+
+@functools.cache
+def bwrap_available() -> bool:
+    """Does bubblewrap run here (installed, and user namespaces allowed)?"""
+    if shutil.which("bwrap") is None:
+        return False
+    try:
+        with tempfile.TemporaryDirectory(prefix="rlaas-sandbox-probe-") as folder:
+            done = subprocess.run(
+                [*_bwrap(Path(folder)), _python(), "-I", "-S", "-c", "pass"],
+                capture_output=True,
+                timeout=10,
+            )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 @functools.cache
@@ -88,27 +126,26 @@ async def run_python(
     code: str, limits: SandboxLimits = SandboxLimits(), *, checker: str = ""
 ) -> SandboxResult:
     """Run ``code`` (then ``checker``, in the same namespace) under ``limits``."""
-    use_ns = limits.network != "audit" and namespaces_available()
-    if limits.network == "namespace" and not use_ns:
-        raise SandboxUnavailable("unshare -rn does not work here; use network='audit' or 'auto'")
+    isolation = _isolation(limits)
     folder = Path(tempfile.mkdtemp(prefix="rlaas-sandbox-"))
     try:
         (folder / "main.py").write_text(code, encoding="utf-8")
-        config = {
-            "memory_bytes": limits.memory_bytes,
-            "cpu_s": limits.cpu_s,
-            "file_bytes": limits.file_bytes,
-            "open_files": limits.open_files,
-        }
-        argv = [sys.executable, "-I", "-S", str(GUARD), json.dumps(config)]
-        if use_ns:
-            argv = ["unshare", "-rn", *argv]
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(folder),
-            "TMPDIR": str(folder),
-            "LANG": "C.UTF-8",
-        }
+        config = json.dumps(
+            {
+                "memory_bytes": limits.memory_bytes,
+                "cpu_s": limits.cpu_s,
+                "file_bytes": limits.file_bytes,
+                "open_files": limits.open_files,
+            }
+        )
+        home = INSIDE_FOLDER if isolation == "bwrap" else str(folder)
+        if isolation == "bwrap":
+            argv = [*_bwrap(folder), _python(), "-I", "-S", INSIDE_GUARD, config]
+        else:
+            argv = [sys.executable, "-I", "-S", str(GUARD), config]
+            if isolation == "namespace":
+                argv = ["unshare", "-rn", *argv]
+        env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=folder,
@@ -118,16 +155,51 @@ async def run_python(
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group, killed as one
         )
-        return await _collect(proc, checker, limits, "namespace" if use_ns else "audit")
+        return await _collect(proc, checker, limits, isolation)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _isolation(limits: SandboxLimits) -> Isolation:
+    wanted = limits.network
+    if wanted in ("auto", "bwrap") and bwrap_available():
+        return "bwrap"
+    if wanted == "bwrap":
+        raise SandboxUnavailable("bwrap does not run here: install bubblewrap (Debian's package)")
+    if wanted in ("auto", "namespace") and namespaces_available():
+        return "namespace"
+    if wanted == "namespace":
+        raise SandboxUnavailable("unshare -rn does not work here; use network='audit' or 'auto'")
+    return "audit"
+
+
+def _python() -> str:
+    # The interpreter itself, not a virtualenv's link to it: the venv is not mounted.
+    return os.path.realpath(sys.executable)
+
+
+def _bwrap(folder: Path) -> list[str]:
+    """bubblewrap's arguments: every namespace new, the host's files as listed only."""
+    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/lib", "/lib64", "/sbin"):
+        if os.path.islink(top):  # merged /usr: a link into it
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    prefix = os.path.realpath(sys.base_prefix)
+    if not prefix.startswith("/usr/"):
+        argv += ["--ro-bind", prefix, prefix]  # a Python installed elsewhere (pyenv, /opt)
+    argv += ["--ro-bind", str(GUARD), INSIDE_GUARD, "--bind", str(folder), INSIDE_FOLDER]
+    argv += ["--chdir", INSIDE_FOLDER, "--proc", "/proc", "--dev", "/dev"]
+    return [*argv, "--"]
 
 
 async def _collect(
     proc: asyncio.subprocess.Process,
     checker: str,
     limits: SandboxLimits,
-    isolation: Literal["namespace", "audit"],
+    isolation: Isolation,
 ) -> SandboxResult:
     assert proc.stdin and proc.stdout and proc.stderr
     over = asyncio.Event()
@@ -169,6 +241,8 @@ async def _collect(
         if proc.returncode is None:
             _kill(proc)
     code = proc.returncode
+    if isolation == "bwrap" and code is not None and code > 128:
+        code = 128 - code  # bwrap's init reports a child killed by signal N as 128 + N
     if killed_by is None and code in (-signal.SIGXCPU, -signal.SIGKILL):
         killed_by = "cpu_time" if code == -signal.SIGXCPU else "signal"
     return SandboxResult(

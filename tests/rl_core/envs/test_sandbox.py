@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.envs.sandbox import SandboxLimits, SandboxResult, namespaces_available, run_python
+from rl_core.envs.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    bwrap_available,
+    namespaces_available,
+    run_python,
+)
 
 # The wall limit is generous so that on a loaded machine the limit under test fires first.
 LIMITS = SandboxLimits(wall_s=30.0, cpu_s=1, memory_bytes=128 * 2**20, output_bytes=2000)
@@ -65,7 +71,8 @@ def test_network_namespace_when_available_else_audit_only() -> None:
     code = "import _socket\ns = _socket.socket()"  # the C module raises the same audit event
     result = run(code)
     assert "network access is disabled" in result.stderr
-    assert result.isolation == ("namespace" if namespaces_available() else "audit")
+    strongest = "bwrap" if bwrap_available() else "namespace"
+    assert result.isolation == (strongest if namespaces_available() else "audit")
     audit_only = run(code, SandboxLimits(network="audit"))
     assert audit_only.isolation == "audit" and "network access is disabled" in audit_only.stderr
 

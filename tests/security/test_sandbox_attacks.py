@@ -1,0 +1,142 @@
+"""Attacks on the ``code_exec`` sandbox by a program that knows its source.
+
+Each attack first gets past the guard's audit hook as a hostile program can (the hook
+reads its allow-lists from the guard module's globals, which the program reaches as
+``sys.modules['__main__']``), then tries one thing. Each runs twice: with the walls of
+before (``network="audit"``: the hook alone, where the attack succeeds, which shows the
+attack is real) and with bubblewrap (``network="bwrap"``: it must fail). The bwrap half
+is skipped nowhere: on a machine without bubblewrap the sandbox raises
+`SandboxUnavailable` and the test fails (CI installs it: scripts/bootstrap.sh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rl_core.envs.sandbox import SandboxLimits, SandboxResult, run_python
+
+# What a program that has read _sandbox_guard.py writes first.
+BYPASS = (
+    "import sys\n"
+    "guard = sys.modules['__main__']\n"
+    "guard._NETWORK, guard._PROCESSES, guard._PATH_EVENTS = (), (), {}\n"
+)
+WALLS = ["audit", "bwrap"]
+
+
+def attack(code: str, wall: str, **limits: float) -> SandboxResult:
+    settings = SandboxLimits(
+        wall_s=limits.get("wall_s", 20.0), cpu_s=5, memory_bytes=256 * 2**20, network=wall
+    )  # type: ignore[arg-type]
+    return asyncio.run(run_python(BYPASS + code, settings))
+
+
+@pytest.mark.parametrize("wall", WALLS)
+def test_the_workers_environment_cannot_be_read_from_proc(wall: str) -> None:
+    # A process holding a secret in its environment, as the worker holds its token.
+    worker = subprocess.Popen(
+        ["sleep", "60"], env={"PATH": "/usr/bin:/bin", "RLAAS_WORKER_TOKEN": "canary-5f2a"}
+    )
+    code = (
+        "import os\n"
+        "found = []\n"
+        "for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "    try:\n"
+        "        if b'canary-5f2a' in open(f'/proc/{pid}/environ', 'rb').read():\n"
+        "            found.append(pid)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('found' if found else 'nothing')\n"
+    )
+    try:
+        result = attack(code, wall)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert result.stdout.strip() == ("found" if wall == "audit" else "nothing"), result.stderr
+
+
+@pytest.mark.parametrize("wall", WALLS)
+def test_another_runs_files_cannot_be_read(wall: str, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "runs" / "run_other" / "checkpoint.bin"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"another tenant's weights")
+    code = (
+        f"try:\n    print(open({str(checkpoint)!r}, 'rb').read().decode())\n"
+        "except OSError as exc:\n    print('refused', type(exc).__name__)\n"
+    )
+    result = attack(code, wall)
+    if wall == "audit":
+        assert result.stdout.strip() == "another tenant's weights"
+    else:
+        assert result.stdout.startswith("refused"), result.stdout
+    # Nor anything else of the host: no /etc, no home, no data folder.
+    listing = attack("import os\nprint(sorted(os.listdir('/')))", wall)
+    if wall == "bwrap":
+        assert "etc" not in listing.stdout and "tmp" not in listing.stdout
+        assert "work" not in listing.stdout and "home" not in listing.stdout
+
+
+@pytest.mark.parametrize("wall", WALLS)
+def test_no_socket_reaches_the_hosts_loopback(wall: str) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = (
+            "import socket\n"
+            f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('connected')\n"
+            "except OSError as exc:\n    print('refused', exc)\n"
+        )
+        result = attack(code, wall)
+    assert result.stdout.startswith("connected" if wall == "audit" else "refused"), result.stdout
+
+
+@pytest.mark.parametrize("wall", WALLS)
+def test_a_child_that_calls_setsid_does_not_outlive_the_limit(wall: str) -> None:
+    marker = f"time.sleep(30.{os.getpid()}{len(wall)})"  # unique to this test's child
+    code = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; {marker}'], "
+        "start_new_session=True, stdout=open('log', 'w'), stderr=subprocess.STDOUT)\n"
+        "print('spawned', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    result = attack(code, wall, wall_s=2.0)
+    assert result.killed_by == "wall_time" and "spawned" in result.stdout, result.stderr
+    time.sleep(0.5)  # a dying namespace takes its processes with it, not always at once
+    survivors = _processes_running(marker)
+    for pid in survivors:
+        os.kill(pid, 9)  # the audit-only wall's escapee: clean up after showing it
+    assert bool(survivors) == (wall == "audit")
+
+
+@pytest.mark.parametrize("wall", WALLS)
+def test_a_10_gb_file_stops_at_the_file_size_limit(wall: str) -> None:
+    code = (
+        "with open('big', 'wb') as f:\n"
+        "    for _ in range(10 * 1024):\n"
+        "        f.write(b'x' * 2**20)\n"
+    )
+    result = attack(code, wall)
+    assert not result.ok and result.exit_code is not None and result.exit_code != 0
+
+
+def _processes_running(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
