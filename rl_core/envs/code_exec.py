@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rl_core.envs.base import Action, Message, Reset, Step, ToolCall
-from rl_core.envs.code_tasks import BY_NAME, CodeTask, checker_source
+from rl_core.envs.code_tasks import BY_NAME, CodeTask, checker_source, passed_cases
 from rl_core.envs.config import parse_config
 from rl_core.envs.sandbox import SandboxLimits, SandboxResult, run_python
 from rl_core.errors import EnvironmentFailure
@@ -154,18 +154,21 @@ class CodeExec:
         run = await run_python(
             blocks[-1], episode.config.limits, checker=checker_source(episode.task, marker)
         )
-        passed, total = _score(run.stdout, marker, len(episode.task.cases))
+        passed, total = _score(run.stdout, marker, episode.task)
         reward = passed / total if episode.config.partial_credit else float(passed == total)
         info: dict[str, object] = {"passed": passed, "total": total, "solved": passed == total}
         info["isolation"] = run.isolation  # which wall stood (bwrap where it runs)
         return Step([], reward, True, info)
 
 
-def _score(stdout: str, marker: str, total: int) -> tuple[int, int]:
+def _score(stdout: str, marker: str, task: CodeTask) -> tuple[int, int]:
+    total = len(task.cases)
     for line in reversed(stdout.splitlines()):
         if line.startswith(marker):
-            result = json.loads(line[len(marker) :])
-            return int(result["passed"]), int(result["total"])
+            try:
+                return passed_cases(task, json.loads(line[len(marker) :])), total
+            except ValueError:
+                return 0, total
     return 0, total  # the program died, timed out or hid the checker's line
 
 

@@ -1,8 +1,10 @@
 """The task set of ``code_exec``: write one function, checked against test cases.
 
 Each case is ``(args, expected)``; a case passes when the function returns a
-value of exactly the expected type that compares equal (so an object whose
-``__eq__`` always says yes does not pass an ``int`` case).
+value whose type has the expected one's name and whose ``repr`` is the expected
+value's (so an object whose ``__eq__`` always says yes does not pass an ``int``
+case). The comparison is the worker's, outside the sandbox: the sandbox sees the
+arguments only (`checker_source`).
 """
 
 from __future__ import annotations
@@ -131,17 +133,33 @@ BY_NAME = {task.name: task for task in TASKS}
 
 
 def checker_source(task: CodeTask, marker: str) -> str:
-    """Python run after the model's code, in its namespace; prints ``marker`` + JSON last."""
+    """Python run after the model's code, in its namespace: calls the function on each
+    case's arguments and prints ``marker`` + JSON of what came back, ``[type name, repr]``
+    per case (null where it raised). The expected values are never in the sandbox: the
+    worker compares (`results_match`), so a program that reads or forges this line can
+    only report answers it computed."""
+    arguments = [args for args, _ in task.cases]
     return (
-        "def __rlaas_check(fn, cases, marker):\n"
+        "def __rlaas_call(fn, arguments, marker):\n"
         "    import json\n"
-        "    passed = 0\n"
-        "    for args, expected in cases:\n"
+        "    out = []\n"
+        "    for args in arguments:\n"
         "        try:\n"
         "            got = fn(*args)\n"
-        "            passed += type(got) is type(expected) and got == expected\n"
+        "            out.append([type(got).__name__, repr(got)])\n"
         "        except Exception:\n"
-        "            pass\n"
-        "    print(marker + json.dumps({'passed': passed, 'total': len(cases)}), flush=True)\n"
-        f"__rlaas_check(globals().get({task.function!r}), {task.cases!r}, {marker!r})\n"
+        "            out.append(None)\n"
+        "    print(marker + json.dumps(out), flush=True)\n"
+        f"__rlaas_call(globals().get({task.function!r}), {arguments!r}, {marker!r})\n"
     )
+
+
+def passed_cases(task: CodeTask, reported: object) -> int:
+    """How many cases the checker's report (see `checker_source`) got right: the value's
+    type by name and its repr equal to the expected value's."""
+    if not isinstance(reported, list) or len(reported) != len(task.cases):
+        return 0
+    passed = 0
+    for got, (_, expected) in zip(reported, task.cases, strict=True):
+        passed += got == [type(expected).__name__, repr(expected)]
+    return passed

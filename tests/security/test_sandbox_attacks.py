@@ -140,3 +140,39 @@ def _processes_running(marker: str) -> list[int]:
         if marker in cmdline and int(pid) != os.getpid():
             found.append(int(pid))
     return found
+
+
+# A program that reads the checker's source from the guard's frame (where its random
+# marker is), prints the checker's line claiming every case, and exits before the
+# checker runs. Against the checker of before (it compared inside the sandbox and
+# printed a score) this earned 1.0 for a program that defines nothing; now the sandbox
+# only reports what the function returned and the worker compares.
+FORGED = """```python
+import sys, os, re, json
+source = sys._getframe(1).f_locals.get("checker", "")
+marker = re.search(r"'(__rlaas_[0-9a-f]+__)'", source).group(1)
+print(marker + json.dumps({"passed": 3, "total": 3}), flush=True)
+print(marker + json.dumps([["int", "-7"]] * 3), flush=True)  # no case is -7
+os._exit(0)
+```"""
+ALWAYS_EQUAL = """```python
+class Anything(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+def gcd(a, b):
+    return Anything(0)
+```"""
+
+
+@pytest.mark.parametrize("program", [FORGED, ALWAYS_EQUAL], ids=["forged-line", "always-equal"])
+def test_a_program_cannot_score_itself(program: str) -> None:
+    from rl_core.envs import Action
+    from rl_core.envs.code_exec import CodeExec
+
+    async def main() -> float:
+        env = CodeExec()
+        await env.reset("e", 0, {"tasks": ["gcd"]})
+        return (await env.step("e", 1, Action(content=program))).reward
+
+    assert asyncio.run(main()) == 0.0
