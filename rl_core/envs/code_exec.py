@@ -41,6 +41,17 @@ TOOL: dict[str, Any] = {
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
+# What a spec may set each sandbox limit to: enough for a test-sized program, not enough
+# to hold a worker (a run's episodes share its cores and memory).
+_LIMIT_RANGES: tuple[tuple[str, float, float], ...] = (
+    ("wall_s", 0.1, 30.0),
+    ("cpu_s", 1, 30),
+    ("memory_mb", 32, 2048),
+    ("output_bytes", 256, 64 * 1024),
+    ("max_turns", 1, 16),
+)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CodeExecConfig:
     tasks: tuple[str, ...] | list[str] | None = None  # names; None: all of them
@@ -58,6 +69,13 @@ class CodeExecConfig:
             raise ValueError(f"unknown tasks {unknown}; known: {sorted(BY_NAME)}")
         if self.max_turns < 1:
             raise ValueError("max_turns must be at least 1")
+        for field, low, high in _LIMIT_RANGES:
+            value = getattr(self, field)
+            if not low <= value <= high:
+                raise ValueError(
+                    f"{field} must be from {low} to {high} (the sandbox's caps: a tenant's "
+                    f"program may not ask for more of the worker); got {value}"
+                )
 
     @property
     def limits(self) -> SandboxLimits:

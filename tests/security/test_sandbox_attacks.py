@@ -176,3 +176,16 @@ def test_a_program_cannot_score_itself(program: str) -> None:
         return (await env.step("e", 1, Action(content=program))).reward
 
     assert asyncio.run(main()) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("wall_s", 3600), ("cpu_s", 10**6), ("memory_mb", 10**6), ("output_bytes", 10**9),
+     ("max_turns", 10**4), ("wall_s", 0)],
+)  # fmt: skip
+def test_a_spec_cannot_raise_the_sandboxs_limits_past_their_caps(field: str, value: int) -> None:
+    from rl_core.envs.code_exec import CodeExec
+    from rl_core.errors import EnvironmentFailure
+
+    with pytest.raises(EnvironmentFailure, match=f"{field} must be from"):
+        asyncio.run(CodeExec().reset("e", 0, {field: value}))
