@@ -102,17 +102,25 @@ async def resolve(host: str, port: int) -> list[IPAddress]:
 
 async def check_url(url: str, allowlist: addresses.Allowlist) -> str:
     """The normalised URL if every address it reaches is allowed; else UrlRefused."""
+    return (await pin_url(url, allowlist))[0]
+
+
+async def pin_url(url: str, allowlist: addresses.Allowlist) -> tuple[str, IPAddress]:
+    """`check_url`, and the checked address to connect to. Connect there, not to the name:
+    a name asked again may answer otherwise (DNS rebinding: allowed when checked, the
+    metadata address when connected)."""
     normalised, host = parse_url(url)
     # The name alone first: a metadata name is refused without asking DNS about it.
     why = allowlist.host_refusal(host)
+    found: list[IPAddress] = []
     if why is None:
         literal = ip_literal(host)
         port = urlsplit(normalised).port or (443 if normalised.startswith("https") else 80)
         found = [literal] if literal is not None else await resolve(host, port)
         why = allowlist.refusal(host, found)
-    if why is not None:
-        raise UrlRefused(f"url is refused: {why}")
-    return normalised
+    if why is not None or not found:
+        raise UrlRefused(f"url is refused: {why or 'no address'}")
+    return normalised, found[0]
 
 
 __all__ = [
@@ -126,5 +134,6 @@ __all__ = [
     "check_url",
     "classify",
     "parse_url",
+    "pin_url",
     "resolve",
 ]

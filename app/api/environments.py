@@ -9,7 +9,7 @@ from app.errors import Unprocessable
 from app.schemas.environments import CheckRead, EnvironmentCreate, EnvironmentPage, EnvironmentRead
 from app.services import env_check
 from app.services import environments as service
-from app.urlcheck import UrlRefused, UrlUnresolvable, check_url
+from app.urlcheck import UrlRefused, UrlUnresolvable, pin_url
 
 router = APIRouter(prefix="/v1/environments", tags=["environments"])
 
@@ -53,10 +53,10 @@ async def check_environment(
     env = await service.get(session, tenant_id, environment_id)
     try:
         # Again now: the name may point somewhere else than when it was registered.
-        url = await check_url(env.url, app_state.env_allowlist)
+        url, address = await pin_url(env.url, app_state.env_allowlist)
     except UrlUnresolvable as exc:
         return CheckRead(ok=False, error=str(exc), calls=[])
     except UrlRefused as exc:
         raise Unprocessable(str(exc), field="url") from None
     secret = app_state.secrets.decrypt(env.secret_encrypted, context=env.id)
-    return await env_check.check(url, secret, env.timeout_s)
+    return await env_check.check(url, secret, env.timeout_s, address=address)

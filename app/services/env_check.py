@@ -4,7 +4,9 @@ A tenant learns here, before any compute is spent, whether the control plane
 can reach the server, whether the server accepts our signature and whether it
 answers in protocol shape. Each failure is reported in words (DNS, refused,
 timeout, HTTP status, not JSON, missing fields), never as a 5xx of ours.
-Redirects are not followed: a redirect could lead past the URL allow-list.
+Redirects are not followed: a redirect could lead past the URL allow-list. The
+connection goes to the address the allow-list checked (``address``), with the URL's
+name as Host and TLS name, never to a second lookup of the name.
 """
 
 from __future__ import annotations
@@ -14,19 +16,31 @@ import socket
 import time
 import uuid
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from app.schemas.environments import CheckCall, CheckRead
+from app.urlcheck import IPAddress
 from rl_core.protocol.signing import HEADER, sign
 
 
-async def check(url: str, secret: str, timeout_s: float) -> CheckRead:
+async def check(
+    url: str, secret: str, timeout_s: float, *, address: IPAddress | None = None
+) -> CheckRead:
     episode_id = f"check~{uuid.uuid4().hex[:12]}"
     calls: list[CheckCall] = []
-    async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client:
+    target, headers, extensions = _pinned(url, address)
+    async with httpx.AsyncClient(
+        timeout=timeout_s, follow_redirects=False, headers=headers
+    ) as client:
         reset = await _call(
-            client, url, "/reset", {"episode_id": episode_id, "seed": 0, "config": {}}, secret
+            client,
+            target,
+            "/reset",
+            {"episode_id": episode_id, "seed": 0, "config": {}},
+            secret,
+            extensions,
         )
         if reset.ok:
             assert reset.body is not None
@@ -35,7 +49,9 @@ async def check(url: str, secret: str, timeout_s: float) -> CheckRead:
         calls.append(reset.call)
         # Close even after a bad reset answer: the server may have opened an episode.
         if reset.call.status_code is not None:
-            closed = await _call(client, url, "/close", {"episode_id": episode_id}, secret)
+            closed = await _call(
+                client, target, "/close", {"episode_id": episode_id}, secret, extensions
+            )
             calls.append(closed.call)
     error = next((f"{c.path}: {c.error}" for c in calls if c.error), None)
     return CheckRead(ok=error is None, error=error, calls=calls)
@@ -50,12 +66,27 @@ class _Outcome:
         return self.call.ok
 
 
+def _pinned(url: str, address: IPAddress | None) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """``url`` with its host replaced by ``address``; the Host header and TLS name that
+    keep the server seeing the name it was registered under."""
+    if address is None:
+        return url, {}, {}
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    host = f"[{address}]" if address.version == 6 else str(address)
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    target = urlunsplit(parts._replace(netloc=netloc))
+    named = parts.netloc.rpartition("@")[2]
+    return target, {"Host": named}, {"sni_hostname": parts.hostname}
+
+
 async def _call(
     client: httpx.AsyncClient,
     url: str,
     path: Literal["/reset", "/close"],
     payload: dict[str, Any],
     secret: str,
+    extensions: dict[str, Any],
 ) -> _Outcome:
     raw = json.dumps(payload, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json", HEADER: sign(secret, raw)}
@@ -67,7 +98,9 @@ async def _call(
         return _Outcome(call, body)
 
     try:
-        response = await client.post(url + path, content=raw, headers=headers)
+        response = await client.post(
+            url + path, content=raw, headers=headers, extensions=extensions
+        )
     except httpx.TimeoutException:
         return done(
             False, None, f"no answer within the environment's timeout_s={client.timeout.read}s"
