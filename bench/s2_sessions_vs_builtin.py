@@ -62,7 +62,7 @@ def run(spec: JobSpec, *, sessions: bool, spec_path: Path) -> dict[str, float]:
 
     if sessions:
         environment = spec.environment.model_copy(update={"name": "sessions", "config": {}})
-        spec = spec.model_copy(update={"environment": environment, "eval_interval": 0})
+        spec = spec.model_copy(update={"environment": environment})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rlaas-s2-") as out:
         train(spec, sink=sink, artifacts_dir=Path(out), gateway=gateway if sessions else None)

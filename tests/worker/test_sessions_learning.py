@@ -24,21 +24,17 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rl_core.envs.guess_number import (
-    GuessNumberConfig,
-    best_expected_reward,
-    random_guess_reward,
-)
+from rl_core.envs.guess_number import GuessNumberConfig
 from rl_core.host.control import RunControl
-from rl_core.pipeline.files import RunFiles
 from rl_core.pipeline.runner import train
 from rl_core.spec import load_spec
+from tests.demo_game_bars import DemoGameBars, StopWhenProven
 from worker.gateway import serve_gateway
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -51,34 +47,17 @@ TOKEN = "the-learning-test-gateway-token"
 def test_the_tiny_model_learns_the_demo_game_played_by_an_openai_client(tmp_path: Path) -> None:
     example = load_spec(EXAMPLE)
     game = GuessNumberConfig.from_mapping(example.environment.config)
-    best, blind = best_expected_reward(game), random_guess_reward(game)
     spec = example.model_copy(
         update={
             "name": "tiny-game-sessions",
             "environment": example.environment.model_copy(
                 update={"name": "sessions", "config": {}}
             ),
-            "eval_interval": 0,
         }
     )
 
-    def bars_met_once(rewards: list[float]) -> bool:
-        first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-        return last >= 3 * first and last >= 0.8 * best and last > blind
-
-    def bars_met(rewards: list[float], times: int = 5) -> bool:
-        n = len(rewards)
-        return n >= 20 + times - 1 and all(bars_met_once(rewards[: n - k]) for k in range(times))
-
+    bars = DemoGameBars(game)
     control = RunControl()
-    seen: list[float] = []
-
-    class StopWhenProven(RunFiles):
-        def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
-            super().on_step(step, metrics)
-            seen.append(metrics["reward/mean"])
-            if bars_met(seen):
-                control.request_stop()
 
     client_log = tmp_path / "client.log"
     exits: list[int | None] = []
@@ -98,7 +77,7 @@ def test_the_tiny_model_learns_the_demo_game_played_by_an_openai_client(tmp_path
                 client.terminate()
                 await asyncio.wait_for(client.wait(), 30)
 
-    files = StopWhenProven(tmp_path)
+    files = StopWhenProven(tmp_path, bars, control)
     try:
         result = train(spec, sink=files, control=control, artifacts_dir=tmp_path, gateway=gateway)
     finally:
@@ -107,11 +86,8 @@ def test_the_tiny_model_learns_the_demo_game_played_by_an_openai_client(tmp_path
 
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward/mean"] for r in rows]
-    proven = next((n for n in range(20, len(rewards) + 1) if bars_met(rewards[:n])), None)
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    print(f"steps {len(rewards)} proven at {proven}  first-10 {first:.3f}  last-10 {last:.3f}")
-    print(f"best {best:.3f}  random {blind:.3f}")
-    assert proven is not None, f"bars not met in {spec.train.steps} steps (last-10 {last:.3f})"
+    print(bars.report(rewards))
+    assert bars.proven_at(rewards) is not None, f"bars not met in {spec.train.steps} steps"
     assert result.steps_completed <= spec.train.steps
 
     # What was trained came from the sessions, unbroken and within the staleness bound.

@@ -33,6 +33,7 @@ from rl_core.spec import parse_spec
 from sdk.cli import _session_gateway
 from sdk.errors import RlaasError
 from sdk.sessions import SessionGateway
+from tests.worker.test_gateway import ARGUMENTS, CALLING, TOOLS
 
 GROUP = 4
 SPEC = {
@@ -123,21 +124,6 @@ def test_a_sessions_run_trains_on_episodes_an_openai_agent_plays(tmp_path: Path)
 
 # --- a tool-using agent: what the trainer gets is what the engine served ---------------
 
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two numbers",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            },
-        },
-    }
-]
-ARGUMENTS = '{"a": 3,  "b":4}'  # odd spacing: it must reach the client as sampled
-
 
 class ToolCallingPolicy:
     """A scripted engine (`RolloutEngine`): a tool call when the conversation's last word
@@ -148,9 +134,8 @@ class ToolCallingPolicy:
 
     def __init__(self, tok: BuiltinTokenizer) -> None:
         self.tok, self.version = tok, 0
-        call = f'<tool_call>{{"name": "add", "arguments": {ARGUMENTS}}}</tool_call>'
         self.replies = {
-            "call": [*tok.encode(call), tok.end_of_turn_id],
+            "call": [*tok.encode(CALLING), tok.end_of_turn_id],
             "answer": [*tok.encode("7"), tok.end_of_turn_id],
         }
         self.calls: list[tuple[list[int], list[int], list[float]]] = []

@@ -28,20 +28,15 @@ test's time.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from rl_core.envs.guess_number import (
-    GuessNumberConfig,
-    best_expected_reward,
-    random_guess_reward,
-)
+from rl_core.envs.guess_number import GuessNumberConfig
 from rl_core.host.control import RunControl
-from rl_core.pipeline.files import RunFiles
 from rl_core.pipeline.runner import train
 from rl_core.spec import load_spec
+from tests.demo_game_bars import DemoGameBars, StopWhenProven
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "tiny-game.yaml"
 
@@ -54,28 +49,10 @@ def test_the_tiny_model_learns_the_demo_game_from_random_init_in_async_mode(
 ) -> None:
     spec = load_spec(EXAMPLE)
     assert spec.staleness.mode == "async" and spec.train.steps <= 200
-    game = GuessNumberConfig.from_mapping(spec.environment.config)
-    best, blind = best_expected_reward(game), random_guess_reward(game)
-
-    def bars_met_once(rewards: list[float]) -> bool:
-        first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-        return last >= 3 * first and last >= 0.8 * best and last > blind
-
-    def bars_met(rewards: list[float], times: int = 5) -> bool:
-        n = len(rewards)
-        return n >= 20 + times - 1 and all(bars_met_once(rewards[: n - k]) for k in range(times))
-
+    bars = DemoGameBars(GuessNumberConfig.from_mapping(spec.environment.config))
     control = RunControl()
-    seen: list[float] = []
 
-    class StopWhenProven(RunFiles):
-        def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
-            super().on_step(step, metrics)
-            seen.append(metrics["reward/mean"])
-            if bars_met(seen):
-                control.request_stop()
-
-    files = StopWhenProven(tmp_path)
+    files = StopWhenProven(tmp_path, bars, control)
     try:
         result = train(spec, sink=files, control=control, artifacts_dir=tmp_path)
     finally:
@@ -86,11 +63,8 @@ def test_the_tiny_model_learns_the_demo_game_from_random_init_in_async_mode(
     assert result.steps_completed <= spec.train.steps
     rewards = [r["reward/mean"] for r in rows]
     # The stop lands at the next step boundary, so the run may go one step past the proof.
-    proven = next((n for n in range(20, len(rewards) + 1) if bars_met(rewards[:n])), None)
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    print(f"steps {len(rewards)} proven at {proven}  first-10 {first:.3f}  last-10 {last:.3f}")
-    print(f"best {best:.3f}  random {blind:.3f}")
-    assert proven is not None, f"bars not met in {spec.train.steps} steps (last-10 {last:.3f})"
+    print(bars.report(rewards))
+    assert bars.proven_at(rewards) is not None, f"bars not met in {spec.train.steps} steps"
 
     # The same run's timeline, metrics and trajectories came out of the sinks.
     assert max(r["staleness/max"] for r in rows) <= spec.staleness.max_staleness
