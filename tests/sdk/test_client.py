@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -251,10 +250,9 @@ def test_waiting_for_a_run(live: LiveApi, client: Client) -> None:
     with pytest.raises(TimeoutError, match="still running"):
         client.wait(run_id, timeout_s=0.2, interval_s=0.05)
     worker.finish("failed", error="the environment refused every episode")
-    started = time.monotonic()
+    # Returns with the ended run (not the TimeoutError it raises when the time is up).
     done = client.wait(run_id, timeout_s=10, interval_s=0.05)
     assert done.status == "failed" and "refused" in (done.error or "")
-    assert time.monotonic() - started < 5
 
 
 def test_the_sse_parser_follows_the_spec() -> None:

@@ -26,8 +26,13 @@ class FakeControlPlane:
         self.artifacts: dict[tuple[str, int], dict[str, object]] = {}
         self.calls = 0
         self.lock = threading.Lock()
+        self.hold: threading.Event | None = None  # set: every request waits for it
+        self.arrived = threading.Event()  # a request has come in
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.arrived.set()
+        if self.hold is not None:
+            assert self.hold.wait(30), "the test never released the request"
         with self.lock:
             self.calls += 1
             if not self.up:
@@ -115,19 +120,20 @@ def test_batches_wait_while_api_is_down_and_none_is_lost_or_doubled(
     assert [p["step"] for p in fake.items("metrics")] == [1, 2, 3]
 
 
-def test_on_step_returns_at_once_while_the_api_is_away(fake: FakeControlPlane) -> None:
-    import time
-
-    fake.up = False
+def test_on_step_never_waits_for_the_api(fake: FakeControlPlane) -> None:
+    # The API takes a request and does not answer: the sender is stuck in it. Steps go
+    # on being reported meanwhile (no clock: the request is held until released).
+    fake.hold = threading.Event()
     sink = make_sink(fake)
-    started = time.perf_counter()
-    for step in range(50):
+    sink.on_step(0, {"loss": 1.0})
+    assert fake.arrived.wait(10), "the sink never sent"
+    for step in range(1, 51):
         sink.on_step(step, {"loss": 1.0})
-    assert time.perf_counter() - started < 0.5
-    fake.up = True
+    assert fake.calls == 0 and sink.pending == 51  # all queued behind the held request
+    fake.hold.set()
     sink.flush(timeout_s=15)
     sink.close()
-    assert len(fake.items("metrics")) == 50
+    assert [p["step"] for p in fake.items("metrics")] == list(range(51))
 
 
 def test_big_steps_are_split_into_bounded_batches(fake: FakeControlPlane) -> None:
