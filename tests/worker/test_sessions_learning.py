@@ -98,7 +98,9 @@ def test_the_tiny_model_learns_the_demo_game_played_by_an_openai_client(tmp_path
     late = [r for r in records if r["step"] > len(rows) - 10 and r["end_state"] == "done"]
     assert late and all(r["info"]["session_id"] == r["episode_id"] for r in late)
     solved = [r for r in late if r["reward"] >= 0.5]
-    answers = [s["text"] for s in solved[0]["segments"] if s["trained"]] if solved else []
-    # The winning guess, bare, then the token that ended the model's turn (<|end|> or
-    # <eos>): what it sampled is what it was trained on.
-    assert answers and re.fullmatch(r"\d+(<\|end\|>|<eos>)", answers[-1]), answers
+    # The trained tokens are the model's answers: a solved game's last one is mostly a bare
+    # number, then the token that ended the turn (<|end|> or <eos>). Not always: the game
+    # counts any answer holding the number, and only the format bonus asks for bare ones.
+    last = [[s["text"] for s in r["segments"] if s["trained"]][-1] for r in solved]
+    bare = [a for a in last if re.fullmatch(r"\d+(<\|end\|>|<eos>)", a)]
+    assert solved and len(bare) >= len(solved) / 2, last[:20]
