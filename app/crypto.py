@@ -87,7 +87,8 @@ class SecretBox:
                 )
             candidates = [key]
         elif version == _VERSION_1 and rest:
-            payload, candidates = rest, [self._current, *self._keys.values()]
+            # No key id: try each key, the current one first (it was put in first).
+            payload, candidates = rest, list(self._keys.values())
         else:
             raise DecryptionError(
                 f"the stored secret of {context} is not in a format this API reads"

@@ -221,7 +221,7 @@ class SessionBroker:
             del self._named[name]
 
     def _set_fill_deadline(self, slot: _Slot) -> None:
-        if slot.wait is not None and self.fill_timeout_s is not None:
+        if slot.wait is not None:
             slot.wait.reschedule(asyncio.get_running_loop().time() + self.fill_timeout_s)
 
     # -- the clients' side ---------------------------------------------------------------
