@@ -48,6 +48,16 @@ def bar(spec: dict[str, Any]) -> tuple[float, float, float] | None:
     return blind, best, blind + (best - blind) / 2
 
 
+def held_from(rewards: list[float], line: float, times: int = 5) -> int | None:
+    """The first step at which the last-10 mean had held ``line`` for ``times`` steps running
+    (where a learning test that stops once proven would stop)."""
+    means = [sum(rewards[n - 10 : n]) / 10 for n in range(10, len(rewards) + 1)]
+    for i in range(len(means) - times + 1):
+        if all(m >= line for m in means[i : i + times]):
+            return i + 10 + times - 1
+    return None
+
+
 def with_setting(data: dict[str, Any], assignment: str) -> None:
     """``a.b.c=value`` (value read as YAML) into the nested spec."""
     path, _, raw = assignment.partition("=")
@@ -107,7 +117,7 @@ def main() -> int:
 
     bounds = bar(base)
     print(f"\n{args.spec.name} {' '.join(args.set)}; files in {work}")
-    print(f"{'seed':>4} {'steps 41-50':>12} {'last 10':>8}")
+    print(f"{'seed':>4} {'steps 41-50':>12} {'last 10':>8} {'held from':>9}")
     passed = 0
     for seed in args.seeds:
         rewards = results.get(seed, [])
@@ -115,7 +125,8 @@ def main() -> int:
         last = statistics.mean(rewards[-10:]) if rewards else float("nan")
         ok = bounds is not None and last >= bounds[2]
         passed += ok
-        print(f"{seed:>4} {early:>12.3f} {last:>8.3f} {'PASS' if ok else 'MISS'}")
+        held = held_from(rewards, bounds[2]) if bounds else None
+        print(f"{seed:>4} {early:>12.3f} {last:>8.3f} {held!s:>9} {'PASS' if ok else 'MISS'}")
     if bounds:
         blind, best, line = bounds
         print(f"blind {blind:.3f}, optimal {best:.3f}, bar {line:.4f}: {passed}/{len(args.seeds)}")

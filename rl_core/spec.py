@@ -380,6 +380,20 @@ class JobSpec(_Section):
         """Trajectories per optimiser step."""
         return self.algorithm.batch_groups * self.rollout.group_size
 
+    @model_validator(mode="after")
+    def _engine_serves_the_model(self) -> JobSpec:
+        if self.rollout.engine == "vllm" and self.model.source in JAX_ONLY_MODELS:
+            raise ValueError(
+                f"rollout.engine: vLLM cannot serve {self.model.source} (ALiBi on RoPE is no "
+                "vLLM model); use engine: jax"
+            )
+        return self
+
+
+# Built-in presets no Hugging Face family expresses (ModelConfig.alibi_slope), so no vLLM
+# server can load them; `rl_core.pipeline.build` checks the loaded model's config as well.
+JAX_ONLY_MODELS = ("builtin:tiny-alibi",)
+
 
 class SpecError(ValueError):
     """A spec that failed validation, with one readable line per problem."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 from rl_core.envs.guess_number import (
     GuessNumberConfig,
@@ -49,10 +50,16 @@ class DemoGameBars:
         )
 
 
+class Bars(Protocol):
+    def met(self, rewards: list[float]) -> bool:
+        """Whether the rewards so far (one a step) prove the claim."""
+        ...
+
+
 class StopWhenProven(RunFiles):
     """`RunFiles` that asks ``control`` to stop once ``bars`` are met."""
 
-    def __init__(self, out: Path, bars: DemoGameBars, control: RunControl) -> None:
+    def __init__(self, out: Path, bars: Bars, control: RunControl) -> None:
         super().__init__(out)
         self.bars, self.control, self.seen = bars, control, list[float]()
 

@@ -72,6 +72,14 @@ class ModelConfig:
     # Small embedding init keeps a random-init policy close to uniform over the
     # vocabulary (tied logits are h @ E.T), so RL starts by exploring.
     embed_init_std: float = 0.02
+    # ALiBi (Press et al., 2022) on top of RoPE: head h's attention scores are lowered by
+    # alibi_slope * 2**-h per token of distance, so each head starts out looking at recent
+    # tokens, the nearest most. 0 is plain Llama. Only the ``tiny-alibi`` preset sets it:
+    # a random-init model's attention is otherwise spread over the whole context, so its
+    # answer hardly depends on the last observation and RL settles on one answer for every
+    # input before it learns to read (docs/learning.md). No Hugging Face family expresses
+    # it, so such a model is not exported (and cannot be served by vLLM).
+    alibi_slope: float = 0.0
     dtype: DType = "float32"
 
     def __post_init__(self) -> None:
@@ -81,6 +89,8 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+        if self.alibi_slope < 0:
+            raise ValueError(f"alibi_slope ({self.alibi_slope}) must not be negative")
 
     @classmethod
     def tiny(cls, *, vocab_size: int | None = None, **overrides: object) -> ModelConfig:
@@ -111,5 +121,17 @@ class ModelConfig:
         fields.update(overrides)
         return cls.tiny(vocab_size=vocab_size, **fields)
 
+    @classmethod
+    def tiny_alibi(cls, *, vocab_size: int | None = None, **overrides: object) -> ModelConfig:
+        """``tiny`` whose heads start out attending to recent tokens (``alibi_slope``): the
+        preset for games whose right answer depends on the last observation."""
+        fields: dict[str, object] = dict(alibi_slope=1.0)
+        fields.update(overrides)
+        return cls.tiny(vocab_size=vocab_size, **fields)
 
-PRESETS = {"tiny": ModelConfig.tiny, "small": ModelConfig.small}
+
+PRESETS = {
+    "tiny": ModelConfig.tiny,
+    "small": ModelConfig.small,
+    "tiny-alibi": ModelConfig.tiny_alibi,
+}

@@ -72,6 +72,10 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(c.head_dim, eps=c.norm_eps, rngs=rngs) if c.qk_norm else None
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
         self.rope = rope_of(c)
+        # Per-head ALiBi slopes (plain floats: static, not weights), halving head by head.
+        self.alibi = (
+            tuple(c.alibi_slope * 0.5**h for h in range(c.n_heads)) if c.alibi_slope else None
+        )
 
     def __call__(
         self,
@@ -98,11 +102,25 @@ class Attention(nnx.Module):
         q = q.reshape(b, t, self.n_kv_heads, groups, self.head_dim)  # [B, T, Hkv, G, Dh]
         scores = jnp.einsum("btkgd,bksd->bkgts", q, k).astype(jnp.float32)
         scores = scores / jnp.sqrt(jnp.float32(self.head_dim))
+        if self.alibi is not None:
+            # [Hkv, G] as the grouped scores are laid out: head = kv * G + g.
+            slopes = jnp.asarray(self.alibi, jnp.float32).reshape(self.n_kv_heads, groups)
+            scores = scores - slopes[None, :, :, None, None] * distances(start, t, k.shape[2])
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)  # [B, Hkv, G, T, S]
         weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = jnp.einsum("bkgts,bksd->bkgtd", weights, v)  # heads first, as the cache
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, -1)  # [B, T, H * Dh]
         return self.o(out), kv
+
+
+def distances(start: jax.Array | None, t: int, s: int) -> jax.Array:  # [B or 1, 1, 1, T, S]
+    """Tokens from each query back to each key slot (0 for itself and for later slots,
+    which the mask hides). Slots are contiguous per row and a packed row's segments only
+    see themselves, so slot distance is position distance."""
+    first = jnp.zeros((1,), jnp.int32) if start is None else start  # [B] or [1]
+    query = first[:, None] + jnp.arange(t)[None, :]  # [B, T]
+    gap = query[:, :, None] - jnp.arange(s)[None, None, :]  # [B, T, S]
+    return jnp.maximum(gap, 0).astype(jnp.float32)[:, None, None]
 
 
 class SwiGLU(nnx.Module):

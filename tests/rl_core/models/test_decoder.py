@@ -6,6 +6,7 @@ import pytest
 from flax import nnx
 
 from rl_core.models import Model, ModelConfig
+from rl_core.models.config import PRESETS
 from rl_core.models.decoder import count_params
 
 
@@ -33,8 +34,11 @@ def test_embeddings_are_tied(tiny_model: Model) -> None:
     assert not any("lm_head" in n or "unembed" in n for n in names)
 
 
-def test_prefill_then_decode_matches_full_forward(tiny_model: Model) -> None:
-    """Two rows at different lengths in one cache, one token at a time, vs. a plain forward."""
+@pytest.mark.parametrize("preset", ["tiny", "tiny-alibi"])
+def test_prefill_then_decode_matches_full_forward(preset: str) -> None:
+    """Two rows at different lengths in one cache, one token at a time, vs. a plain forward
+    (with ALiBi, a cache slot's distance must be the token's)."""
+    tiny_model = Model(PRESETS[preset](), rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
     seqs = [rng.integers(3, 100, size=9) for _ in range(2)]
     lengths, bucket, extra = [4, 3], 6, 5  # prompt lengths, padded prompt length, new tokens

@@ -74,3 +74,14 @@ def test_untie_writes_a_tied_model_as_an_untied_one_of_the_same_function(tmp_pat
     np.testing.assert_allclose(
         our_logits(model, [ids], pad=8)[0], hf_logits(theirs, ids), atol=1e-5
     )
+
+
+def test_an_alibi_model_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """No Hugging Face family adds ALiBi to RoPE: a file that dropped it would load as a
+    different model, so export refuses instead (and with it a vLLM server for the run)."""
+    config = ModelConfig.tiny_alibi()
+    with pytest.raises(ValueError, match="ALiBi"):
+        hf_config(config)
+    with pytest.raises(ValueError, match="tiny-alibi"):
+        export_hf(Model(config, rngs=nnx.Rngs(0)), tmp_path / "out")
+    assert not (tmp_path / "out" / "config.json").exists()
