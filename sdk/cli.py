@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +62,14 @@ def serve(
     uvicorn.run("app.main:app", host=host, port=port, workers=workers, log_level="info")
 
 
+def _use_compilation_cache() -> None:
+    """XLA's compiled programs on disk, shared by this machine's runs (rl_core.host.compile_cache):
+    ``RLAAS_JAX_CACHE_PATH``, default ``~/.cache/rlaas/jax``; ``off`` compiles every run afresh."""
+    from rl_core.host.compile_cache import folder_of, use_compilation_cache
+
+    use_compilation_cache(folder_of(os.environ.get("RLAAS_JAX_CACHE_PATH")))
+
+
 @cli.command()
 def worker(
     queue: Annotated[str, typer.Option(envvar="RLAAS_QUEUE")] = "cpu",
@@ -71,6 +80,7 @@ def worker(
     from worker.celery_app import app as celery_app
 
     limit_malloc_arenas()  # before any thread starts: see rl_core.host.memory
+    _use_compilation_cache()
 
     celery_app.worker_main(
         ["worker", "--pool", "solo", "--concurrency", "1", "-Q", queue, "--loglevel", loglevel]
@@ -253,6 +263,7 @@ def train(
     from rl_core.pipeline.runner import train_to_folder
 
     limit_malloc_arenas()
+    _use_compilation_cache()
     spec = _load(spec_path)
     gateway = _session_gateway(out, sessions_host, sessions_port)
     result = train_to_folder(spec, out, resume=resume, gateway=gateway)

@@ -20,6 +20,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """XLA's compiled programs shared by the whole run, as ``rlaas worker`` shares them
+    between runs (rl_core.host.compile_cache): both test processes and the workers the
+    end-to-end tests start use one folder, so a program is compiled once, not per test.
+    ``RLAAS_JAX_CACHE_PATH=off`` compiles everything afresh."""
+    from rl_core.host.compile_cache import folder_of, use_compilation_cache
+
+    use_compilation_cache(folder_of(os.environ.get("RLAAS_JAX_CACHE_PATH")))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with minutes-long tests first, the longest first.
 
