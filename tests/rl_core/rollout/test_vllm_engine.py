@@ -206,7 +206,9 @@ def test_a_cancelled_generate_aborts_its_request_on_the_server(served: Served) -
     # No stop ids: the request runs to its token budget unless it is aborted.
     engine = VllmEngine(url, stop_ids=())
     budget = MAX_LEN - len(PROMPTS[0])
-    requests = 128
+    # Eight waves of 32 (max_num_seqs): on two busy cores the server finished two whole
+    # waves (32,642 tokens) before the pause below landed, over half of four waves (CI).
+    requests = 256
 
     def gauges() -> tuple[float, float]:  # (requests running, tokens generated so far)
         text = httpx.get(f"{url}/metrics", timeout=10).text
