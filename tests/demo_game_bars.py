@@ -9,9 +9,10 @@ Ctrl-C does: the steps after it prove nothing more.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rl_core.envs.guess_number import (
     GuessNumberConfig,
@@ -20,6 +21,9 @@ from rl_core.envs.guess_number import (
 )
 from rl_core.host.control import RunControl
 from rl_core.pipeline.files import RunFiles
+from rl_core.pipeline.result import TrainResult
+from rl_core.pipeline.runner import train
+from rl_core.spec import JobSpec
 
 
 class DemoGameBars:
@@ -68,3 +72,18 @@ class StopWhenProven(RunFiles):
         self.seen.append(metrics["reward/mean"])
         if self.bars.met(self.seen):
             self.control.request_stop()
+
+
+def train_until_proven(
+    spec: JobSpec, bars: Bars, out: Path
+) -> tuple[TrainResult, list[dict[str, Any]]]:
+    """Run ``spec`` with its files in ``out``, stopped once ``bars`` are met; the run's
+    result and its metrics rows."""
+    control = RunControl()
+    files = StopWhenProven(out, bars, control)
+    try:
+        result = train(spec, sink=files, control=control, artifacts_dir=out)
+    finally:
+        files.close()
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return result, rows

@@ -33,10 +33,8 @@ from pathlib import Path
 import pytest
 
 from rl_core.envs.guess_number import GuessNumberConfig
-from rl_core.host.control import RunControl
-from rl_core.pipeline.runner import train
 from rl_core.spec import load_spec
-from tests.demo_game_bars import DemoGameBars, StopWhenProven
+from tests.demo_game_bars import DemoGameBars, train_until_proven
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "tiny-game.yaml"
 
@@ -50,15 +48,7 @@ def test_the_tiny_model_learns_the_demo_game_from_random_init_in_async_mode(
     spec = load_spec(EXAMPLE)
     assert spec.staleness.mode == "async" and spec.train.steps <= 200
     bars = DemoGameBars(GuessNumberConfig.from_mapping(spec.environment.config))
-    control = RunControl()
-
-    files = StopWhenProven(tmp_path, bars, control)
-    try:
-        result = train(spec, sink=files, control=control, artifacts_dir=tmp_path)
-    finally:
-        files.close()
-
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    result, rows = train_until_proven(spec, bars, tmp_path)
     assert [r["step"] for r in rows] == list(range(1, result.steps_completed + 1))
     assert result.steps_completed <= spec.train.steps
     rewards = [r["reward/mean"] for r in rows]

@@ -26,10 +26,8 @@ from pathlib import Path
 import pytest
 
 from rl_core.envs.next_number import NextNumberConfig, best_blind_reward, best_expected_reward
-from rl_core.host.control import RunControl
-from rl_core.pipeline.runner import train
 from rl_core.spec import load_spec
-from tests.demo_game_bars import StopWhenProven
+from tests.demo_game_bars import train_until_proven
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "reading-game.yaml"
 
@@ -78,14 +76,7 @@ def test_the_tiny_model_learns_to_answer_what_it_reads_beyond_any_blind_policy(
     game = NextNumberConfig(**spec.environment.config)
     bars = ReadingBars(game)
     assert bars.blind < 0.33 and bars.best == pytest.approx(1.2)  # far apart: reading matters
-    control = RunControl()
-    files = StopWhenProven(tmp_path, bars, control)
-    try:
-        result = train(spec, sink=files, control=control, artifacts_dir=tmp_path)
-    finally:
-        files.close()
-
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    result, rows = train_until_proven(spec, bars, tmp_path)
     rewards = [r["reward/mean"] for r in rows]
     proven = bars.proven_at(rewards)
     records = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
