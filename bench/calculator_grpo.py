@@ -39,18 +39,22 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
+        "--spec", type=Path, default=SPEC, help="examples/smollm2-tool-use.yaml: the tool task"
+    )
+    parser.add_argument(
         "--engine", choices=("jax", "vllm"), default="jax", help="the rollout engine"
     )
     parser.add_argument(
         "--mode", choices=("async", "sync"), default=None, help="override staleness.mode"
     )
     args = parser.parse_args()
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml.safe_load(args.spec.read_text())
     data["rollout"]["engine"] = args.engine
     if args.mode:
         data["staleness"]["mode"] = args.mode
     steps = args.steps or (8 if args.quick else data["train"]["steps"])
-    data["train"].update(steps=steps, eval_interval=steps)
+    every = data["train"].get("eval_interval") or steps
+    data["train"].update(steps=steps, eval_interval=every if steps % every == 0 else steps)
     if args.quick:
         data["train"]["eval_episodes"] = 32
     spec = parse_spec(data)
@@ -77,12 +81,18 @@ def main() -> int:
         [name, f"{before[key]:.3f}", f"{after[key]:.3f}", f"{after[key] - before[key]:+.3f}"]
         for name, key in (
             ("accuracy (eval/solved)", "eval/solved"),
+            ("tool returned the answer (eval/used_tool)", "eval/used_tool"),
             ("reward", "eval/reward_mean"),
             ("turns", "eval/turns_mean"),
         )
         if key in before and key in after
     ]
     print(table(["held-out", "before (step 0)", f"after (step {steps})", "change"], metric_rows))
+    curve = "  ".join(
+        f"{step}: {row.get('eval/solved', 0.0):.3f}/{row.get('eval/used_tool', 0.0):.3f}"
+        for step, row in sorted(evals.items())
+    )
+    print(f"\nheld-out accuracy/tool use by step: {curve}")
     print(f"\ntraining reward, mean of the first {k} steps {first:.3f} -> last {k} {last:.3f}")
     print(f"wall {wall / 60:.1f} min; files in {out}")
     gained = after.get("eval/solved", 0.0) > before.get("eval/solved", 0.0)

@@ -3,7 +3,7 @@
 // a change here; everything else is in the "all metrics" table.
 
 // The evaluation's own metrics drawn on the reward chart (the rest are in the table).
-const HELD_OUT = new Set(["eval/reward_mean", "eval/solved"]);
+const HELD_OUT = new Set(["eval/reward_mean", "eval/solved", "eval/used_tool"]);
 
 export const GROUPS = [
   // Training reward beside the held-out evaluation's (every train.eval_interval steps).

@@ -11,11 +11,21 @@ Rows come in multiples of the run's batch size, so the train step compiles
 once per length bucket, not once per batch. The tokens of model calls sampled
 before the group's ``fresh_from`` version are masked out of the loss (see
 `rl_core.pipeline.queue`); their episode's reward still counts in its group.
+
+A group split around its stragglers (async runs) sends its finished members
+first. Those are the quick episodes, and in many games the quick ones are the
+good ones: against their own mean they would get next to no credit (in a run of
+the demo game over half the groups split, and async learned less per step than
+sync). So with episode credit and the group baseline a first part's missing
+members count in its mean at `StragglerRewards`' estimate, the mean reward of
+recent stragglers (the members that came in a ``rest`` part), once it has seen
+some. The baseline still does not depend on the member's own actions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 import jax.numpy as jnp
@@ -40,7 +50,10 @@ def build_batch(
     credit: Credit = "episode",
     baseline: Baseline = "group",
     gamma: float = 1.0,
+    straggler_reward: float | None = None,
 ) -> TrainBatch:
+    """``straggler_reward``: what a first part's missing members count as in its
+    mean (episode credit, group baseline); None: the first part's own mean."""
     ordered = sorted(groups, key=lambda g: g.task)  # completion order must not change the math
     advantage: Callable[[int, Trajectory, Sample], float | list[float]]
     if credit == "turn":
@@ -52,7 +65,7 @@ def build_batch(
             return adv
 
     else:
-        per_episode = episode_credit(ordered, group_size, scale_rewards, baseline)
+        per_episode = episode_credit(ordered, group_size, scale_rewards, baseline, straggler_reward)
 
         def advantage(i: int, t: Trajectory, sample: Sample) -> float:
             return float(per_episode[i, t.member])
@@ -94,12 +107,19 @@ def fresh_mask(sample: Sample, turn_versions: Sequence[int], fresh_from: int) ->
 
 
 def episode_credit(
-    groups: Sequence[Group], group_size: int, scale_rewards: bool, baseline: Baseline = "group"
+    groups: Sequence[Group],
+    group_size: int,
+    scale_rewards: bool,
+    baseline: Baseline = "group",
+    straggler_reward: float | None = None,
 ) -> np.ndarray:
-    """Episode-level advantages, [groups, group_size] (`group_advantages`)."""
+    """Episode-level advantages, [groups, group_size] (`group_advantages`); a first
+    part's missing members stand in at ``straggler_reward`` when it is given."""
     rewards = np.zeros((len(groups), group_size), np.float32)
     valid = np.zeros((len(groups), group_size), bool)
     for i, group in enumerate(groups):
+        if group.part == "first" and straggler_reward is not None and baseline == "group":
+            rewards[i], valid[i] = straggler_reward, True
         for t in group.trajectories:
             rewards[i, t.member], valid[i, t.member] = t.reward, t.kept
     adv = group_advantages(
@@ -133,4 +153,21 @@ def turn_credit(
     return np.asarray(adv)
 
 
-__all__ = ["build_batch", "episode_credit", "fresh_mask", "turn_credit"]
+class StragglerRewards:
+    """The mean reward of the last ``window`` stragglers: members of split groups that
+    reached the trainer in the ``rest`` part. None until it has seen one."""
+
+    def __init__(self, window: int = 128) -> None:
+        self._recent: deque[float] = deque(maxlen=window)
+
+    def observe(self, groups: Iterable[Group]) -> None:
+        for group in groups:
+            if group.part == "rest":
+                self._recent.extend(t.reward for t in group.to_train)
+
+    @property
+    def value(self) -> float | None:
+        return sum(self._recent) / len(self._recent) if self._recent else None
+
+
+__all__ = ["StragglerRewards", "build_batch", "episode_credit", "fresh_mask", "turn_credit"]

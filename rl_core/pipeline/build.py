@@ -27,7 +27,7 @@ from rl_core.host.telemetry import Profiler, SpanRecorder
 from rl_core.models import Model
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.pipeline import configs
-from rl_core.pipeline.batch import build_batch
+from rl_core.pipeline.batch import StragglerRewards, build_batch
 from rl_core.pipeline.collector import Collector, EpisodePlayer
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.evaluate import Evaluator
@@ -301,7 +301,10 @@ def build_pipeline(
                 position=position,
             )
 
+        stragglers = StragglerRewards()
+
         def batch(groups: list[Group]) -> Any:
+            stragglers.observe(groups)
             return build_batch(
                 groups,
                 group_size=r.group_size,
@@ -312,6 +315,7 @@ def build_pipeline(
                 credit=spec.algorithm.credit,
                 baseline=spec.algorithm.baseline,
                 gamma=spec.algorithm.gamma,
+                straggler_reward=stragglers.value,
             )
 
         pipeline = Pipeline(

@@ -12,7 +12,9 @@ same concurrency; in ``async`` mode the collector keeps playing training
 episodes meanwhile. Nothing here is trained on.
 
 Metrics (``eval/``): ``reward_mean``, ``solved`` (the share of episodes whose
-environment reported ``solved``; absent when it never does), ``turns_mean``,
+environment reported ``solved``; absent when it never does), ``used_tool``
+(likewise, for environments that report whether a tool gave the answer),
+``turns_mean``,
 ``episodes`` (kept) and ``failed`` (timeouts and environment errors, removed
 from the means as in training).
 """
@@ -78,8 +80,9 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
         "eval/episodes": float(len(kept)),
         "eval/failed": float(len(trajectories) - len(kept)),
     }
-    if any("solved" in t.info for t in kept):
-        metrics["eval/solved"] = sum(bool(t.info.get("solved")) for t in kept) / n
+    for flag in ("solved", "used_tool"):
+        if any(flag in t.info for t in kept):
+            metrics[f"eval/{flag}"] = sum(bool(t.info.get(flag)) for t in kept) / n
     return metrics
 
 

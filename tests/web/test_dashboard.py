@@ -27,7 +27,11 @@ HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 
 
 def step_metrics(step: int) -> dict[str, float]:
-    held_out = {"eval/reward_mean": 0.3 * step, "eval/solved": 0.1 * step} if step % 2 == 0 else {}
+    held_out = (
+        {"eval/reward_mean": 0.3 * step, "eval/solved": 0.1 * step, "eval/used_tool": 0.2 * step}
+        if step % 2 == 0
+        else {}
+    )
     return held_out | {
         "reward/mean": 0.1 * step,
         "reward/min": 0.05 * step,
@@ -180,7 +184,11 @@ def test_dashboard_shows_a_live_run(live: LiveApi, tmp_path: Path) -> None:
         held_out = page.evaluate(
             f"{reward}.data.filter(t => t.name.startsWith('held-out')).map(t => [t.name, t.x])"
         )
-        assert held_out == [["held-out reward_mean", [2, 4]], ["held-out solved", [2, 4]]]
+        assert held_out == [
+            ["held-out reward_mean", [2, 4]],
+            ["held-out solved", [2, 4]],
+            ["held-out used_tool", [2, 4]],
+        ]
 
         # Live: a step posted now reaches the open page over the stream.
         feed(worker, run_id, range(5, 6), t0_us)

@@ -160,3 +160,39 @@ def test_the_blind_bound_is_exact_on_small_problems_and_an_upper_bound_on_large(
     bound = small.correct_reward / (small.max_operand - 1)
     assert best_blind_reward(small) <= bound
     assert best_blind_reward(CalculatorConfig(difficulty="medium")) == pytest.approx(1 / 998)
+
+
+TOOL_TASK = {"operators": "*", "max_operand": 999, "require_tool": True, "call_reward": 0.2}
+
+
+def test_with_require_tool_only_an_answer_the_calculator_returned_counts() -> None:
+    reset = episode([], TOOL_TASK)[0]
+    problem, answer = reset.info["problem"], reset.info["answer"]
+    # Right from its own head: no reward, not solved (and no tool use to report).
+    (head,) = episode([Action(content=str(answer))], TOOL_TASK)[1:]
+    assert (head.reward, head.info["solved"], head.info["used_tool"]) == (0.0, False, False)
+    # A call that returns something else, then the right number: still not derived from it.
+    other = parse_tool_calls(render_tool_call("calculator", {"expression": "2 * 3"}))
+    _, off, late = episode([other.to_action(), Action(content=str(answer))], TOOL_TASK)
+    assert (off.reward, late.reward, late.info["solved"]) == (0.0, 0.0, False)
+    # The loop the task teaches: a call that returns the answer (paid once), then the answer.
+    call = parse_tool_calls(render_tool_call("calculator", {"expression": problem}))
+    _, tool, again, final = episode(
+        [call.to_action(), call.to_action(), Action(content=f"The answer is {answer}")], TOOL_TASK
+    )
+    assert (tool.reward, again.reward) == (0.2, 0.0)  # the stepping stone is paid once
+    assert (final.reward, final.info["solved"], final.info["used_tool"]) == (1.0, True, True)
+    assert best_reward(CalculatorConfig(**TOOL_TASK)) == 1.2
+
+
+def test_the_demonstration_shows_one_worked_exchange_before_the_question() -> None:
+    reset = episode([], {**TOOL_TASK, "demonstration": True})[0]
+    roles = [m["role"] for m in reset.messages]
+    assert roles == ["user", "assistant", "tool", "assistant", "user"]
+    (shown,) = parse_tool_calls(reset.messages[1]["content"]).tool_calls
+    assert shown.arguments == {"expression": "23 * 41"}
+    assert reset.messages[2]["content"] == reset.messages[3]["content"] == "943"
+    assert reset.info["problem"] in reset.messages[-1]["content"]
+    assert "23 * 41" not in reset.messages[-1]["content"].split("?")[0]  # its own problem
+    with pytest.raises(ValueError, match="call_reward"):
+        CalculatorConfig(call_reward=2.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rl_core.agent.ledger import Sample, Trajectory
-from rl_core.pipeline.batch import build_batch
+from rl_core.pipeline.batch import StragglerRewards, build_batch
 from rl_core.pipeline.queue import Group, GroupTask
 
 
@@ -55,3 +55,36 @@ def test_turn_credit_gives_each_turns_tokens_that_turns_advantage() -> None:
             model_advantages(batch.advantages, batch.loss_mask, row), want, atol=1e-6
         )
     assert not batch.advantages[batch.loss_mask == 0].any()  # prompts and observations: 0
+
+
+def test_a_first_part_counts_its_missing_members_at_the_stragglers_recent_reward() -> None:
+    # A group of 4 split: members 0 and 1 finished quickly (1.0, 0.5); 2 and 3 still run.
+    first = Group(
+        task=GroupTask(1, 0),
+        trajectories=[episode(0, [1.0]), episode(1, [0.5])],
+        part="first",
+    )
+    alone = build_batch([first], group_size=4, rows=2, pad_id=0, scale_rewards=False)
+    np.testing.assert_allclose(alone.advantages, [0.25, -0.25], atol=1e-6)  # own mean
+    # An earlier group's stragglers earned 0.0 and 0.5: the missing two count at 0.25.
+    stragglers = StragglerRewards()
+    rest = Group(
+        task=GroupTask(0, 0),
+        trajectories=[episode(0, [1.0]), episode(1, [1.0]), episode(2, [0.0]), episode(3, [0.5])],
+        part="rest",
+        train=frozenset({2, 3}),
+    )
+    assert stragglers.value is None
+    stragglers.observe([rest, first])  # only a rest part's trained members are stragglers
+    assert stragglers.value == 0.25
+    batch = build_batch(
+        [first], group_size=4, rows=2, pad_id=0, scale_rewards=False,
+        straggler_reward=stragglers.value,
+    )  # fmt: skip
+    mean = (1.0 + 0.5 + 0.25 + 0.25) / 4
+    np.testing.assert_allclose(batch.advantages, [1.0 - mean, 0.5 - mean], atol=1e-6)
+    # A whole group, or the batch baseline, is unchanged by the estimate.
+    whole = build_batch(
+        [group()], group_size=3, rows=4, pad_id=0, scale_rewards=False, straggler_reward=9.0
+    )
+    np.testing.assert_allclose(whole.advantages[:3], [1 / 3, 1 / 3, -2 / 3], atol=1e-6)
