@@ -20,7 +20,10 @@ reading. Names, all floats:
 - ``trainer/{busy,blocked,idle}_frac``: computing (train step, weight sync) /
   waiting for trajectories or for the device / anything else;
   ``engine/{busy,blocked,idle}_frac``: running a batch / a batch waiting for
-  the device thread / nothing asked of it.
+  the device thread / nothing asked of it; ``engine/prompt_tokens``: prompt
+  tokens the built-in engine prefilled, ``engine/prefix_reused_frac``: the share
+  of prompt tokens whose keys and values came from the prefix pool instead
+  (an agent's earlier turns; `rl_core.rollout.prefix_pool`).
 - ``time/<stage>_s``: seconds in each stage (episode stages summed over episodes).
 - ``loop/lag_ms_{mean,max}``: how late the event loop wakes a sleeper.
 """
@@ -51,6 +54,7 @@ class Readings:
     engine_blocked_s: float
     dropped_failed: int
     gate: GateCounts
+    prompt_tokens: tuple[int, int] = (0, 0)  # (prefilled, reused from the prefix pool)
 
 
 class StepMeter:
@@ -86,6 +90,8 @@ class StepMeter:
             readings.engine_blocked_s - last.engine_blocked_s,
             wall_s,
         )
+        prefilled = readings.prompt_tokens[0] - last.prompt_tokens[0]
+        reused = readings.prompt_tokens[1] - last.prompt_tokens[1]
         out: dict[str, float] = {name: float(v) for name, v in train.items()}
         out.update(
             {
@@ -130,6 +136,8 @@ class StepMeter:
                 "engine/busy_frac": e_busy,
                 "engine/blocked_frac": e_blocked,
                 "engine/idle_frac": e_idle,
+                "engine/prompt_tokens": float(prefilled),
+                "engine/prefix_reused_frac": reused / max(prefilled + reused, 1),
                 **{
                     f"time/{stage}_s": readings.stages.get(stage, 0.0) - last.stages.get(stage, 0.0)
                     for stage in STAGES

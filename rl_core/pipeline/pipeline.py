@@ -367,12 +367,17 @@ class Pipeline:
 
     def _readings(self) -> Readings:
         busy, blocked, _ = self.device.engine_counters()
+        stats = getattr(self.engine, "stats", None)  # the built-in engine's counters
         return Readings(
             stages=self.recorder.totals(),
             engine_busy_s=busy,
             engine_blocked_s=blocked,
             dropped_failed=self.collector.dropped_groups,
             gate=dataclasses.replace(self.queue.counts),
+            prompt_tokens=(
+                getattr(stats, "prefilled_tokens", 0),
+                getattr(stats, "reused_tokens", 0),
+            ),
         )
 
     def _set_trainer(self, state: str) -> None:

@@ -54,6 +54,12 @@ class EngineConfig:
     max_cache_len: int | None = None  # prompt + new tokens per request; default: the model's
     batch_window_s: float = 0.002  # an idle engine waits this long for concurrent callers
     steps_per_turn: int = 8  # decode steps before the device thread is handed back
+    # Rows of the prefix pool: finished sequences whose keys and values are kept for the
+    # prompt that continues them (an agent's next turn), so that prompt prefills only its
+    # new tokens (`rl_core.rollout.prefix_pool`). None: as many as the largest batch
+    # bucket (the pool then takes as much memory as the decode cache at its largest);
+    # 0 turns it off.
+    prefix_pool_rows: int | None = None
 
 
 class JaxEngine:
@@ -113,7 +119,7 @@ class JaxEngine:
     @property
     def batches_run(self) -> int:
         """Prefill calls so far: groups of requests that joined the batch together."""
-        return self.stats.prefill_calls
+        return self.stats.prefill_calls + self.stats.extend_calls
 
     async def generate(
         self,
@@ -157,6 +163,7 @@ class JaxEngine:
             max_packed_tokens=c.max_packed_tokens,
             min_cache_bucket=c.min_cache_bucket,
             max_cache_len=self.max_cache_len,
+            prefix_rows=max(c.batch_buckets) if c.prefix_pool_rows is None else c.prefix_pool_rows,
             stats=self.stats,
         )
 

@@ -13,6 +13,11 @@ bookkeeping overlaps the device's next step instead of leaving it idle. A row th
 at step n gets one token too many at n+1, which is dropped; a step that admits or resizes
 reads everything first, as it needs to know which slots are free.
 
+A request that finishes leaves its keys and values behind in a row of the prefix pool
+(`rl_core.rollout.prefix_pool`): a joining prompt that continues a parked sequence (an
+agent's next turn) is admitted by `_extend`, which prefills only its new tokens, instead
+of the packed prefill of the whole prompt.
+
 Not thread-safe: one thread (the engine's device thread) drives a scheduler.
 """
 
@@ -34,6 +39,7 @@ from rl_core.models.config import ModelConfig
 from rl_core.models.kv_cache import KVCache
 from rl_core.rollout import steps
 from rl_core.rollout.base import Completion, SamplingParams
+from rl_core.rollout.prefix_pool import Hit, PrefixIndex
 
 
 def packed_bucket(n: int, minimum: int) -> int:
@@ -81,10 +87,14 @@ class _InFlight:
 
 @dataclasses.dataclass
 class SchedulerStats:
-    prefill_calls: int = 0
+    prefill_calls: int = 0  # packed prefills of whole prompts
+    extend_calls: int = 0  # prefills of what follows a parked prefix
     decode_steps: int = 0
     admitted: int = 0
     resizes: int = 0
+    prefilled_tokens: int = 0  # prompt tokens computed (padding not counted)
+    reused_tokens: int = 0  # prompt tokens whose keys and values came from the prefix pool
+    prefix_hits: int = 0  # prompts that continued a parked sequence
 
 
 class Scheduler:
@@ -101,6 +111,7 @@ class Scheduler:
         max_packed_tokens: int,
         min_cache_bucket: int,
         max_cache_len: int,
+        prefix_rows: int = 0,
         stats: SchedulerStats | None = None,
     ) -> None:
         self._programs, self._model_config, self._policy = programs, model_config, policy
@@ -115,6 +126,10 @@ class Scheduler:
         self.cache: KVCache | None = None
         self._inflight: _InFlight | None = None
         self.stats = stats if stats is not None else SchedulerStats()
+        # Finished sequences kept for the prompts that continue them (`prefix_pool`).
+        self.prefixes = PrefixIndex(prefix_rows)
+        self._pool: KVCache | None = None  # [prefix_rows, >= every cache length seen]
+        self._version_seen = -1  # the newest policy version a device call used
 
     @property
     def max_rows(self) -> int:
@@ -151,6 +166,8 @@ class Scheduler:
         held = [s.request for s in self.slots if s is not None] + list(self.waiting)
         self.waiting.clear()
         self.slots, self.cache, self._inflight = [], None, None
+        self.prefixes.clear()
+        self._pool = None
         return held
 
     # admission -----------------------------------------------------------------------
@@ -180,10 +197,71 @@ class Scheduler:
         for _ in joining:
             self.waiting.popleft()
         free = iter([i for i, s in enumerate(self.slots) if s is None])
+        leaves, version = self._policy()
+        hits: list[tuple[Request, Hit]] = []
+        fresh: list[Request] = []
+        for r in joining:
+            hit = self.prefixes.take(r.prompt, version, max_new=self._max_packed)
+            if hit is not None and self._pool is not None:
+                hits.append((r, hit))
+            else:
+                fresh.append(r)
         done: list[tuple[Request, Completion]] = []
-        for chunk in _packs(joining, self._max_packed):
+        # Hits first: their pool rows are free for reuse once this call is dispatched, and
+        # a prefill below may park a sequence that finished at its first token.
+        if hits:
+            done += self._extend(hits, [next(free) for _ in hits], leaves, version)
+        for chunk in _packs(fresh, self._max_packed):
             done += self._prefill(chunk, [next(free) for _ in chunk])
         return done
+
+    def _extend(
+        self,
+        hits: list[tuple[Request, Hit]],
+        free: list[int],
+        leaves: list[jax.Array],
+        version: int,
+    ) -> list[tuple[Request, Completion]]:
+        """Prefill what follows each hit's parked prefix, then move the rows to slots."""
+        assert self.cache is not None and self._pool is not None
+        k = next_bucket(len(hits), 1)
+        t = next_bucket(max(len(r.prompt) - h.start for r, h in hits), 16)
+        tokens = np.full((k, t), self._pad_id, np.int32)
+        valid = np.zeros((k, t), bool)
+        rows = np.zeros((k,), np.int32)
+        slots = np.full((k,), self.cache.rows, np.int32)  # out of range: dropped
+        starts = np.zeros((k,), np.int32)
+        last = np.zeros((k,), np.int32)
+        for j, (r, h) in enumerate(hits):
+            new = r.prompt[h.start :]
+            tokens[j, : len(new)] = new
+            valid[j, : len(new)] = True
+            rows[j], slots[j], starts[j], last[j] = h.row, free[j], h.start, len(new) - 1
+            self.stats.prefilled_tokens += len(new)
+            self.stats.reused_tokens += h.start
+            self.stats.prefix_hits += 1
+        requests = [r for r, _ in hits]
+        sampling, seeds = _sampling_arrays(requests, k)
+        self.cache, first, logprob = self._programs.extend(
+            leaves,
+            self.cache,
+            self._pool,
+            rows,
+            slots,
+            starts,
+            tokens,
+            valid,
+            last,
+            sampling,
+            seeds,
+        )
+        self._version_seen = max(self._version_seen, version)
+        self.stats.extend_calls += 1
+        self.stats.admitted += len(hits)
+        first_h, logprob_h = jax.device_get((first, logprob))
+        for j, r in enumerate(requests):
+            self.slots[free[j]] = _Running(r, version)
+        return self._record([(free[j], first_h[j], logprob_h[j]) for j in range(len(hits))])
 
     def _prefill(self, joining: list[Request], free: list[int]) -> list[tuple[Request, Completion]]:
         """Prefill the joining prompts packed end to end in one row, then move them to slots.
@@ -194,6 +272,7 @@ class Scheduler:
         """
         assert self.cache is not None
         leaves, version = self._policy()
+        self._version_seen = max(self._version_seen, version)
         k = next_bucket(len(joining), 1)
         n = packed_bucket(sum(len(r.prompt) for r in joining), self._min_prompt)
         tokens = np.full((1, n), self._pad_id, np.int32)
@@ -221,6 +300,7 @@ class Scheduler:
         )
         self.stats.prefill_calls += 1
         self.stats.admitted += len(joining)
+        self.stats.prefilled_tokens += sum(len(r.prompt) for r in joining)
         first_h, logprob_h = jax.device_get((first, logprob))
         for j, r in enumerate(joining):
             self.slots[free[j]] = _Running(r, version)
@@ -256,7 +336,8 @@ class Scheduler:
             requests[i], decoding[i] = s.request, s
         if not decoding:
             return None
-        leaves, _ = self._policy()
+        leaves, version = self._policy()
+        self._version_seen = max(self._version_seen, version)
         sampling, seeds = _sampling_arrays(requests, rows)
         self.cache, token, logprob = self._programs.decode(
             leaves,
@@ -295,6 +376,7 @@ class Scheduler:
             s.logprobs.append(float(logprob))
             stopped = int(token) in self._stop
             if stopped or len(s.tokens) >= s.request.max_new_tokens:
+                self._park(slot, s)
                 self.slots[slot] = None
                 done.append(
                     (
@@ -308,6 +390,32 @@ class Scheduler:
                     )
                 )
         return done
+
+    def _park(self, slot: int, s: _Running) -> None:
+        """Keep a finished sequence's keys and values for the prompt that may continue it.
+
+        The cache holds the prompt and every sampled token but the last (never fed back).
+        Parked only if one policy computed all of it: none newer has run since it started
+        (versions only grow)."""
+        if self.prefixes.rows == 0 or self.cache is None or s.version != self._version_seen:
+            return
+        held = [*s.request.prompt, *s.tokens[:-1]]
+        if len(held) > self.cache.length:
+            return
+        row = self.prefixes.park(held, s.version)
+        if row is None:
+            return
+        if self._pool is None or self._pool.length < self.cache.length:
+            self._pool = self._grown_pool(self.cache.length)
+        self._pool = steps.stash(self._pool, self.cache, np.int32(slot), np.int32(row))
+
+    def _grown_pool(self, length: int) -> KVCache:
+        fresh = KVCache.empty(self._model_config, self.prefixes.rows, length)
+        if self._pool is None:
+            return fresh
+        every = jnp.arange(self.prefixes.rows, dtype=jnp.int32)
+        grown: KVCache = steps.insert(fresh, self._pool, every)
+        return grown
 
     def _drop_abandoned(self) -> None:
         # A caller that timed out no longer waits: free its slot instead of decoding on.

@@ -1,9 +1,11 @@
-"""The jitted device programs of the built-in engine: prefill, insert, decode.
+"""The jitted device programs of the built-in engine: prefill, extend, insert, stash, decode.
 
 Each is compiled once per shape bucket, never per request: joining prompts are packed end
 to end into one row padded to a bucket of their total (`scheduler.packed_bucket`), the
 number of them to a power of two, and the decode batch is a fixed number of slots over a
 cache of a bucketed length. Sampling parameters, seeds and lengths are traced arrays.
+A prompt that continues a parked sequence is extended instead (only its new tokens, the
+keys and values before them copied from the prefix pool; `stash` puts them there).
 Programs are cached per model structure (`programs`), so engines of the same structure
 share them: a second run in the process compiles nothing.
 
@@ -73,10 +75,32 @@ def insert_packed(
     )
 
 
+@functools.partial(jax.jit, donate_argnums=(0,))
+def stash(
+    pool: KVCache,  # [P, Sp]: the prefix pool
+    cache: KVCache,  # [R, S]
+    slot: jax.Array,  # [] int32: the finished row
+    row: jax.Array,  # [] int32: the pool row it goes to
+) -> KVCache:
+    """Copy one slot's keys and values into a row of the prefix pool (``rollout.prefix_pool``)."""
+    m = min(pool.length, cache.length)
+
+    def put(p: jax.Array, c: jax.Array) -> jax.Array:  # [P, Hkv, Sp, Dh] <- [R, Hkv, S, Dh]
+        return p.at[row, :, :m].set(c[slot, :, :m].astype(p.dtype))
+
+    return KVCache(
+        tuple(put(p, c) for p, c in zip(pool.keys, cache.keys, strict=True)),
+        tuple(put(p, c) for p, c in zip(pool.values, cache.values, strict=True)),
+        pool.lengths,
+    )
+
+
 class Programs(NamedTuple):
     """The jitted prefill and decode of one model structure; weights go in as flat leaves."""
 
     prefill: Any  # (leaves, tokens, positions, segments, last, sampling, seeds) -> (cache, ..)
+    extend: Any  # (leaves, cache, pool, rows, slots, starts, tokens, valid, last, sampling,
+    #   seeds) -> (cache, first token, logprob)
     decode: Any  # (leaves, cache, last, previous, on_device, active, sampling, seeds, counts)
     #   -> (cache, token, logprob)
 
@@ -95,6 +119,7 @@ def programs(graphdef: Any, treedef: Any) -> Programs:
 
     return Programs(
         prefill=jax.jit(functools.partial(_prefill, model_of)),
+        extend=jax.jit(functools.partial(_extend, model_of), donate_argnums=(1,)),
         decode=jax.jit(functools.partial(_decode, model_of), donate_argnums=(1,)),
     )
 
@@ -115,6 +140,55 @@ def _prefill(
     assert cache is not None
     logits = model.logits(h[:, last])[0]  # [K, V]: the head runs at each prompt's end only
     token, logprob = sample(logits, _keys(seeds, jnp.zeros_like(last)), *sampling)
+    return cache, token, logprob
+
+
+def _extend(
+    model_of: Any,
+    leaves: list[jax.Array],
+    cache: KVCache,  # [R, S]
+    pool: KVCache,  # [P, Sp]: the prefix pool
+    rows: jax.Array,  # [K] int32: the pool row holding each prompt's prefix
+    slots: jax.Array,  # [K] int32: the slot each prompt goes to; R for padding rows (dropped)
+    starts: jax.Array,  # [K] int32: prefix tokens in the pool row; the new ones go from here
+    tokens: jax.Array,  # [K, T] int32: each prompt's tokens after its prefix, then padding
+    valid: jax.Array,  # [K, T] bool: real tokens
+    last: jax.Array,  # [K] int32: each prompt's last new token in its row
+    sampling: Sampling,
+    seeds: jax.Array,  # [K] uint32
+) -> tuple[KVCache, jax.Array, jax.Array]:  # cache, first token [K], logprob [K]
+    """Prefill only what follows a parked prefix: the prefix's keys and values come from
+    the pool row, the new tokens attend to them and to each other, and the whole row goes
+    to its slot. Cost per prompt: T new tokens, instead of start + T."""
+    model = model_of(leaves)
+    s = cache.length
+
+    def prefix(p: jax.Array) -> jax.Array:  # [P, Hkv, Sp, Dh] -> [K, Hkv, S, Dh]
+        rows_kv = p[rows]
+        if rows_kv.shape[2] >= s:  # a hit's prefix and new tokens fit the cache (sized so)
+            return rows_kv[:, :, :s]
+        return jnp.pad(rows_kv, ((0, 0), (0, 0), (0, s - rows_kv.shape[2]), (0, 0)))
+
+    held = KVCache(
+        tuple(prefix(k).astype(c.dtype) for k, c in zip(pool.keys, cache.keys, strict=True)),
+        tuple(prefix(v).astype(c.dtype) for v, c in zip(pool.values, cache.values, strict=True)),
+        starts,
+    )
+    positions = starts[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
+    h, held_new = model.hidden(tokens, positions, valid=valid, cache=held)
+    assert held_new is not None
+    at_end = h[jnp.arange(h.shape[0]), last][:, None]  # [K, 1, D]: the head at each end only
+    logits = model.logits(at_end)[:, 0]
+    token, logprob = sample(logits, _keys(seeds, jnp.zeros_like(last)), *sampling)
+
+    def put(big: jax.Array, small: jax.Array) -> jax.Array:  # [R, ..] <- [K, ..]
+        return big.at[slots].set(small, mode="drop")
+
+    cache = KVCache(
+        tuple(put(b, k) for b, k in zip(cache.keys, held_new.keys, strict=True)),
+        tuple(put(b, v) for b, v in zip(cache.values, held_new.values, strict=True)),
+        cache.lengths.at[slots].set(held_new.lengths, mode="drop"),
+    )
     return cache, token, logprob
 
 

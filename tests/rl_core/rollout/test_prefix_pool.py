@@ -1,0 +1,155 @@
+"""The prefix pool: an agent's next turn prefills only what is new, and answers as if it
+had prefilled everything."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from rl_core.models import Model, ModelConfig
+from rl_core.rollout.base import Completion, SamplingParams
+from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
+from rl_core.rollout.prefix_pool import BLOCK, PrefixIndex
+
+GREEDY = SamplingParams(temperature=0.0)
+WARM = SamplingParams(temperature=0.9, top_p=0.95)
+
+
+def _tokens(n: int, offset: int = 0) -> list[int]:
+    return [10 + (offset + 7 * i) % 80 for i in range(n)]
+
+
+# The index alone ------------------------------------------------------------------------
+
+
+def test_a_prompt_takes_the_longest_parked_prefix_at_a_block_boundary() -> None:
+    index = PrefixIndex(rows=4)
+    long = _tokens(3 * BLOCK + 5)
+    a = index.park(long[: 2 * BLOCK + 3], version=0)
+    b = index.park(long[: 3 * BLOCK + 1], version=0)
+    assert a is not None and b is not None and a != b
+    hit = index.take([*long, 1, 2], version=0, max_new=64)
+    assert hit is not None and (hit.row, hit.start) == (b, 3 * BLOCK)
+    # Taken rows leave the index; the shorter prefix is still there.
+    hit = index.take([*long, 1, 2], version=0, max_new=64)
+    assert hit is not None and (hit.row, hit.start) == (a, 2 * BLOCK)
+    assert index.take([*long, 1, 2], version=0, max_new=64) is None
+
+
+def test_an_entry_of_other_weights_never_hits_and_is_evicted_first() -> None:
+    index = PrefixIndex(rows=2)
+    old = index.park(_tokens(40, 1), version=3)
+    new = index.park(_tokens(40, 2), version=4)
+    assert index.take([*_tokens(40, 1), 5], version=4, max_new=64) is None
+    assert len(index) == 1  # the old one was dropped when found useless
+    index.park(_tokens(40, 1), version=3)
+    third = index.park(_tokens(40, 3), version=4)  # full: the version-3 row goes first
+    assert third == old
+    assert index.take([*_tokens(40, 2), 5], version=4, max_new=64) is not None
+    assert new is not None
+
+
+def test_short_sequences_are_not_parked_and_a_long_tail_is_not_a_hit() -> None:
+    index = PrefixIndex(rows=2)
+    assert index.park(_tokens(BLOCK - 1), version=0) is None
+    index.park(_tokens(BLOCK * 2), version=0)
+    prompt = [*_tokens(BLOCK * 2), *_tokens(40, 9)]
+    assert index.take(prompt, version=0, max_new=8) is None  # 40 new tokens > 8
+    hit = index.take(prompt, version=0, max_new=64)
+    assert hit is not None and hit.start == 2 * BLOCK
+
+
+def test_a_hash_match_with_other_tokens_is_not_a_hit() -> None:
+    index = PrefixIndex(rows=1)
+    index.park(_tokens(BLOCK), version=0)
+    entry = next(iter(index._entries.values()))
+    entry.tokens[3] += 1  # as if another sequence had the same hash
+    assert index.take([*_tokens(BLOCK), 1], version=0, max_new=64) is None
+
+
+# Through the engine ---------------------------------------------------------------------
+
+
+def _engine(config: ModelConfig, *, pool: int | None) -> JaxEngine:
+    return JaxEngine(
+        Model(config, rngs=nnx.Rngs(0)),
+        config=EngineConfig(stop_ids=(1,), batch_buckets=(8,), prefix_pool_rows=pool),
+    )
+
+
+def _episodes(
+    engine: JaxEngine, sampling: SamplingParams, turns: int = 4, n: int = 6
+) -> list[list[Completion]]:
+    """``n`` concurrent agents, each prompt its last prompt + answer + an observation."""
+
+    async def agent(i: int) -> list[Completion]:
+        prompt, out = _tokens(20 + 3 * i, offset=i), []
+        for turn in range(turns):
+            (c,) = await engine.generate(
+                [prompt], max_new_tokens=6 + i % 3, sampling=sampling, seeds=[100 * i + turn]
+            )
+            out.append(c)
+            prompt = [*prompt, *c.tokens, *_tokens(5 + turn, offset=7 * i + turn)]
+        return out
+
+    async def main() -> list[list[Completion]]:
+        async with engine.serving():
+            return list(await asyncio.gather(*(agent(i) for i in range(n))))
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, WARM], ids=["greedy", "sampled"])
+def test_later_turns_reuse_the_episodes_keys_and_answer_as_a_full_prefill_does(
+    tiny_config: ModelConfig, sampling: SamplingParams
+) -> None:
+    cold, warm = _engine(tiny_config, pool=0), _engine(tiny_config, pool=None)
+    try:
+        without = _episodes(cold, sampling)
+        with_pool = _episodes(warm, sampling)
+    finally:
+        cold.close()
+        warm.close()
+    assert cold.stats.reused_tokens == 0 and cold.stats.extend_calls == 0
+    for a, b in zip(without, with_pool, strict=True):
+        assert [c.tokens for c in a] == [c.tokens for c in b]
+        for ca, cb in zip(a, b, strict=True):
+            np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-4)
+    # Every later turn of every agent continued its parked answer: 18 of 24 calls.
+    assert warm.stats.prefix_hits == 18
+    assert warm.stats.prefilled_tokens + warm.stats.reused_tokens == cold.stats.prefilled_tokens
+    assert warm.stats.prefilled_tokens < cold.stats.prefilled_tokens / 2
+
+
+def test_after_a_weight_update_a_continuing_prompt_is_prefilled_afresh(
+    tiny_config: ModelConfig,
+) -> None:
+    engine = _engine(tiny_config, pool=None)
+    other = nnx.state(Model(tiny_config, rngs=nnx.Rngs(7)))
+    fresh = _engine(tiny_config, pool=0)
+    fresh.update_weights(other, version=1)
+    prompt = _tokens(40)
+
+    async def main() -> tuple[Completion, Completion]:
+        async with engine.serving():
+            (first,) = await engine.generate([prompt], max_new_tokens=4, sampling=GREEDY, seeds=[0])
+            engine.update_weights(other, version=1)
+            (second,) = await engine.generate(
+                [[*prompt, *first.tokens, 3, 4, 5]], max_new_tokens=4, sampling=GREEDY, seeds=[1]
+            )
+            return first, second
+
+    try:
+        first, second = asyncio.run(main())
+        (expected,) = fresh.generate_batch(
+            [[*prompt, *first.tokens, 3, 4, 5]], max_new_tokens=4, sampling=GREEDY, seeds=[1]
+        )
+    finally:
+        engine.close()
+        fresh.close()
+    assert engine.stats.reused_tokens == 0  # version 0's keys were not used by version 1
+    assert second.policy_version == 1
+    assert second.tokens == expected.tokens
