@@ -15,7 +15,10 @@ The environment is registered and every run submitted through the public
 API: ``builtin:tiny``, GRPO groups of 4, 4 groups a step (N = 16), C episodes
 in flight (``rollout.concurrency``, 64), max_staleness 3; ``sync`` (the
 baseline) then ``async``, back to back, same seed. Model calls are the real
-JAX engine's, in the worker, sharing its device thread with the trainer.
+JAX engine's, in the worker, sharing its device thread with the trainer;
+``--modes sync,async-noreuse,async`` adds a run whose engine prefills each
+turn's whole conversation (``rollout.prefix_reuse: false``, the engine before
+its prefix pool).
 
 The random-init model first has to learn to end its turns (an unended turn
 truncates the episode; bench/_longtail_env.py): until then episodes last a
@@ -126,6 +129,9 @@ class Run:
 
 
 def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> dict[str, Any]:
+    # "async-noreuse": the engine prefills each turn's whole conversation (the code before
+    # the prefix pool), for a before/after in one invocation.
+    staleness_mode, _, variant = mode.partition("-")
     return {
         "name": f"b12-{mode}-C{c}-seed{seed}",
         "model": {"source": "builtin:tiny"},
@@ -135,10 +141,11 @@ def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> 
         # for GRPO to learn to end its turns in 9-16 steps here (bench/_longtail_env.py).
         "agent": {"max_turns": 32, "max_new_tokens": 8, "max_context": 512,
                   "tool_call_format": "none"},
-        "rollout": {"group_size": G, "concurrency": c, "sampling": {"temperature": 1.0}},
+        "rollout": {"group_size": G, "concurrency": c, "sampling": {"temperature": 1.0},
+                    "prefix_reuse": variant != "noreuse"},
         # 0.01 learns to end turns in about half the steps 0.003 takes.
         "algorithm": {"batch_groups": B, "learning_rate": 0.01},
-        "staleness": {"mode": mode, "max_staleness": m},
+        "staleness": {"mode": staleness_mode, "max_staleness": m},
         "train": {"steps": steps, "seed": seed},
     }  # fmt: skip
 
@@ -237,6 +244,7 @@ class Figures:
     t_step: float
     blocked: float
     engine_busy: float
+    reused: float  # the share of prompt tokens the engine took from its prefix pool
     cpu_call_ms: float  # over the window
     cpu_call_run_ms: float  # over the whole run
     started: int
@@ -326,6 +334,9 @@ def figures(run: Run) -> Figures:
         t_step=mean("time/train_step_s") + mean("time/weight_sync_s"),
         blocked=weighted("trainer/blocked_frac"),
         engine_busy=weighted("engine/busy_frac"),
+        reused=statistics.fmean(
+            run.metrics[s].get("engine/prefix_reused_frac", 0.0) for s in window
+        ),
         cpu_call_ms=1e3 * cpu / n_calls,
         cpu_call_run_ms=1e3 * (run.cpu[-1][1] - run.cpu[0][1]) / max(run.calls, 1),
         started=started,
@@ -358,7 +369,8 @@ def report(results: list[tuple[Run, Figures]], m: int) -> list[str]:
                      f"{f.w_env:.2f}", f"{f.w / f.w_env:.2f}", f"{f.l_mean:.1f}",
                      f"{f.l_mean / run.c:.2f}", f"{run.c / f.w:.1f}", f"{run.c / f.w_env:.1f}",
                      f"{N / f.t_step:.1f}", f"{f.t_step:.2f}", f"{f.blocked:.0%}",
-                     f"{f.engine_busy:.0%}", f"{f.calls_s:.0f}", f"{f.overhead_ms:.1f}",
+                     f"{f.engine_busy:.0%}", f"{f.reused:.0%}", f"{f.calls_s:.0f}",
+                     f"{f.overhead_ms:.1f}",
                      f"{f.cpu_call_ms:.1f}", f"{f.cpu_call_run_ms:.1f}"])  # fmt: skip
         never = f.started - f.trained
         loss.append([run.mode, run.c, run.seed, f.warm, f.truncated, f.started, f.trained, never,
@@ -367,7 +379,8 @@ def report(results: list[tuple[Run, Figures]], m: int) -> list[str]:
     out.append(table(
         ["mode", "C", "seed", "window", "wall s", "traj/s", "steps/s", "E[W] s", "p95 W",
          "E[Wenv]", "W/Wenv", "L", "L/C", "C/E[W]", "C/E[Wenv]", "N/T", "T_step",
-         "blocked", "engine busy", "env calls/s", "call overhead ms", "wkr CPU ms/call",
+         "blocked", "engine busy", "prompt reused", "env calls/s", "call overhead ms",
+         "wkr CPU ms/call",
          "(whole run)"],
         rows,
     ))  # fmt: skip
@@ -390,11 +403,12 @@ def report(results: list[tuple[Run, Figures]], m: int) -> list[str]:
     out.append("")
     by = {(r.mode, r.c, r.seed): f for r, f in results}
     for (mode, c, seed), f in by.items():
-        if mode != "async":
+        if not mode.startswith("async"):
             continue
         sync = by.get(("sync", c, seed))
         if sync:
-            out.append(f"C={c} seed {seed}: async/sync traj/s = {f.traj_s / sync.traj_s:.2f}x, "
+            out.append(f"{mode} C={c} seed {seed}: "
+                       f"async/sync traj/s = {f.traj_s / sync.traj_s:.2f}x, "
                        f"steps/s = {f.steps_s / sync.steps_s:.2f}x")  # fmt: skip
         checks = [
             ("episodes in flight L ≥ 0.9 C", f.l_mean >= 0.9 * c, f"{f.l_mean / c:.2f} C"),
@@ -403,7 +417,7 @@ def report(results: list[tuple[Run, Figures]], m: int) -> list[str]:
              f"{f.traj_s / (c / f.w_env):.2f} of C/E[W_env]"),
         ]  # fmt: skip
         for name, ok, value in checks:
-            out.append(f"  {'PASS' if ok else 'MISS'}  async C={c} seed {seed}: {name}: {value}")
+            out.append(f"  {'PASS' if ok else 'MISS'}  {mode} C={c} seed {seed}: {name}: {value}")
         out.append(f"  (reported) worker CPU per env call: {f.cpu_call_ms:.1f} ms (window), "
                    f"{f.cpu_call_run_ms:.1f} ms (whole run)")  # fmt: skip
     return out
@@ -418,7 +432,11 @@ def main() -> None:
     parser.add_argument("--concurrency", default="64", help="C values, comma-separated")
     parser.add_argument("--repeats", type=int, default=1, help="seeds 0..R-1, each mode per seed")
     parser.add_argument("--max-staleness", type=int, default=3)
-    parser.add_argument("--modes", default="sync,async")
+    parser.add_argument(
+        "--modes",
+        default="sync,async",
+        help="of sync, async, sync-noreuse, async-noreuse (the engine without its prefix pool)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "figures")
     parser.add_argument("--dump", type=Path, help="a folder for each run's raw data (JSON)")
     args = parser.parse_args()

@@ -251,6 +251,10 @@ class RolloutSpec(_Section):
     concurrency: Annotated[int, Field(ge=1, le=100_000)] = 64
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     episode_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
+    # The JAX engine keeps an episode's keys and values between its turns, so a turn
+    # prefills only what is new (its last answer's end and the observation); false
+    # prefills the whole conversation every turn (for comparisons; vLLM has its own).
+    prefix_reuse: bool = True
 
     @model_validator(mode="after")
     def _vllm_url_only_for_vllm(self) -> RolloutSpec:

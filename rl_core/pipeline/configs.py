@@ -50,6 +50,7 @@ def engine_config(spec: JobSpec, tokenizer: Tokenizer) -> EngineConfig:
         batch_buckets=(rows,) if rows <= 64 else (64, rows),
         min_prompt_bucket=length,
         max_packed_tokens=length if single else EngineConfig.max_packed_tokens,
+        prefix_pool_rows=None if r.prefix_reuse else 0,
     )
 
 
