@@ -36,7 +36,13 @@ from app.api import (
 from app.api.body_limit import BodyLimitMiddleware
 from app.api.deps import AppState
 from app.crypto import SecretBox
-from app.db.session import make_engine, make_sessionmaker
+from app.db.session import (
+    DATABASE_DOWN,
+    DATABASE_RETRY_AFTER_S,
+    database_unreachable,
+    make_engine,
+    make_sessionmaker,
+)
 from app.dispatch import CeleryDispatcher, Dispatcher, dispatch_committed
 from app.errors import AppError
 from app.live.stream import live_updates
@@ -121,6 +127,8 @@ def create_app(
     app.mount("/static", dashboard.static_files(), name="static")
     app.add_exception_handler(AppError, _render_app_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _render_validation_error)  # type: ignore[arg-type]
+    for unreachable in DATABASE_DOWN:
+        app.add_exception_handler(unreachable, _render_database_down)
     # Added last = outermost: the request id and metrics also cover 413s from the body limit.
     app.state.observability = Observability()
     app.add_middleware(BodyLimitMiddleware)
@@ -169,6 +177,28 @@ async def _render_app_error(_request: Request, exc: AppError) -> JSONResponse:
         _error_body(exc.code, exc.message, exc.field, **exc.extra),
         status_code=exc.status_code,
         headers=exc.headers or None,
+    )
+
+
+async def _render_database_down(request: Request, exc: Exception) -> JSONResponse:
+    """503 with Retry-After while the database is unreachable (restarting, failing over):
+    callers retry (the SDK and workers do), and the pool reconnects on its own once it is
+    back. Any other database error is a 500 in the same shape, without the driver's words."""
+    if not database_unreachable(exc):
+        log.exception("unhandled database error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            _error_body("internal", "internal error; the server logged it", None), status_code=500
+        )
+    log.warning("database unreachable on %s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        _error_body(
+            "unavailable",
+            f"the database is unreachable; retry in {DATABASE_RETRY_AFTER_S} s",
+            None,
+            retry_after_s=DATABASE_RETRY_AFTER_S,
+        ),
+        status_code=503,
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
     )
 
 

@@ -3,6 +3,11 @@
 #
 #   scripts/services.sh start DIR   start both on free loopback ports; writes DIR/env
 #   scripts/services.sh stop DIR    stop both (safe to repeat, or after a failed start)
+#   scripts/services.sh pg-stop DIR / pg-start DIR
+#   scripts/services.sh redis-stop DIR / redis-start DIR
+#                                   stop one alone / start it again on its port (fault
+#                                   tests: a restart under a live API; Redis comes back
+#                                   empty, as it keeps nothing on disk)
 #
 # DIR/env holds `export RLAAS_TEST_DATABASE_URL=...` and `export RLAAS_TEST_REDIS_URL=...`.
 # PostgreSQL refuses to run as root, so as root it runs as the `postgres` OS user
@@ -62,13 +67,21 @@ start_postgres() {
     return 1
   fi
   as_pg "$PG_BIN/createdb" -h 127.0.0.1 -p "$port" -U "$PG_USER" -O "$PG_USER" "$PG_DB"
+  echo "$port" >"$pg/port"
   PG_PORT=$port
+}
+
+restart_postgres() {
+  local pg=$dir/pg
+  as_pg "$PG_BIN/pg_ctl" -D "$pg/data" -l "$pg/server.log" -w -t 60 \
+    -o "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c listen_addresses=127.0.0.1 -k $pg -p $(cat "$pg/port")" \
+    start >/dev/null
 }
 
 start_redis() {
   local port attempt
   for attempt in 1 2 3 4 5; do
-    port=$(free_port)
+    port=${1:-$(free_port)}
     rm -f "$dir/redis.pid"
     redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --daemonize yes \
       --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
@@ -76,6 +89,7 @@ start_redis() {
     for i in $(seq 50); do
       if redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; then
         REDIS_PORT=$port
+        echo "$port" >"$dir/redis.port"
         return 0
       fi
       sleep 0.1
@@ -129,6 +143,22 @@ case $cmd in
     stop_redis
     stop_postgres
     rm -f "$dir/env"
+    ;;
+  pg-stop)
+    dir=$(cd "$dir" && pwd)
+    stop_postgres
+    ;;
+  pg-start)
+    dir=$(cd "$dir" && pwd)
+    restart_postgres
+    ;;
+  redis-stop)
+    dir=$(cd "$dir" && pwd)
+    stop_redis
+    ;;
+  redis-start)
+    dir=$(cd "$dir" && pwd)
+    start_redis "$(cat "$dir/redis.port")"
     ;;
   *)
     usage

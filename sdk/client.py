@@ -59,7 +59,11 @@ class Client:
         *,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        unavailable_retry_s: float = 60.0,
     ) -> None:
+        # How long a read (GET) answered 503 (the API's database restarting, say) is tried
+        # again, as the answer's Retry-After says; 0 raises the first 503 at once.
+        self._unavailable_retry_s = unavailable_retry_s
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {api_key}"},
@@ -356,12 +360,22 @@ class Client:
     # --- plumbing -------------------------------------------------------------------
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise Unreachable(
-                f"{method} {path}: no answer from {self._http.base_url} ({exc!r})"
-            ) from exc
+        deadline = time.monotonic() + self._unavailable_retry_s
+        while True:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                raise Unreachable(
+                    f"{method} {path}: no answer from {self._http.base_url} ({exc!r})"
+                ) from exc
+            wait_s = _retry_after_s(response)
+            # Reads only: a write answered 503 may or may not have happened.
+            if response.status_code != 503 or method != "GET" or wait_s is None:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(wait_s, left))
         if response.status_code >= 400:
             raise _error(response)
         return response
@@ -369,6 +383,14 @@ class Client:
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         data: dict[str, Any] = self._request(method, path, **kwargs).json()
         return data
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    """The answer's Retry-After in seconds (the API sends whole seconds), if it has one."""
+    try:
+        return max(float(response.headers["Retry-After"]), 0.1)
+    except (KeyError, ValueError):
+        return None
 
 
 def _stream_event(kind: str, data: str) -> StreamEvent | None:

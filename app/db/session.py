@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession
 
@@ -68,6 +68,24 @@ def _ping_when_idle(engine: AsyncEngine, after_s: float) -> None:
         finally:
             with contextlib.suppress(Exception):
                 cursor.close()
+
+
+# What a request may raise while the database is down or restarting: the driver's refused
+# connection (asyncpg raises the OS's error, unwrapped), a pooled connection that died
+# (DBAPIError with connection_invalidated), the server shutting down mid-query.
+DATABASE_DOWN: tuple[type[Exception], ...] = (DBAPIError, DisconnectionError, ConnectionError)
+DATABASE_RETRY_AFTER_S = 2
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """True when ``exc`` says the database cannot be reached now, not that a query was wrong."""
+    if isinstance(exc, (DisconnectionError, ConnectionError, OSError)):
+        return True
+    if isinstance(exc, DBAPIError):
+        return bool(exc.connection_invalidated) or isinstance(
+            exc, (OperationalError, InterfaceError)
+        )
+    return False
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
