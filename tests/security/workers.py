@@ -35,13 +35,10 @@ class Held:
 
 
 def held_after(run_id: str, worker_id: str, claim: httpx.Response) -> Held:
-    """The claim's lease token when it answers one; before scoped credentials it answered
-    none, and the shared worker token was the whole of what a worker held."""
+    """The claim's answer and its lease token, the credential of the run's other routes."""
     assert claim.status_code == 200, claim.text
     body = claim.json()
-    token = body.get("lease_token")
-    headers = {"Authorization": f"Bearer {token}"} if token else dict(SHARED)
-    return Held(run_id, worker_id, body, headers)
+    return Held(run_id, worker_id, body, {"Authorization": f"Bearer {body['lease_token']}"})
 
 
 def client(live: LiveApi) -> httpx.Client:
