@@ -112,6 +112,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(runs.router)
     app.include_router(sessions.router)
+    app.include_router(internal.claim_router)
     app.include_router(internal.router)
     app.include_router(ingest.router)
     app.include_router(results.router)

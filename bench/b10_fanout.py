@@ -102,8 +102,9 @@ async def publish(st: Stack, client: httpx.AsyncClient, run_id: str, case: Case,
         await asyncio.sleep(max(0.0, start + step / hz - time.monotonic()))
         body = {"worker_id": "bench", "seq": step, "points": [
             {"step": step, "name": "sent", "value": time.time()}]}  # fmt: skip
+        headers = st.lease(run_id)
         t = time.perf_counter()
-        r = await client.post(f"/internal/runs/{run_id}/metrics", json=body, headers=st.worker)
+        r = await client.post(f"/internal/runs/{run_id}/metrics", json=body, headers=headers)
         case.posts.append(time.perf_counter() - t)
         r.raise_for_status()
     case.steps = steps

@@ -82,7 +82,7 @@ class Phase:
 async def post(client: httpx.AsyncClient, stack_: Stack, run_id: str, body: bytes, phase: Phase,
                n: int) -> None:  # fmt: skip
     """Post one batch until it is stored (same seq every try: a retry is deduplicated)."""
-    headers = {**stack_.worker, "Content-Type": "application/json"}
+    headers = {**stack_.lease(run_id), "Content-Type": "application/json"}
     while True:
         start = time.perf_counter()
         try:

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ class Stack:
     base_url: str
     api_key: str
     folder: Path
+    leases: dict[str, str] = field(default_factory=dict)  # run id -> its claim's lease token
 
     @property
     def libpq_url(self) -> str:
@@ -74,7 +75,12 @@ class Stack:
 
     @property
     def worker(self) -> dict[str, str]:
+        """The shared worker token: it opens claims only."""
         return {"Authorization": f"Bearer {WORKER_TOKEN}"}
+
+    def lease(self, run_id: str) -> dict[str, str]:
+        """A claimed run's other worker routes take the lease token of its claim."""
+        return {"Authorization": f"Bearer {self.leases[run_id]}"}
 
     async def running_runs(self, client: httpx.AsyncClient, n: int, worker: str) -> list[str]:
         """``n`` runs claimed by ``worker`` and reported running: ready to take metrics."""
@@ -84,14 +90,19 @@ class Stack:
             r = await client.post("/v1/runs", json={"spec": spec}, headers=self.auth)
             r.raise_for_status()
             run_id = r.json()["id"]
-            steps = (("claim", {"lease_seconds": 3600}), ("status", {"status": "running"}))
-            for action, body in steps:
-                r = await client.post(
-                    f"/internal/runs/{run_id}/{action}",
-                    json={"worker_id": worker, **body},
-                    headers=self.worker,
-                )
-                r.raise_for_status()
+            r = await client.post(
+                f"/internal/runs/{run_id}/claim",
+                json={"worker_id": worker, "lease_seconds": 3600},
+                headers=self.worker,
+            )
+            r.raise_for_status()
+            self.leases[run_id] = r.json()["lease_token"]
+            r = await client.post(
+                f"/internal/runs/{run_id}/status",
+                json={"worker_id": worker, "status": "running"},
+                headers=self.lease(run_id),
+            )
+            r.raise_for_status()
             ids.append(run_id)
         return ids
 

@@ -144,13 +144,17 @@ async def run(args: argparse.Namespace) -> None:
                 run_id = (await api.post("/v1/runs", json={"spec": spec}, headers=s.auth)).json()[
                     "id"
                 ]
-                for action, body in (("claim", {}), ("gateway", {"url": url, "token": TOKEN})):
-                    r = await api.post(
-                        f"/internal/runs/{run_id}/{action}",
-                        json={"worker_id": "bench", **body},
-                        headers=s.worker,
-                    )
-                    r.raise_for_status()
+                claimed = await api.post(
+                    f"/internal/runs/{run_id}/claim", json={"worker_id": "bench"}, headers=s.worker
+                )
+                claimed.raise_for_status()
+                s.leases[run_id] = claimed.json()["lease_token"]
+                r = await api.post(
+                    f"/internal/runs/{run_id}/gateway",
+                    json={"worker_id": "bench", "url": url, "token": TOKEN},
+                    headers=s.lease(run_id),
+                )
+                r.raise_for_status()
             direct = await open_sessions(f"{url}/v1/sessions", TOKEN, n)
             proxied = await open_sessions(f"{s.base_url}/v1/runs/{run_id}/sessions", s.api_key, n)
             alone = await engine_alone(args.calls, args.engine_ms / 1e3)

@@ -4,8 +4,15 @@ Errors::
 
     ControlPlaneError
     ├── ClaimRefused      the run is not claimable (409): someone else has it, or it ended
-    ├── LeaseLost         a heartbeat or report was refused: this worker no longer owns the run
+    ├── LeaseLost         a heartbeat or report was refused (403: the lease token no longer
+    │                     holds the run; 409: the run's state forbids it): this worker no
+    │                     longer owns the run
     └── ApiUnavailable    the API did not answer within the retry budget
+
+Credentials: a client sends one bearer token. The claim takes the shared worker token
+(``RLAAS_WORKER_TOKEN``) and answers a lease token; every other call names the claimed
+run and takes that lease token, so ``execute_run`` claims with one client and reports
+with clients made from the claim (`ControlPlane.for_lease`).
 
 Every body and answer is a model of ``rl_core.protocol.internal``, the models
 the control plane declares for these routes. A body that does not validate
@@ -76,8 +83,12 @@ class ControlPlane:
         timeout_s: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``token``: the shared worker token to claim, a claim's lease token for the rest."""
         self.worker_id = worker_id
+        self._base_url = base_url
         self._retry_seconds = retry_seconds
+        self._timeout_s = timeout_s
+        self._transport = transport
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
@@ -88,9 +99,23 @@ class ControlPlane:
     def close(self) -> None:
         self._http.close()
 
+    def for_lease(self, claim: Claim) -> ControlPlane:
+        """A new client (for another thread, or the claimer's own reports) that sends the
+        claim's lease token: the credential of every route of that run but the claim."""
+        return ControlPlane(
+            self._base_url,
+            claim.lease_token,
+            self.worker_id,
+            retry_seconds=self._retry_seconds,
+            timeout_s=self._timeout_s,
+            transport=self._transport,
+        )
+
     def claim(self, run_id: str, lease_seconds: float) -> Claim:
         body = _body(ClaimBody, worker_id=self.worker_id, lease_seconds=lease_seconds)
-        data = self._post(f"/internal/runs/{run_id}/claim", body, on_conflict=ClaimRefused)
+        data = self._post(
+            f"/internal/runs/{run_id}/claim", body, refused=ClaimRefused, refused_on=(409,)
+        )
         return _answer(ClaimRead, data, "claim")
 
     def heartbeat(self, run_id: str, inflight: Mapping[str, Any] | None = None) -> Heartbeat:
@@ -98,20 +123,20 @@ class ControlPlane:
         if inflight is not None:
             fields["inflight"] = inflight
         body = _body(HeartbeatBody, **fields)
-        data = self._post(f"/internal/runs/{run_id}/heartbeat", body, on_conflict=LeaseLost)
+        data = self._post(f"/internal/runs/{run_id}/heartbeat", body)
         return _answer(HeartbeatRead, data, "heartbeat")
 
     def register_gateway(self, run_id: str, url: str, token: str) -> None:
         """Where this worker serves the sessions run's gateway (the API proxies to it)."""
         body = _body(GatewayBody, worker_id=self.worker_id, url=url, token=token)
-        self._post(f"/internal/runs/{run_id}/gateway", body, on_conflict=LeaseLost)
+        self._post(f"/internal/runs/{run_id}/gateway", body)
 
     def report_status(self, run_id: str, status: str, error: str | None = None) -> None:
         fields: dict[str, Any] = {"worker_id": self.worker_id, "status": status}
         if error is not None:
             fields["error"] = error[:4000]
         body = _body(StatusBody, **fields)
-        self._post(f"/internal/runs/{run_id}/status", body, on_conflict=LeaseLost)
+        self._post(f"/internal/runs/{run_id}/status", body)
 
     def send_batch(
         self,
@@ -128,7 +153,6 @@ class ControlPlane:
         data = self._post(
             f"/internal/runs/{run_id}/{route}",
             body,
-            on_conflict=LeaseLost,
             retry_seconds=retry_seconds,
         )
         return _answer(IngestRead, data, route).duplicate
@@ -146,7 +170,6 @@ class ControlPlane:
         self._post(
             f"/internal/runs/{run_id}/artifacts",
             body,
-            on_conflict=LeaseLost,
             retry_seconds=retry_seconds,
         )
 
@@ -155,9 +178,12 @@ class ControlPlane:
         path: str,
         body: Mapping[str, Any],
         *,
-        on_conflict: type[ControlPlaneError],
+        refused: type[ControlPlaneError] = LeaseLost,
+        refused_on: tuple[int, ...] = (403, 409),
         retry_seconds: float | None = None,
     ) -> dict[str, Any]:
+        """POST ``body``; raises ``refused`` on the statuses that say the run is not this
+        worker's (any more), and retries transient failures for the retry budget."""
         budget = self._retry_seconds if retry_seconds is None else retry_seconds
         deadline = time.monotonic() + budget
         delay = 0.2
@@ -167,8 +193,8 @@ class ControlPlane:
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
-                if response.status_code == 409:
-                    raise on_conflict(_message(response))
+                if response.status_code in refused_on:
+                    raise refused(_message(response))
                 if response.status_code < 400:
                     result: dict[str, Any] = response.json()
                     return result

@@ -25,6 +25,9 @@ POLL_S = 25.0  # one long-poll; below common proxy idle timeouts
 
 class HttpCallbackSource:
     def __init__(self, api_url: str, token: str, run_id: str) -> None:
+        """``token``: the run's lease token (the claim's answer), the poll's credential. A
+        poll refused for it (403: the lease ended) backs off like any failure until the
+        step's deadline; meanwhile the heartbeat, refused too, stops the pipeline."""
         self._base = api_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._run_id = run_id

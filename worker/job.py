@@ -30,25 +30,28 @@ SEQ_BLOCK = 1_000_000_000
 
 
 def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
-    token = settings.resolved_worker_token()
-
-    def client() -> ControlPlane:
-        return ControlPlane(
-            settings.api_url, token, settings.worker_id, retry_seconds=settings.api_retry_seconds
-        )
-
-    api = client()
+    # The shared worker token opens the claim only; the claim answers the lease token that
+    # every later call about this run is made with (worker.api_client).
+    claimer = ControlPlane(
+        settings.api_url,
+        settings.resolved_worker_token(),
+        settings.worker_id,
+        retry_seconds=settings.api_retry_seconds,
+    )
     try:
+        claim = claimer.claim(run_id, settings.lease_seconds)
+    except ClaimRefused as exc:
+        log.info("run %s not claimed: %s", run_id, exc)
+        return "not_claimed"
+    finally:
+        claimer.close()
+    # Three clients, one per thread: this one, the shipper's and the heartbeat's.
+    api = claimer.for_lease(claim)
+    try:
+        sink = HttpRunSink(claimer.for_lease(claim), run_id, first_seq=claim.attempt * SEQ_BLOCK)
         try:
-            claim = api.claim(run_id, settings.lease_seconds)
-        except ClaimRefused as exc:
-            log.info("run %s not claimed: %s", run_id, exc)
-            return "not_claimed"
-        # Three clients, one per thread: this one, the shipper's and the heartbeat's.
-        sink = HttpRunSink(client(), run_id, first_seq=claim.attempt * SEQ_BLOCK)
-        try:
-            with Heartbeater(client(), run_id, settings.heartbeat_seconds) as beats:
-                return _train_claimed(api, claim, beats, sink, settings, token)
+            with Heartbeater(claimer.for_lease(claim), run_id, settings.heartbeat_seconds) as beats:
+                return _train_claimed(api, claim, beats, sink, settings)
         finally:
             sink.close()
     finally:
@@ -61,7 +64,6 @@ def _train_claimed(
     beats: Heartbeater,
     sink: HttpRunSink,
     settings: WorkerSettings,
-    token: str,
 ) -> Outcome:
     from rl_core.pipeline.runner import train
     from rl_core.spec import confine_model_source, parse_spec
@@ -86,7 +88,7 @@ def _train_claimed(
             # so a resumed attempt's episodes never collide with the dead one's (replays).
             episode_prefix=f"{run_id}~a{claim.attempt}-",
             webhooks=webhooks,
-            callbacks=HttpCallbackSource(settings.api_url, token, run_id),
+            callbacks=HttpCallbackSource(settings.api_url, claim.lease_token, run_id),
             gateway=session_gateway(api, run_id, settings),
         )
         # Everything reported must be stored before the run may be called finished.

@@ -12,13 +12,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from app.api.deps import StateDep, WorkerDep
+from app.api.deps import LeaseDep, LeaseGate, StateDep
 from app.schemas.environments import CallbackAccepted
 from app.schemas.internal import CallbackRead
 from app.services import callbacks as service
 
 router = APIRouter(prefix="/v1/env-callbacks", tags=["environments"])
-internal_router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[WorkerDep])
+internal_router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[LeaseGate])
 
 StepPath = Annotated[int, Path(ge=0, le=2**31 - 1)]
 
@@ -59,6 +59,7 @@ async def wait_for_callback(
     episode_id: str,
     step: StepPath,
     app_state: StateDep,
+    lease: LeaseDep,
     wait_s: Annotated[float, Query(ge=0, le=60)] = 25.0,
 ) -> CallbackRead | Response:
     """Long-poll: 200 with the stored result (marked delivered), 204 if none came in wait_s.
@@ -72,6 +73,7 @@ async def wait_for_callback(
         app_state.sessions,
         app_state.relay,
         run_id,
+        lease,
         episode_id,
         step,
         wait_s=wait_s,

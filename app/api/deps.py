@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.crypto import SecretBox
 from app.dispatch import Dispatcher, dispatch_committed
-from app.errors import Unauthorized
+from app.errors import Forbidden, Unauthorized
 from app.observability import Observability
-from app.security import same_secret
+from app.security import LeaseProof, same_secret
 from app.services.callbacks import CallbackRelay
 from app.services.gateways import GatewayCache
 from app.services.quotas import Limiter
@@ -130,6 +130,7 @@ TenantDep = Annotated[str, Depends(get_tenant, scope="function")]
 def require_worker(
     app_state: StateDep, authorization: Annotated[str | None, Header()] = None
 ) -> None:
+    """The shared worker token: it opens the claim, and nothing that names a claimed run."""
     if not same_secret(_bearer(authorization), app_state.worker_token):
         raise Unauthorized(
             "the worker token is not valid; set RLAAS_WORKER_TOKEN", field="Authorization"
@@ -137,3 +138,29 @@ def require_worker(
 
 
 WorkerDep = Depends(require_worker)
+
+
+def require_lease(
+    app_state: StateDep, authorization: Annotated[str | None, Header()] = None
+) -> LeaseProof:
+    """A run-scoped worker route's credential: the lease token its claim answered.
+
+    Here it is only read and hashed; the service checks it against the run's row in the
+    statement that does the work, so that the check costs no query of its own.
+    """
+    token = _bearer(authorization)
+    if same_secret(token, app_state.worker_token):
+        # Every worker holds the shared token; were it enough here, one leaked copy would
+        # let its holder report to any tenant's run and read what the run is sent.
+        raise Forbidden(
+            "the worker token opens only claims (POST /internal/runs/{id}/claim); a run's "
+            "other worker routes take the lease token of the claim's answer (lease_token)",
+            field="Authorization",
+        )
+    return LeaseProof.of(token)
+
+
+# Router-level (so no route of a run router can go without it) and a parameter (to hand the
+# proof to the service); FastAPI runs it once per request.
+LeaseDep = Annotated[LeaseProof, Depends(require_lease)]
+LeaseGate = Depends(require_lease)

@@ -1,4 +1,9 @@
-"""Worker routes: /internal/runs/{id}/... behind the worker token."""
+"""Worker routes: /internal/runs/{id}/...
+
+The claim is behind the shared worker token and answers a lease token; every other
+route of a run is behind that run's current lease token (``LeaseGate``), so a worker
+credential opens the one run its holder claimed, for as long as its lease lasts.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter
 
-from app.api.deps import ObservabilityDep, SessionDep, StateDep, WorkerDep
+from app.api.deps import LeaseDep, LeaseGate, ObservabilityDep, SessionDep, StateDep, WorkerDep
 from app.api.jsonbody import documented, json_body
 from app.schemas import (
     ClaimBody,
@@ -23,14 +28,17 @@ from app.schemas.results import CheckpointRef
 from app.services import environments
 from app.services import workers as service
 
-router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[WorkerDep])
+claim_router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[WorkerDep])
+router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[LeaseGate])
 
 
-@router.post("/{run_id}/claim", response_model=ClaimRead)
+@claim_router.post("/{run_id}/claim", response_model=ClaimRead)
 async def claim(
     run_id: str, body: ClaimBody, session: SessionDep, app_state: StateDep
 ) -> ClaimRead:
-    run = await service.claim(session, run_id, body.worker_id, body.lease_seconds)
+    """The run's spec, its environment's grant (secret included: the claimer is now the
+    lease holder) and the lease token that every other route of the run takes."""
+    run, lease_token = await service.claim(session, run_id, body.worker_id, body.lease_seconds)
     assert run.lease_expires_at is not None
     newest = await service.newest_checkpoint(session, run.id)
     checkpoint = (
@@ -46,14 +54,17 @@ async def claim(
         resume_step=run.current_step,
         environment=await environments.grant_for_run(session, run, app_state.secrets),
         checkpoint=checkpoint,
+        lease_token=lease_token,
     )
 
 
 @router.post("/{run_id}/heartbeat", response_model=HeartbeatRead)
-async def heartbeat(run_id: str, body: HeartbeatBody, session: SessionDep) -> HeartbeatRead:
+async def heartbeat(
+    run_id: str, body: HeartbeatBody, session: SessionDep, lease: LeaseDep
+) -> HeartbeatRead:
     inflight = body.inflight.model_dump(mode="json") if body.inflight is not None else None
     run, profile_steps = await service.heartbeat(
-        session, run_id, body.worker_id, body.lease_seconds, inflight
+        session, run_id, lease, body.worker_id, body.lease_seconds, inflight
     )
     assert run.lease_expires_at is not None
     return HeartbeatRead(
@@ -65,17 +76,21 @@ async def heartbeat(run_id: str, body: HeartbeatBody, session: SessionDep) -> He
 
 @router.post("/{run_id}/gateway", response_model=StatusRead)
 async def register_gateway(
-    run_id: str, body: GatewayBody, session: SessionDep, app_state: StateDep
+    run_id: str, body: GatewayBody, session: SessionDep, app_state: StateDep, lease: LeaseDep
 ) -> StatusRead:
     run = await service.register_gateway(
-        session, run_id, body.worker_id, body.url, body.token, app_state.secrets
+        session, run_id, lease, body.worker_id, body.url, body.token, app_state.secrets
     )
     return StatusRead(status=run.status)
 
 
 @router.post("/{run_id}/status", response_model=StatusRead)
-async def report_status(run_id: str, body: StatusBody, session: SessionDep) -> StatusRead:
-    run = await service.report_status(session, run_id, body.worker_id, body.status, body.error)
+async def report_status(
+    run_id: str, body: StatusBody, session: SessionDep, lease: LeaseDep
+) -> StatusRead:
+    run = await service.report_status(
+        session, run_id, lease, body.worker_id, body.status, body.error
+    )
     return StatusRead(status=run.status)
 
 
@@ -85,9 +100,10 @@ async def ingest_metrics(
     body: Annotated[MetricsBody, json_body(MetricsBody)],
     session: SessionDep,
     obs: ObservabilityDep,
+    lease: LeaseDep,
 ) -> IngestRead:
     accepted, duplicate = await service.ingest_metrics(
-        session, run_id, body.worker_id, body.seq, body.points
+        session, run_id, lease, body.worker_id, body.seq, body.points
     )
     obs.record_ingest("metrics", accepted, duplicate)
     return IngestRead(accepted=accepted, duplicate=duplicate)

@@ -85,6 +85,9 @@ class Run(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+    # SHA-256 of the lease token the claim answered (app.security): the credential of the
+    # run-scoped worker routes. Replaced by each claim, cleared when the lease ends.
+    lease_token_hash: Mapped[str | None] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     error: Mapped[str | None] = mapped_column(Text)
     current_step: Mapped[int] = mapped_column(Integer, default=0)

@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.crypto import SecretBox
 from app.db.models import EnvCallback, Environment, Run, utcnow
 from app.errors import Conflict, Gone, NotFound
+from app.security import LeaseProof
 from app.services import run_states
 from app.services.callback_bodies import authentic_body
 from app.services.environments import ID_PREFIX, environment_name
@@ -203,6 +204,7 @@ async def wait_for(
     sessions: async_sessionmaker[AsyncSession],
     relay: CallbackRelay,
     run_id: str,
+    lease: LeaseProof,
     episode_id: str,
     step: int,
     *,
@@ -223,8 +225,11 @@ async def wait_for(
     key = (episode_id, step)
     with relay.waiting(key) as woken:
         async with sessions() as session:
-            if await session.get(Run, run_id) is None:
-                raise NotFound(f"no run {run_id!r}", field="run_id")
+            # Checked once per poll: a poll lasts at most a minute, and a worker whose lease
+            # ended meanwhile learns it at its next heartbeat and stops.
+            run = await session.get(Run, run_id)
+            if run is None or not lease.opens(run.lease_token_hash):
+                raise lease.refusal(run_id)
             until = utcnow() + timedelta(seconds=wait_s + grace_s)
             await _mark_awaited(session, run_id, episode_id, step, until)
             await session.commit()

@@ -64,9 +64,11 @@ def transition(
         run.finished_at = now
         run.lease_owner = None
         run.lease_expires_at = None
+        run.lease_token_hash = None
     if target == QUEUED:
         run.lease_owner = None
         run.lease_expires_at = None
+        run.lease_token_hash = None
 
 
 def record_creation(session: AsyncSession, run: Run) -> None:

@@ -1,4 +1,9 @@
-"""The worker's side of a run: claim, heartbeat, status reports, metric ingest."""
+"""The worker's side of a run: claim, heartbeat, status reports, metric ingest.
+
+The claim is the one call the shared worker token opens; it answers a lease token
+(``app.security``), and every other call here is made with that token (a `LeaseProof`),
+checked against the run's row in the same locked read or update that does the work.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from app.errors import Conflict, NotFound
 from app.live.notes import note_step
 from app.schemas import PointIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
+from app.security import LeaseProof, new_lease_token
 from app.services import ingest, run_states
 
 
@@ -25,7 +31,10 @@ async def _locked_run(session: AsyncSession, run_id: str) -> Run:
     return run
 
 
-async def claim(session: AsyncSession, run_id: str, worker_id: str, lease_s: float) -> Run:
+async def claim(
+    session: AsyncSession, run_id: str, worker_id: str, lease_s: float
+) -> tuple[Run, str]:
+    """Lease a queued run to ``worker_id``; returns (run, the lease token, shown only here)."""
     run = await _locked_run(session, run_id)
     if run.status != run_states.QUEUED:
         raise Conflict(
@@ -38,13 +47,18 @@ async def claim(session: AsyncSession, run_id: str, worker_id: str, lease_s: flo
     run.attempts += 1
     run.lease_owner = worker_id
     run.lease_expires_at = now + timedelta(seconds=lease_s)
+    token, run.lease_token_hash = new_lease_token()  # the last attempt's token ends here
     run.gateway_url = run.gateway_token_encrypted = None  # the last attempt's, if any
     await session.flush()
-    return run
+    return run, token
 
 
-async def _owned_run(session: AsyncSession, run_id: str, worker_id: str) -> Run:
-    run = await _locked_run(session, run_id)
+async def _owned_run(session: AsyncSession, run_id: str, lease: LeaseProof, worker_id: str) -> Run:
+    """The run, locked, if ``lease`` is its current lease token (403 if not, whether or not
+    the run exists: a token opens its own run only, and learns nothing of others)."""
+    run = await session.scalar(select(Run).where(Run.id == run_id).with_for_update())
+    if run is None or not lease.opens(run.lease_token_hash):
+        raise lease.refusal(run_id)
     if run.lease_owner != worker_id:
         raise _not_lease_holder(worker_id, run_id, run.status)
     return run
@@ -60,12 +74,13 @@ def _not_lease_holder(worker_id: str, run_id: str, status: str) -> Conflict:
 async def heartbeat(
     session: AsyncSession,
     run_id: str,
+    lease: LeaseProof,
     worker_id: str,
     lease_s: float,
     inflight: dict[str, Any] | None = None,
 ) -> tuple[Run, int | None]:
     """Renew the lease and keep the in-flight report; returns (run, profile steps asked for)."""
-    run = await _owned_run(session, run_id, worker_id)
+    run = await _owned_run(session, run_id, lease, worker_id)
     now = utcnow()
     run.lease_expires_at = now + timedelta(seconds=lease_s)
     if inflight is not None:
@@ -76,10 +91,16 @@ async def heartbeat(
 
 
 async def register_gateway(
-    session: AsyncSession, run_id: str, worker_id: str, url: str, token: str, box: SecretBox
+    session: AsyncSession,
+    run_id: str,
+    lease: LeaseProof,
+    worker_id: str,
+    url: str,
+    token: str,
+    box: SecretBox,
 ) -> Run:
     """Where the lease holder serves this sessions run's gateway (proxied to by the API)."""
-    run = await _owned_run(session, run_id, worker_id)
+    run = await _owned_run(session, run_id, lease, worker_id)
     run.gateway_url = url
     run.gateway_token_encrypted = box.encrypt(token, context=f"gateway:{run.id}")
     await session.flush()
@@ -87,9 +108,14 @@ async def register_gateway(
 
 
 async def report_status(
-    session: AsyncSession, run_id: str, worker_id: str, status: str, error: str | None
+    session: AsyncSession,
+    run_id: str,
+    lease: LeaseProof,
+    worker_id: str,
+    status: str,
+    error: str | None,
 ) -> Run:
-    run = await _owned_run(session, run_id, worker_id)
+    run = await _owned_run(session, run_id, lease, worker_id)
     run_states.transition(session, run, status, reason=error or f"reported by {worker_id}")
     if error is not None:
         run.error = error
@@ -98,11 +124,16 @@ async def report_status(
 
 
 async def ingest_metrics(
-    session: AsyncSession, run_id: str, worker_id: str, seq: int, points: Sequence[PointIn]
+    session: AsyncSession,
+    run_id: str,
+    lease: LeaseProof,
+    worker_id: str,
+    seq: int,
+    points: Sequence[PointIn],
 ) -> tuple[int, bool]:
     """Store a batch once per (run, seq); returns (points accepted, was a duplicate)."""
     newest = max((p.step for p in points), default=None)
-    await _advance_owned_run(session, run_id, worker_id, newest)
+    await _advance_owned_run(session, run_id, lease, worker_id, newest)
     if not await ingest.claim_seq(session, run_id, "metrics", seq):
         return 0, True  # stored before: the step it moved the run to is already there
     await ingest.store_points(session, run_id, points)
@@ -112,36 +143,43 @@ async def ingest_metrics(
 
 
 async def _advance_owned_run(
-    session: AsyncSession, run_id: str, worker_id: str, newest: int | None
+    session: AsyncSession, run_id: str, lease: LeaseProof, worker_id: str, newest: int | None
 ) -> None:
     """Lock the run, check the lease and move its step forward, in one statement.
 
     The hottest write path (every step's metrics, B8 and B10 in ``bench/``): one
     ``UPDATE ... RETURNING`` instead of a ``SELECT ... FOR UPDATE`` and a later
-    ``UPDATE``. When the caller does not hold the lease the request fails and its
-    transaction, this update included, is rolled back.
+    ``UPDATE``. The lease token's hash is part of the statement's condition, so a
+    token that does not hold the run updates nothing; a worker id that is not the
+    lease owner's fails the request and its transaction, this update included, is
+    rolled back.
     """
     values: dict[str, Any] = {"updated_at": utcnow()}
     if newest is not None:
         values["current_step"] = case((Run.current_step < newest, newest), else_=Run.current_step)
     stmt = (
         update(Run)
-        .where(Run.id == run_id)
+        .where(Run.id == run_id, Run.lease_token_hash == lease.digest)
         .values(**values)
         .returning(Run.lease_owner, Run.status)
         .execution_options(synchronize_session=False)
     )
     row = (await session.execute(stmt)).first()
     if row is None:
-        raise NotFound(f"no run {run_id!r}", field="run_id")
+        raise lease.refusal(run_id)
     if row.lease_owner != worker_id:
         raise _not_lease_holder(worker_id, run_id, row.status)
 
 
 async def ingest_spans(
-    session: AsyncSession, run_id: str, worker_id: str, seq: int, spans: Sequence[SpanIn]
+    session: AsyncSession,
+    run_id: str,
+    lease: LeaseProof,
+    worker_id: str,
+    seq: int,
+    spans: Sequence[SpanIn],
 ) -> tuple[int, bool]:
-    await _owned_run(session, run_id, worker_id)
+    await _owned_run(session, run_id, lease, worker_id)
     if not await ingest.claim_seq(session, run_id, "spans", seq):
         return 0, True
     await ingest.store_spans(session, run_id, spans)
@@ -149,17 +187,24 @@ async def ingest_spans(
 
 
 async def ingest_trajectories(
-    session: AsyncSession, run_id: str, worker_id: str, seq: int, items: Sequence[TrajectoryIn]
+    session: AsyncSession,
+    run_id: str,
+    lease: LeaseProof,
+    worker_id: str,
+    seq: int,
+    items: Sequence[TrajectoryIn],
 ) -> tuple[int, bool]:
-    await _owned_run(session, run_id, worker_id)
+    await _owned_run(session, run_id, lease, worker_id)
     if not await ingest.claim_seq(session, run_id, "trajectories", seq):
         return 0, True
     await ingest.store_trajectories(session, run_id, items)
     return len(items), False
 
 
-async def record_artifact(session: AsyncSession, run_id: str, body: ArtifactBody) -> None:
-    run = await _owned_run(session, run_id, body.worker_id)
+async def record_artifact(
+    session: AsyncSession, run_id: str, lease: LeaseProof, body: ArtifactBody
+) -> None:
+    run = await _owned_run(session, run_id, lease, body.worker_id)
     await ingest.store_artifact(session, run, body)
 
 

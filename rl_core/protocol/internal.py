@@ -102,6 +102,9 @@ class ClaimRead(Answer):
     # The registered webhook environment the spec names (secret decrypted), or None.
     environment: EnvironmentGrant | None = None
     checkpoint: CheckpointRef | None = None  # the newest checkpoint: where to resume from
+    # The credential of every other route of this run (Authorization: Bearer <lease_token>),
+    # good until this lease ends; the shared worker token opens only the claim.
+    lease_token: str = Field(repr=False)  # never logged
 
 
 # --- heartbeat and status ------------------------------------------------------------

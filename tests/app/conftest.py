@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
@@ -72,6 +72,7 @@ class Api:
     client: httpx.AsyncClient
     dispatcher: RecordingDispatcher
     state: AppState
+    leases: dict[str, str] = field(default_factory=dict)  # run id -> newest claim's lease token
 
     async def db(self, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
         """Run ``work`` in its own committed transaction on the app's engine."""
@@ -90,10 +91,25 @@ class Api:
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
-    async def internal(self, run_id: str, action: str, **body: Any) -> httpx.Response:
-        return await self.client.post(
-            f"/internal/runs/{run_id}/{action}", json=body, headers=WORKER
-        )
+    async def internal(
+        self, run_id: str, action: str, *, lease_token: str | None = None, **body: Any
+    ) -> httpx.Response:
+        """A worker's call, as worker/ makes it: the claim with the shared worker token
+        (the lease token it answers is kept), any other action with ``lease_token``, by
+        default the one the run's newest claim here answered."""
+        if action == "claim":
+            headers = WORKER
+        else:
+            headers = lease(lease_token or self.leases.get(run_id, "never-claimed-here"))
+        r = await self.client.post(f"/internal/runs/{run_id}/{action}", json=body, headers=headers)
+        if action == "claim" and r.status_code == 200:
+            self.leases[run_id] = r.json()["lease_token"]
+        return r
+
+
+def lease(token: str) -> dict[str, str]:
+    """The Authorization header of a run-scoped worker route."""
+    return {"Authorization": f"Bearer {token}"}
 
 
 def app_settings(database_url: str, **overrides: Any) -> Settings:

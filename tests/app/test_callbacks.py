@@ -15,7 +15,7 @@ from sqlalchemy import select
 from app.db.models import EnvCallback
 from app.settings import Settings
 from rl_core.protocol.signing import HEADER, sign
-from tests.app.conftest import WORKER, Api, running_api
+from tests.app.conftest import WORKER, Api, lease, running_api
 
 pytestmark = pytest.mark.anyio
 SECRET = "callback-secret-0123456789abcdef"
@@ -67,10 +67,13 @@ async def post(api: Api, episode_id: str, step: int, body: Any = None, **sign_kw
 
 
 async def poll(api: Api, run_id: str, episode_id: str, step: int, wait_s: float) -> Any:
+    """The worker's long-poll, with the lease token of ``run_id``'s claim (or, for a run it
+    never claimed, of the episode's run: a token of another run)."""
+    token = api.leases.get(run_id) or api.leases[episode_id.partition("~")[0]]
     return await api.client.get(
         f"/internal/runs/{run_id}/env-callbacks/{episode_id}/{step}",
         params={"wait_s": wait_s},
-        headers=WORKER,
+        headers=lease(token),
     )
 
 
@@ -162,6 +165,7 @@ async def test_a_result_posted_to_another_api_process_reaches_the_poll(app_datab
         running_api(app_database, env_url_allowlist="loopback", callback_poll_s=0.1) as waiter,
     ):
         ep = await running_episode(taker)
+        waiter.leases.update(taker.leases)  # the worker claimed through one, polls the other
         waiting = asyncio.create_task(poll(waiter, ep.run_id, ep.episode_id, 5, wait_s=20))
         await asyncio.sleep(0.2)
         assert (await post(taker, ep.episode_id, 5)).status_code == 202
@@ -226,15 +230,20 @@ async def test_a_signed_body_that_is_not_a_json_object_is_422(local: Api) -> Non
         assert r.status_code == 422 and r.json()["error"]["field"] == "body"
 
 
-async def test_the_long_poll_needs_the_worker_token_and_a_matching_run(local: Api) -> None:
+async def test_the_long_poll_needs_the_runs_lease_token_and_a_matching_run(local: Api) -> None:
     ep = await running_episode(local)
     url = f"/internal/runs/{ep.run_id}/env-callbacks/{ep.episode_id}/1"
-    for headers in ({}, ep.auth):
-        assert (await local.client.get(url, headers=headers)).status_code == 401
+    assert (await local.client.get(url)).status_code == 401
+    for headers in (ep.auth, WORKER):  # a tenant's key; the shared worker token
+        r = await local.client.get(url, headers=headers)
+        assert r.status_code == 403 and r.json()["error"]["field"] == "Authorization"
     other = await poll(local, "run_other", ep.episode_id, 1, wait_s=0)
     assert other.status_code == 404 and other.json()["error"]["field"] == "episode_id"
-    missing = await poll(local, "run_nope", "run_nope~e1", 1, wait_s=0)
-    assert missing.status_code == 404 and missing.json()["error"]["field"] == "run_id"
+    missing = await local.client.get(
+        "/internal/runs/run_nope/env-callbacks/run_nope~e1/1",
+        headers=lease(local.leases[ep.run_id]),
+    )
+    assert missing.status_code == 403 and "does not hold run run_nope" in missing.text
     too_long = await poll(local, ep.run_id, ep.episode_id, 1, wait_s=61)
     assert too_long.status_code == 422 and too_long.json()["error"]["field"] == "wait_s"
 

@@ -55,10 +55,15 @@ async def test_submit_claim_report_and_read_back_on_sqlite(
     assert again.status_code == 200 and again.json()["id"] == run_id
 
     async def internal(action: str, **body: object) -> httpx.Response:
-        r = await client.post(f"/internal/runs/{run_id}/{action}", json=body, headers=worker)
+        # The claim with the shared worker token; the rest with the claim's lease token.
+        headers = worker if action == "claim" else held
+        r = await client.post(f"/internal/runs/{run_id}/{action}", json=body, headers=headers)
         assert r.status_code == 200, r.text
+        if action == "claim":
+            held["Authorization"] = f"Bearer {r.json()['lease_token']}"
         return r
 
+    held: dict[str, str] = {}
     await internal("claim", worker_id="w1")
     await internal("status", worker_id="w1", status="running")
     points = [{"step": s, "name": "reward/mean", "value": s / 4} for s in (1, 2)]
@@ -118,24 +123,24 @@ async def test_a_deferred_result_is_taken_once_and_swept_on_sqlite(embedded: Set
             )
             run_id = created.json()["id"]
             claim = f"/internal/runs/{run_id}/claim"
-            assert (await client.post(claim, json={"worker_id": "w1"}, headers=worker)).is_success
+            claimed = await client.post(claim, json={"worker_id": "w1"}, headers=worker)
+            assert claimed.is_success, claimed.text
+            held = {"Authorization": f"Bearer {claimed.json()['lease_token']}"}
             episode = f"{run_id}~a1-g0-e0"
             waited = f"/internal/runs/{run_id}/env-callbacks/{episode}/1"
-            assert (
-                await client.get(waited, params={"wait_s": 0}, headers=worker)
-            ).status_code == 204
+            assert (await client.get(waited, params={"wait_s": 0}, headers=held)).status_code == 204
             raw = json.dumps({"episode_id": episode, "step": 1, "reward": 1.0, "done": True})
             headers = {HEADER: sign(secret, raw.encode()), "Content-Type": "application/json"}
             url = f"/v1/env-callbacks/{episode}/1"
             assert (await client.post(url, content=raw, headers=headers)).status_code == 202
             assert (await client.post(url, content=raw, headers=headers)).status_code == 409
-            got = await client.get(waited, params={"wait_s": 0}, headers=worker)
+            got = await client.get(waited, params={"wait_s": 0}, headers=held)
             assert got.json()["body"]["reward"] == 1.0
 
             for status in ("running", "succeeded"):
                 body = {"worker_id": "w1", "status": status}
                 ended = await client.post(
-                    f"/internal/runs/{run_id}/status", json=body, headers=worker
+                    f"/internal/runs/{run_id}/status", json=body, headers=held
                 )
                 assert ended.is_success, ended.text
             await reap_once(app.state.rlaas)

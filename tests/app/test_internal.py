@@ -8,22 +8,48 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db.models import MetricPoint, Run, utcnow
-from tests.app.conftest import Api
+from tests.app.conftest import WORKER, Api, lease
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_the_worker_token_is_required(api: Api) -> None:
+async def test_the_worker_token_is_required_to_claim(api: Api) -> None:
     tenant_key = await api.tenant()
     run_id = await api.submit(tenant_key)
     # A tenant's API key is not a worker token.
     for headers in ({}, {"Authorization": "Bearer wrong"}, tenant_key):
-        for action in ("claim", "heartbeat", "status", "metrics"):
+        r = await api.client.post(
+            f"/internal/runs/{run_id}/claim", json={"worker_id": "w"}, headers=headers
+        )
+        assert r.status_code == 401, headers
+        assert r.json()["error"]["field"] == "Authorization"
+
+
+async def test_a_runs_other_routes_take_its_lease_token_only(api: Api) -> None:
+    tenant_key = await api.tenant()
+    run_id = await api.submit(tenant_key)
+    assert (await api.internal(run_id, "claim", worker_id="w1")).status_code == 200
+    bodies = {
+        "heartbeat": {"worker_id": "w1"},
+        "status": {"worker_id": "w1", "status": "running"},
+        "metrics": {"worker_id": "w1", "seq": 0, "points": []},
+    }
+    refusals = (
+        ({}, 401, "missing Authorization header"),
+        (lease("wrong"), 403, f"this lease token does not hold run {run_id}"),
+        (tenant_key, 403, f"this lease token does not hold run {run_id}"),
+        (WORKER, 403, "the worker token opens only claims"),
+    )
+    for action, body in bodies.items():
+        for headers, status, message in refusals:
             r = await api.client.post(
-                f"/internal/runs/{run_id}/{action}", json={"worker_id": "w"}, headers=headers
+                f"/internal/runs/{run_id}/{action}", json=body, headers=headers
             )
-            assert r.status_code == 401, (headers, action)
-            assert r.json()["error"]["field"] == "Authorization"
+            assert r.status_code == status, (action, headers, r.text)
+            error = r.json()["error"]
+            assert error["field"] == "Authorization" and message in error["message"], error
+    run = await api.db(lambda s: s.get(Run, run_id))
+    assert run is not None and run.status == "starting"  # nothing refused moved it
 
 
 async def test_a_run_through_its_life(api: Api) -> None:
@@ -34,8 +60,10 @@ async def test_a_run_through_its_life(api: Api) -> None:
     assert claim.status_code == 200, claim.text
     body = claim.json()
     assert set(body) == {
-        "run_id", "spec", "attempt", "lease_expires_at", "resume_step", "checkpoint", "environment"
+        "run_id", "spec", "attempt", "lease_expires_at", "resume_step", "checkpoint",
+        "environment", "lease_token",
     }  # fmt: skip
+    assert body["lease_token"].startswith("rlaas_lease_")
     assert body["environment"] is None  # a built-in environment: nothing to hand over
     assert body["run_id"] == run_id and body["attempt"] == 1 and body["resume_step"] == 0
     assert body["spec"]["environment"]["name"] == "guess_number"
@@ -71,10 +99,11 @@ async def test_a_run_through_its_life(api: Api) -> None:
         f"/v1/runs/{run_id}/metrics", params={"name": "reward/mean"}, headers=auth
     )
     assert metrics.json()["points"] == [{"step": 1, "name": "reward/mean", "value": 0.25}]
-    # A finished run holds no lease: nothing more can be reported.
+    # A finished run holds no lease: its token reports nothing more.
     for action, extra in (("status", {"status": "failed"}), ("heartbeat", {})):
         r = await api.internal(run_id, action, worker_id="w1", **extra)
-        assert r.status_code == 409, action
+        assert r.status_code == 403, action
+        assert f"does not hold run {run_id}" in r.json()["error"]["message"]
     assert (await api.internal(run_id, "claim", worker_id="w1")).status_code == 409
 
 
@@ -107,7 +136,6 @@ async def test_an_unknown_run_is_404_for_the_worker(api: Api) -> None:
     [
         ([], "succeeded"),  # starting → succeeded skips running
         (["running"], "running"),  # running → running is no transition
-        (["cancelled"], "running"),  # terminal, and the lease is gone
     ],
 )
 async def test_an_illegal_transition_is_409_naming_the_current_state(
@@ -224,7 +252,7 @@ async def test_bad_metric_batches_are_422_naming_the_field(
     r = await api.client.post(
         f"/internal/runs/{run_id}/metrics",
         content=body,
-        headers={"Authorization": "Bearer test-worker-token", "Content-Type": "application/json"},
+        headers={**lease(api.leases[run_id]), "Content-Type": "application/json"},
     )
     assert r.status_code == 422, r.text
     assert r.json()["error"]["field"] == field

@@ -35,10 +35,12 @@ async def test_a_live_lease_is_left_alone_and_an_expired_one_is_requeued(api: Ap
     events = (await api.client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
     assert (events[-1]["from_status"], events[-1]["to_status"]) == ("running", "queued")
     assert events[-1]["reason"] == "lease held by w1 expired"
-    # The old worker lost its lease; the next one claims and resumes.
-    assert (await api.internal(run_id, "heartbeat", worker_id="w1")).status_code == 409
+    # The old worker lost its lease, and its token with it; the next one claims and resumes.
+    old_token = api.leases[run_id]
+    assert (await api.internal(run_id, "heartbeat", worker_id="w1")).status_code == 403
     claim = await api.internal(run_id, "claim", worker_id="w2")
     assert claim.status_code == 200 and claim.json()["attempt"] == 2
+    assert claim.json()["lease_token"] != old_token
 
 
 async def test_a_resumed_claim_carries_the_step_reached(api: Api) -> None:
@@ -71,7 +73,7 @@ async def test_attempts_are_bounded_then_the_run_fails(api: Api) -> None:
     assert api.dispatcher.sent == [run_id, run_id]  # dispatched again after each re-queue
     events = (await api.client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
     assert events[-1]["reason"].startswith("lease expired on 3 attempts in a row")
-    assert (await api.internal(run_id, "heartbeat", worker_id="w3")).status_code == 409
+    assert (await api.internal(run_id, "heartbeat", worker_id="w3")).status_code == 403
 
 
 async def _expire(session: AsyncSession, run_id: str) -> None:

@@ -14,7 +14,7 @@ from app.services import quotas
 from app.services.quotas import Limiter, TokenBucket
 from app.services.tenants import authenticate
 from app.settings import Settings
-from tests.app.conftest import WORKER, Api, running_api, spec
+from tests.app.conftest import Api, lease, running_api, spec
 
 pytestmark = pytest.mark.anyio
 
@@ -189,6 +189,6 @@ async def test_body_limits_per_tenant_and_for_the_worker(small_bodies: Api) -> N
     r = await api.client.post(
         f"/internal/runs/{run_id}/metrics",
         json={"worker_id": "w", "seq": 0, "points": points},
-        headers=WORKER,
+        headers=lease(api.leases[run_id]),
     )
     assert len(r.request.content) > 2000 and r.status_code == 200, r.text

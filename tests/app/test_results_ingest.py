@@ -11,7 +11,7 @@ from sqlalchemy import func, select, text
 
 from app.db.models import Artifact, IngestBatch, MetricPoint, Run, Span, Trajectory, utcnow
 from app.main import reap_once
-from tests.app.conftest import Api
+from tests.app.conftest import Api, lease
 
 pytestmark = pytest.mark.anyio
 
@@ -172,13 +172,18 @@ async def test_only_the_lease_owner_may_report(api: Api, action: str, body: dict
     _, run_id = await claimed(api)
     r = await api.internal(run_id, action, worker_id="intruder", **body)
     assert r.status_code == 409 and r.json()["error"]["field"] == "worker_id"
-    r = await api.internal("run_missing", action, worker_id="w1", **body)
-    assert r.status_code == 404 and r.json()["error"]["field"] == "run_id"
+    # A lease token opens its own run only, and learns nothing of others, not even whether
+    # they exist.
+    r = await api.internal(
+        "run_missing", action, worker_id="w1", lease_token=api.leases[run_id], **body
+    )
+    assert r.status_code == 403 and "does not hold run run_missing" in r.json()["error"]["message"]
     r = await api.client.post(f"/internal/runs/{run_id}/{action}", json={"worker_id": "w1", **body})
     assert r.status_code == 401
     # A finished run holds no lease: its old worker can no longer report.
     await api.internal(run_id, "status", worker_id="w1", status="cancelled")
-    assert (await api.internal(run_id, action, worker_id="w1", **body)).status_code == 409
+    r = await api.internal(run_id, action, worker_id="w1", **body)
+    assert r.status_code == 403 and r.json()["error"]["field"] == "Authorization"
     assert await count(api, Span, run_id) == 0
     assert await count(api, Trajectory, run_id) == 0
     assert await count(api, Artifact, run_id) == 0
@@ -209,7 +214,7 @@ async def test_bad_reports_are_422_naming_the_field(
     r = await api.client.post(
         f"/internal/runs/{run_id}/{action}",
         content=json.dumps({"worker_id": "w1", **body}, allow_nan=True),
-        headers={"Authorization": "Bearer test-worker-token", "Content-Type": "application/json"},
+        headers={**lease(api.leases[run_id]), "Content-Type": "application/json"},
     )
     assert r.status_code == 422, r.text
     assert r.json()["error"]["field"] == field, r.json()

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from rl_core.protocol.signing import HEADER, sign
-from tests.app.conftest import WORKER, Api
+from tests.app.conftest import Api, lease
 
 SECRET = "security-secret-0123456789abcdef"
 # The result an attacker would most like to move: the episode ends, at full reward.
@@ -73,11 +73,12 @@ async def post(
 
 
 async def poll(api: Api, run_id: str, episode_id: str, step: int, wait_s: float) -> httpx.Response:
-    """The worker's long-poll for a deferred result (worker/callbacks.py)."""
+    """The worker's long-poll for a deferred result (worker/callbacks.py), with the lease
+    token of the run's claim."""
     return await api.client.get(
         f"/internal/runs/{run_id}/env-callbacks/{episode_id}/{step}",
         params={"wait_s": wait_s},
-        headers=WORKER,
+        headers=lease(api.leases[run_id]),
     )
 
 

@@ -92,16 +92,20 @@ class Worker:
     run_id: str
     worker_id: str = field(default_factory=lambda: f"test-worker-{uuid.uuid4().hex[:6]}")
     seq: dict[str, int] = field(default_factory=dict)
+    lease_token: str = ""  # the claim's answer: the credential of every later call
 
     def post(self, action: str, **body: Any) -> dict[str, Any]:
+        token = WORKER_TOKEN if action == "claim" else self.lease_token
         response = httpx.post(
             f"{self.url}/internal/runs/{self.run_id}/{action}",
             json={"worker_id": self.worker_id, **body},
-            headers={"Authorization": f"Bearer {WORKER_TOKEN}"},
+            headers={"Authorization": f"Bearer {token}"},
             timeout=10,
         )
         assert response.status_code < 300, f"{action}: {response.status_code} {response.text}"
         data: dict[str, Any] = response.json()
+        if action == "claim":
+            self.lease_token = data["lease_token"]
         return data
 
     def batch(self, kind: str, **body: Any) -> dict[str, Any]:

@@ -52,6 +52,7 @@ def claim(environment: EnvironmentGrant | None) -> ClaimRead:
         lease_expires_at=datetime.now(UTC),
         resume_step=0,
         environment=environment,
+        lease_token="rlaas_lease_test",
     )
 
 

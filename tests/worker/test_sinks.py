@@ -21,7 +21,7 @@ from worker.sinks import HttpRunSink
 class FakeControlPlane:
     def __init__(self) -> None:
         self.up = True
-        self.lease_lost = False
+        self.lease_lost: int | None = None  # the status a lost lease is answered with
         self.batches: dict[tuple[str, int], list[dict[str, object]]] = {}
         self.artifacts: dict[tuple[str, int], dict[str, object]] = {}
         self.calls = 0
@@ -37,8 +37,8 @@ class FakeControlPlane:
             self.calls += 1
             if not self.up:
                 raise httpx.ConnectError("connection refused", request=request)
-            if self.lease_lost:
-                return httpx.Response(409, json={"error": {"message": "lease lost"}})
+            if self.lease_lost is not None:
+                return httpx.Response(self.lease_lost, json={"error": {"message": "lease lost"}})
             body = json.loads(request.content)
             kind = request.url.path.rsplit("/", 1)[-1]
             if kind == "artifacts":
@@ -171,8 +171,12 @@ def test_non_finite_values_are_left_out_instead_of_breaking_the_batch(
     assert [p["name"] for p in fake.items("metrics")] == ["reward/mean"]
 
 
-def test_a_lost_lease_stops_shipping_and_flush_says_so(fake: FakeControlPlane) -> None:
-    fake.lease_lost = True
+@pytest.mark.parametrize(
+    "status",
+    [403, 409],  # the lease token no longer holds the run; the run's state refuses the batch
+)
+def test_a_lost_lease_stops_shipping_and_flush_says_so(fake: FakeControlPlane, status: int) -> None:
+    fake.lease_lost = status
     sink = make_sink(fake)
     sink.on_step(1, {"loss": 1.0})
     with pytest.raises(LeaseLost):

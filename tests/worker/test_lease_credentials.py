@@ -1,0 +1,74 @@
+"""The worker's credentials against the real control plane (uvicorn on loopback, real
+PostgreSQL): it claims with the shared worker token, reports with the claim's lease token,
+and stops cleanly when its lease is taken over."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import closing
+
+import httpx
+import pytest
+
+from tests.security.workers import reap_at
+from tests.web.live import WORKER_TOKEN, LiveApi, live_api, migrated_database
+from worker.api_client import ControlPlane, LeaseLost
+from worker.heartbeat import Heartbeater
+
+
+@pytest.fixture(scope="module")
+def live(postgres_url: str) -> Iterator[LiveApi]:
+    with live_api(migrated_database(postgres_url)) as running:
+        yield running
+
+
+def queued_run(live: LiveApi) -> tuple[dict[str, str], str]:
+    auth = {"Authorization": f"Bearer {live.tenant()}"}
+    spec = {"environment": {"name": "guess_number"}, "train": {"steps": 3}}
+    r = httpx.post(f"{live.url}/v1/runs", json={"spec": spec}, headers=auth, timeout=30)
+    assert r.status_code == 201, r.text
+    return auth, str(r.json()["id"])
+
+
+def worker(live: LiveApi, worker_id: str) -> ControlPlane:
+    return ControlPlane(live.url, WORKER_TOKEN, worker_id, retry_seconds=0.0)
+
+
+def test_a_worker_reports_with_its_claims_token_and_not_the_shared_one(live: LiveApi) -> None:
+    auth, run_id = queued_run(live)
+    claimer = worker(live, "w1")
+    claim = claimer.claim(run_id, lease_seconds=60)
+    assert claim.lease_token not in repr(claim)  # never in a log line
+    with closing(claimer.for_lease(claim)) as api:
+        api.report_status(run_id, "running")
+        assert api.heartbeat(run_id).cancel_requested is False
+        assert (
+            api.send_batch(run_id, "metrics", 0, [{"step": 1, "name": "x", "value": 0.5}]) is False
+        )
+        api.record_artifact(run_id, "checkpoint", {"step": 1, "uri": "file:///c/1"})
+    # The claimer's own client holds only the shared token: the run's routes refuse it.
+    with pytest.raises(LeaseLost, match="the worker token opens only claims"):
+        claimer.heartbeat(run_id)
+    claimer.close()
+    run = httpx.get(f"{live.url}/v1/runs/{run_id}", headers=auth, timeout=30).json()
+    assert run["status"] == "running" and run["current_step"] == 1
+
+
+def test_a_worker_whose_lease_was_taken_over_stops(live: LiveApi) -> None:
+    _, run_id = queued_run(live)
+    first = worker(live, "w-first")
+    mine = first.claim(run_id, lease_seconds=60)
+    first.close()
+    # The first worker stalled past its lease; the reaper re-queued the run, another took it.
+    assert run_id in reap_at(live, 61)
+    second = worker(live, "w-second")
+    theirs = second.claim(run_id, lease_seconds=60)
+    second.close()
+    with closing(first.for_lease(mine)) as api, pytest.raises(LeaseLost, match="does not hold run"):
+        api.send_batch(run_id, "metrics", 0, [{"step": 1, "name": "x", "value": 0.5}])
+    beats = Heartbeater(first.for_lease(mine), run_id, interval_s=0.05)
+    with beats:
+        assert beats.lease_lost.wait(30)
+    assert beats.control.stop_requested
+    with closing(second.for_lease(theirs)) as api:
+        assert api.heartbeat(run_id).cancel_requested is False  # the new holder goes on
