@@ -15,6 +15,7 @@ import json
 import random
 import re
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -252,10 +253,16 @@ def test_a_tool_using_agents_calls_are_trained_on_exactly_as_the_engine_sampled_
     def clients() -> None:
         served = SessionGateway.from_folder(out, wait_s=300)  # only to read sessions.json
         url, token = served.url, json.loads((out / "sessions.json").read_text())["token"]
+        abandoned_by = 0.0
         with ThreadPoolExecutor(max_workers=2) as pool:
             for game in itertools.count():
                 if done.is_set():
                     return
+                if game == 2:
+                    # No later game before the abandoned session has timed out: the run
+                    # needs later games' episodes, so it cannot end (and cancel the
+                    # session) first, however fast the steps run.
+                    time.sleep(max(0.0, abandoned_by + 0.5 - time.monotonic()))
                 kinds = {0: ("plain", "edits"), 1: ("plain", "abandons")}.get(game, ("plain",) * 2)
                 futures = [pool.submit(tool_agent, url, token, game, k) for k in kinds]
                 for future in futures:
@@ -264,6 +271,9 @@ def test_a_tool_using_agents_calls_are_trained_on_exactly_as_the_engine_sampled_
                     except Exception as exc:
                         if not done.is_set() and (out / "sessions.json").exists():
                             errors.append(exc)
+                if game == 1:
+                    # The abandoned session opened before now; it times out 3 s after.
+                    abandoned_by = time.monotonic() + 3.0
 
     client_thread = threading.Thread(target=clients)
     client_thread.start()
