@@ -14,6 +14,31 @@ log = logging.getLogger(__name__)
 @app.task(name=TASK_RUN_JOB)  # type: ignore[untyped-decorator]
 def run_job(run_id: str) -> str:
     """Claim and execute one run; the outcome is reported to the control plane."""
-    outcome = execute_run(run_id, WorkerSettings())
+    try:
+        outcome = execute_run(run_id, WorkerSettings())
+    finally:
+        release_compiled_programs()
     log.info("run %s finished: %s", run_id, outcome)
     return outcome
+
+
+def release_compiled_programs() -> None:
+    """Drop the programs JAX compiled for the run that ended.
+
+    A worker lives through many runs, and each run compiles its own shapes; kept, their
+    executables pile up in the process (each holds memory mappings of its own: after two
+    B12 runs a worker held ~20,000 and the third run's compile failed with ENOMEM once
+    the kernel's 65,530-mapping limit was near). The next run of the same shapes reads
+    them back from the persistent compilation cache (``RLAAS_JAX_CACHE_PATH``) instead
+    of compiling. Imported here, not at the top: importing the Celery app starts no JAX.
+    """
+    import sys
+
+    if "jax" not in sys.modules:
+        return
+    import jax
+
+    from rl_core.rollout import steps
+
+    steps.programs.cache_clear()
+    jax.clear_caches()

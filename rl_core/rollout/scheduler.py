@@ -224,8 +224,10 @@ class Scheduler:
     ) -> list[tuple[Request, Completion]]:
         """Prefill what follows each hit's parked prefix, then move the rows to slots."""
         assert self.cache is not None and self._pool is not None
-        k = next_bucket(len(hits), 1)
-        t = next_bucket(max(len(r.prompt) - h.start for r, h in hits), 16)
+        # Coarse buckets (powers of 4): every (rows, length, k, t) is a program of its own,
+        # and each compiled program holds memory mappings for as long as the process lives.
+        k = min(_power_of_4(len(hits)), self.cache.rows)
+        t = _power_of_4(max(max(len(r.prompt) - h.start for r, h in hits), 16))
         tokens = np.full((k, t), self._pad_id, np.int32)
         valid = np.zeros((k, t), bool)
         rows = np.zeros((k,), np.int32)
@@ -460,6 +462,14 @@ def _packs(requests: list[Request], budget: int) -> list[list[Request]]:
         packs[-1].append(r)
         used += len(r.prompt)
     return packs
+
+
+def _power_of_4(n: int) -> int:
+    """The smallest power of 4 that is >= n."""
+    size = 1
+    while size < n:
+        size *= 4
+    return size
 
 
 def _need(request: Request) -> int:

@@ -161,13 +161,16 @@ def _extend(
     the pool row, the new tokens attend to them and to each other, and the whole row goes
     to its slot. Cost per prompt: T new tokens, instead of start + T."""
     model = model_of(leaves)
+    # The rows are held T slots longer than the cache: a row's padding goes on past its
+    # last real token, and a write that ran past the end would be moved back over the
+    # prefix (dynamic_update_slice clamps). Real tokens end within the cache (it is sized
+    # for every prompt), so what goes back to it is the first S slots.
     s = cache.length
+    held_len = s + tokens.shape[1]
 
-    def prefix(p: jax.Array) -> jax.Array:  # [P, Hkv, Sp, Dh] -> [K, Hkv, S, Dh]
-        rows_kv = p[rows]
-        if rows_kv.shape[2] >= s:  # a hit's prefix and new tokens fit the cache (sized so)
-            return rows_kv[:, :, :s]
-        return jnp.pad(rows_kv, ((0, 0), (0, 0), (0, s - rows_kv.shape[2]), (0, 0)))
+    def prefix(p: jax.Array) -> jax.Array:  # [P, Hkv, Sp, Dh] -> [K, Hkv, S + T, Dh]
+        rows_kv = p[rows][:, :, :held_len]
+        return jnp.pad(rows_kv, ((0, 0), (0, 0), (0, held_len - rows_kv.shape[2]), (0, 0)))
 
     held = KVCache(
         tuple(prefix(k).astype(c.dtype) for k, c in zip(pool.keys, cache.keys, strict=True)),
@@ -181,8 +184,8 @@ def _extend(
     logits = model.logits(at_end)[:, 0]
     token, logprob = sample(logits, _keys(seeds, jnp.zeros_like(last)), *sampling)
 
-    def put(big: jax.Array, small: jax.Array) -> jax.Array:  # [R, ..] <- [K, ..]
-        return big.at[slots].set(small, mode="drop")
+    def put(big: jax.Array, small: jax.Array) -> jax.Array:  # [R, .., S, ..] <- [K, .., S + T, ..]
+        return big.at[slots].set(small[:, :, :s], mode="drop")
 
     cache = KVCache(
         tuple(put(b, k) for b, k in zip(cache.keys, held_new.keys, strict=True)),
