@@ -41,4 +41,4 @@ def release_compiled_programs() -> None:
     from rl_core.rollout import steps
 
     steps.programs.cache_clear()
-    jax.clear_caches()
+    jax.clear_caches()  # type: ignore[no-untyped-call]
