@@ -66,6 +66,7 @@ def transition(
         run.lease_expires_at = None
         run.lease_token_hash = None
     if target == QUEUED:
+        run.queued_at = now
         run.lease_owner = None
         run.lease_expires_at = None
         run.lease_token_hash = None
