@@ -51,6 +51,7 @@ from app.services import gateways
 from app.services.callbacks import sweep as sweep_callbacks
 from app.services.leases import reap_expired_leases, stranded_queued_runs
 from app.services.quotas import Limiter
+from app.services.rate import SharedBuckets
 from app.settings import Settings
 from app.urlcheck import Allowlist
 
@@ -72,14 +73,24 @@ def create_app(
         conf.prepare_data_dir()
         engine = make_engine(conf.resolved_database_url())
         sender = dispatcher or CeleryDispatcher(conf.resolved_broker_url(), conf.task_queue)
+        sessions = make_sessionmaker(engine)
+        # On a database server every replica shares each tenant's request bucket, taken with
+        # one statement on a small autocommit pool of its own; the embedded default is one
+        # process, and SQLite would serialise a write per request.
+        bucket_engine = (
+            None
+            if conf.embedded
+            else make_engine(conf.resolved_database_url(), pool_size=4, autocommit=True)
+        )
+        buckets = None if bucket_engine is None else SharedBuckets(bucket_engine)
         app_state = AppState(
             settings=conf,
-            sessions=make_sessionmaker(engine),
+            sessions=sessions,
             dispatcher=sender,
             worker_token=worker_token,
             secrets=secrets,
             env_allowlist=allowlist,
-            limits=Limiter(conf),
+            limits=Limiter(conf, buckets=buckets),
         )
         app_state.gateways = gateways.client_session()
         app.state.rlaas = app_state
@@ -106,6 +117,8 @@ def create_app(
             await live.aclose()
             await app_state.gateways.close()
             sender.close()
+            if bucket_engine is not None:
+                await bucket_engine.dispose()
             await engine.dispose()
 
     app = FastAPI(title="rlaas", version="0.1.0", lifespan=lifespan)

@@ -22,6 +22,6 @@ async def get_limits(session: SessionDep, tenant_id: TenantDep, app_state: State
         ),
         usage=UsageRead(
             runs_in_flight=await runs_in_flight(session, tenant_id),
-            requests_available=app_state.limits.requests_available(tenant_id, quotas),
+            requests_available=await app_state.limits.requests_available(tenant_id, quotas),
         ),
     )

@@ -35,7 +35,7 @@ async def next_queued_run(session: AsyncSession) -> Run | None:
         .group_by(Run.tenant_id)
         .subquery()
     )
-    return await session.scalar(
+    run: Run | None = await session.scalar(
         select(Run)
         .join(Tenant, Tenant.id == Run.tenant_id)
         .outerjoin(active, active.c.tenant_id == Run.tenant_id)
@@ -49,3 +49,4 @@ async def next_queued_run(session: AsyncSession) -> Run | None:
         .limit(1)
         .with_for_update(of=Run, skip_locked=True)
     )
+    return run

@@ -7,9 +7,8 @@ columns override them. Over a quota is an explicit answer, never a stall:
 - Runs in flight are counted in the database under a lock on the tenant's
   row, so two submits racing at the limit cannot both pass.
 - The request rate is a token bucket per tenant (burst = the per-minute
-  quota, refilled continuously). It lives in each API process: behind N
-  replicas a tenant gets up to N times its rate; a shared bucket (Redis) is
-  the step after this one.
+  quota, refilled continuously), in PostgreSQL and shared by every API process
+  (``app.services.rate``): behind N replicas a tenant still gets its rate once.
 - The body size is enforced by ``app.api.body_limit.BodyLimitMiddleware``
   before the route reads anything, with the limit ``Limiter.body_limit`` looks up.
 - The environment callback route has no tenant to charge (no API key): its rate
@@ -32,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.db.models import ApiKey, Run, Tenant
 from app.errors import TooManyRequests
 from app.services import run_states
+from app.services.rate import LocalBuckets, RequestBuckets, TokenBucket
 from app.settings import Settings
 
 CACHE_TTL_S = 10.0
@@ -62,36 +62,19 @@ class Quotas:
         )
 
 
-class TokenBucket:
-    def __init__(self, per_minute: int, now: float) -> None:
-        self.capacity = float(per_minute)
-        self.tokens = float(per_minute)
-        self.updated = now
-
-    def refill(self, per_minute: int, now: float) -> None:
-        # A changed quota takes effect at once, without a free refill.
-        self.capacity = float(per_minute)
-        self.tokens = min(self.capacity, self.tokens + (now - self.updated) * per_minute / 60.0)
-        self.updated = now
-
-    def take(self, per_minute: int, now: float) -> float:
-        """0 if a token was taken, else the seconds until one will be there."""
-        self.refill(per_minute, now)
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        if per_minute <= 0:
-            return 60.0
-        return (1.0 - self.tokens) * 60.0 / per_minute
-
-
 class Limiter:
-    """The request-rate buckets and a short cache of each tenant's quotas, for one process."""
+    """The request-rate buckets (``buckets``: shared on PostgreSQL, this process's own by
+    default) and a short cache of each tenant's quotas."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        buckets: RequestBuckets | None = None,
+    ) -> None:
         self.settings = settings
         self._clock = clock
-        self._buckets: dict[str, TokenBucket] = {}
+        self.buckets: RequestBuckets = buckets or LocalBuckets(clock)
         self._by_tenant: dict[str, tuple[float, Quotas]] = {}
         self._by_prefix: dict[str, tuple[float, int]] = {}
         # Least recently seen first: past _SOURCES_MAX the longest-quiet address is
@@ -109,11 +92,7 @@ class Limiter:
 
     async def take_request(self, session: AsyncSession, tenant_id: str) -> None:
         quotas = await self.quotas(session, tenant_id)
-        now = self._clock()
-        bucket = self._buckets.get(tenant_id)
-        if bucket is None:
-            bucket = self._buckets[tenant_id] = TokenBucket(quotas.requests_per_minute, now)
-        wait = bucket.take(quotas.requests_per_minute, now)
+        wait = await self.buckets.take(tenant_id, quotas.requests_per_minute)
         if wait > 0:
             retry = max(1, math.ceil(wait))
             raise TooManyRequests(
@@ -146,12 +125,8 @@ class Limiter:
                 quota={"name": "callback_requests_per_minute", "limit": per_minute},
             )
 
-    def requests_available(self, tenant_id: str, quotas: Quotas) -> int:
-        bucket = self._buckets.get(tenant_id)
-        if bucket is None:
-            return quotas.requests_per_minute
-        bucket.refill(quotas.requests_per_minute, self._clock())
-        return int(bucket.tokens)
+    async def requests_available(self, tenant_id: str, quotas: Quotas) -> int:
+        return await self.buckets.available(tenant_id, quotas.requests_per_minute)
 
     async def body_limit(
         self, sessions: async_sessionmaker[AsyncSession], prefix: str | None
