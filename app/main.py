@@ -49,7 +49,11 @@ from app.live.stream import live_updates
 from app.observability import Observability, ObservabilityMiddleware, configure_logging
 from app.services import gateways
 from app.services.callbacks import sweep as sweep_callbacks
-from app.services.leases import reap_expired_leases, stranded_queued_runs
+from app.services.leases import (
+    fail_unclaimed_runs,
+    reap_expired_leases,
+    stranded_queued_runs,
+)
 from app.services.quotas import Limiter
 from app.services.rate import SharedBuckets
 from app.settings import Settings
@@ -169,8 +173,12 @@ async def reap_once(app_state: AppState) -> list[str]:
     settings = app_state.settings
     async with app_state.sessions() as session:
         requeued = await reap_expired_leases(session, max_attempts=settings.max_attempts)
+        # Before the redispatch, so a run that waited out its limit is not sent again.
+        unclaimed = await fail_unclaimed_runs(session, after_s=settings.max_queued_s)
         stranded = await stranded_queued_runs(session, after_s=settings.redispatch_after_s)
         await session.commit()
+    for run_id in unclaimed:
+        log.warning("run %s waited %s s in the queue; failed", run_id, settings.max_queued_s)
     for run_id in requeued:
         log.warning("run %s lost its worker; dispatching it again", run_id)
     for run_id in stranded:

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     reaper_interval_s: float = 5.0
     # A run still queued this long after it was sent to the broker is sent again.
     redispatch_after_s: float = 300.0
+    # A run still queued this long after it entered the queue (no worker took it) fails with
+    # a reason, and stops counting against its tenant's runs in flight; 0 turns it off.
+    max_queued_s: float = 86_400.0
     # GET /metrics (Prometheus) asks for "Authorization: Bearer <this>"; unset, it answers
     # loopback clients only: a scraper on the same host. Behind a reverse proxy on the
     # same host that does not pass the client's address on, every client is loopback:
