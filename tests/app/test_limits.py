@@ -40,6 +40,9 @@ async def test_limits_show_the_defaults_then_the_overrides_and_the_use(api: Api)
         "runs_in_flight": settings.quota_runs_in_flight,
         "requests_per_minute": settings.quota_requests_per_minute,
         "body_bytes": settings.quota_body_bytes,
+        "run_seconds": None,  # no compute budget by default (tests/app/test_budget.py)
+        "run_seconds_period_s": settings.quota_run_seconds_period_s,
+        "train_steps": None,
     }
     await api.submit(auth)
     await set_quota(api, auth, runs_in_flight=5, body_bytes=4096)
