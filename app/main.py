@@ -49,8 +49,13 @@ from app.live.stream import live_updates
 from app.observability import Observability, ObservabilityMiddleware, configure_logging
 from app.services import gateways
 from app.services.callbacks import sweep as sweep_callbacks
-from app.services.leases import reap_expired_leases, stranded_queued_runs
+from app.services.leases import (
+    fail_unclaimed_runs,
+    reap_expired_leases,
+    stranded_queued_runs,
+)
 from app.services.quotas import Limiter
+from app.services.rate import SharedBuckets
 from app.settings import Settings
 from app.urlcheck import Allowlist
 
@@ -72,14 +77,24 @@ def create_app(
         conf.prepare_data_dir()
         engine = make_engine(conf.resolved_database_url())
         sender = dispatcher or CeleryDispatcher(conf.resolved_broker_url(), conf.task_queue)
+        sessions = make_sessionmaker(engine)
+        # On a database server every replica shares each tenant's request bucket, taken with
+        # one statement on a small autocommit pool of its own; the embedded default is one
+        # process, and SQLite would serialise a write per request.
+        bucket_engine = (
+            None
+            if conf.embedded
+            else make_engine(conf.resolved_database_url(), pool_size=4, autocommit=True)
+        )
+        buckets = None if bucket_engine is None else SharedBuckets(bucket_engine)
         app_state = AppState(
             settings=conf,
-            sessions=make_sessionmaker(engine),
+            sessions=sessions,
             dispatcher=sender,
             worker_token=worker_token,
             secrets=secrets,
             env_allowlist=allowlist,
-            limits=Limiter(conf),
+            limits=Limiter(conf, buckets=buckets),
         )
         app_state.gateways = gateways.client_session()
         app.state.rlaas = app_state
@@ -106,6 +121,8 @@ def create_app(
             await live.aclose()
             await app_state.gateways.close()
             sender.close()
+            if bucket_engine is not None:
+                await bucket_engine.dispose()
             await engine.dispose()
 
     app = FastAPI(title="rlaas", version="0.1.0", lifespan=lifespan)
@@ -156,8 +173,12 @@ async def reap_once(app_state: AppState) -> list[str]:
     settings = app_state.settings
     async with app_state.sessions() as session:
         requeued = await reap_expired_leases(session, max_attempts=settings.max_attempts)
+        # Before the redispatch, so a run that waited out its limit is not sent again.
+        unclaimed = await fail_unclaimed_runs(session, after_s=settings.max_queued_s)
         stranded = await stranded_queued_runs(session, after_s=settings.redispatch_after_s)
         await session.commit()
+    for run_id in unclaimed:
+        log.warning("run %s waited %s s in the queue; failed", run_id, settings.max_queued_s)
     for run_id in requeued:
         log.warning("run %s lost its worker; dispatching it again", run_id)
     for run_id in stranded:

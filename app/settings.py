@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     reaper_interval_s: float = 5.0
     # A run still queued this long after it was sent to the broker is sent again.
     redispatch_after_s: float = 300.0
+    # A run still queued this long after it entered the queue (no worker took it) fails with
+    # a reason, and stops counting against its tenant's runs in flight; 0 turns it off.
+    max_queued_s: float = 86_400.0
     # GET /metrics (Prometheus) asks for "Authorization: Bearer <this>"; unset, it answers
     # loopback clients only: a scraper on the same host. Behind a reverse proxy on the
     # same host that does not pass the client's address on, every client is loopback:
@@ -51,6 +54,12 @@ class Settings(BaseSettings):
     quota_runs_in_flight: int = 10
     quota_requests_per_minute: int = 1200
     quota_body_bytes: int = 1_048_576
+    # The compute budget (app.services.budget): run-seconds (seconds a run holds a worker)
+    # per rolling period, checked at submit; unset, no budget. And the most train.steps
+    # one run may ask for; unset, only the spec's own bound.
+    quota_run_seconds: int | None = None
+    quota_run_seconds_period_s: int = 86_400
+    quota_train_steps: int | None = None
     # The worker's batches (metrics, spans, trajectories) are bigger than anything a client sends.
     internal_body_bytes: int = 64 * 1_048_576
     runs_in_flight_retry_after_s: int = 30

@@ -111,8 +111,13 @@ class ControlPlane:
             transport=self._transport,
         )
 
-    def claim(self, run_id: str, lease_seconds: float) -> Claim:
-        body = _body(ClaimBody, worker_id=self.worker_id, lease_seconds=lease_seconds)
+    def claim(self, run_id: str, lease_seconds: float, *, fair: bool = False) -> Claim:
+        """Lease ``run_id``, or with ``fair`` the queued run fair order puts first (the
+        answer's ``run_id``): what the worker's task does."""
+        fields: dict[str, Any] = {"worker_id": self.worker_id, "lease_seconds": lease_seconds}
+        if fair:  # only when asked, so a server of the release before still reads the body
+            fields["fair"] = True
+        body = _body(ClaimBody, **fields)
         data = self._post(
             f"/internal/runs/{run_id}/claim", body, refused=ClaimRefused, refused_on=(409,)
         )

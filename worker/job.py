@@ -39,12 +39,17 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
         retry_seconds=settings.api_retry_seconds,
     )
     try:
-        claim = claimer.claim(run_id, settings.lease_seconds)
+        # The message names a run, but the fair claim takes the queued run fair order puts
+        # first (app.services.fair): one tenant's many runs cannot starve another's one.
+        claim = claimer.claim(run_id, settings.lease_seconds, fair=True)
     except ClaimRefused as exc:
         log.info("run %s not claimed: %s", run_id, exc)
         return "not_claimed"
     finally:
         claimer.close()
+    if claim.run_id != run_id:
+        log.info("message for run %s: took run %s, next in fair order", run_id, claim.run_id)
+        run_id = claim.run_id
     # Three clients, one per thread: this one, the shipper's and the heartbeat's.
     api = claimer.for_lease(claim)
     try:

@@ -37,8 +37,13 @@ async def claim(
     run_id: str, body: ClaimBody, session: SessionDep, app_state: StateDep
 ) -> ClaimRead:
     """The run's spec, its environment's grant (secret included: the claimer is now the
-    lease holder) and the lease token that every other route of the run takes."""
-    run, lease_token = await service.claim(session, run_id, body.worker_id, body.lease_seconds)
+    lease holder) and the lease token that every other route of the run takes.
+
+    With ``fair``, the run taken is the queued run fair order puts first (which may not
+    be the one in the path): ``run_id`` in the answer says which."""
+    run, lease_token = await service.claim(
+        session, run_id, body.worker_id, body.lease_seconds, fair=body.fair
+    )
     assert run.lease_expires_at is not None
     newest = await service.newest_checkpoint(session, run.id)
     checkpoint = (

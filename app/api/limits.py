@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from app.api.deps import SessionDep, StateDep, TenantDep
 from app.schemas.limits import LimitsRead, QuotasRead, UsageRead
+from app.services.budget import run_seconds_used
 from app.services.quotas import runs_in_flight
 
 router = APIRouter(prefix="/v1/limits", tags=["limits"])
@@ -14,14 +15,20 @@ router = APIRouter(prefix="/v1/limits", tags=["limits"])
 @router.get("", response_model=LimitsRead)
 async def get_limits(session: SessionDep, tenant_id: TenantDep, app_state: StateDep) -> LimitsRead:
     quotas = await app_state.limits.quotas(session, tenant_id)
+    period = app_state.settings.quota_run_seconds_period_s
+    used, _ = await run_seconds_used(session, tenant_id, period)
     return LimitsRead(
         quotas=QuotasRead(
             runs_in_flight=quotas.runs_in_flight,
             requests_per_minute=quotas.requests_per_minute,
             body_bytes=quotas.body_bytes,
+            run_seconds=quotas.run_seconds,
+            run_seconds_period_s=period,
+            train_steps=quotas.train_steps,
         ),
         usage=UsageRead(
             runs_in_flight=await runs_in_flight(session, tenant_id),
-            requests_available=app_state.limits.requests_available(tenant_id, quotas),
+            requests_available=await app_state.limits.requests_available(tenant_id, quotas),
+            run_seconds=round(used),
         ),
     )

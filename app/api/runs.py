@@ -30,7 +30,9 @@ async def create_run(
         tenant_id,
         body,
         idempotency_key,
-        admit=lambda: quotas.admit_run(session, tenant_id, app_state.settings),
+        admit=lambda: quotas.admit_run(
+            session, tenant_id, app_state.settings, train_steps=body.spec.train.steps
+        ),
     )
     if created:
         after_commit.run_ids.append(run.id)

@@ -48,6 +48,12 @@ class Tenant(Base):
     quota_runs_in_flight: Mapped[int | None] = mapped_column(Integer)
     quota_requests_per_minute: Mapped[int | None] = mapped_column(Integer)
     quota_body_bytes: Mapped[int | None] = mapped_column(Integer)
+    # Compute budget: run-seconds per period, and the most train.steps one run may ask for.
+    quota_run_seconds: Mapped[int | None] = mapped_column(Integer)
+    quota_train_steps: Mapped[int | None] = mapped_column(Integer)
+    # When a worker last took one of this tenant's runs: the fair claim (app.services.fair)
+    # serves the tenant waited on longest first.
+    last_claim_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     # lazy="raise": an async session cannot load on attribute access; say so loudly.
     api_keys: Mapped[list[ApiKey]] = relationship(
@@ -103,12 +109,27 @@ class Run(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When the run last entered queued (submitted, or re-queued by the reaper); not moved
+    # by a redispatch, so the reaper can fail a run that waited past RLAAS_MAX_QUEUED_S.
+    queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     tenant: Mapped[Tenant] = relationship(lazy="raise")
     events: Mapped[list[RunEvent]] = relationship(
         back_populates="run", lazy="raise", order_by="RunEvent.id", passive_deletes=True
     )
+
+
+class RequestBucket(Base):
+    """A tenant's request-rate bucket, shared by every API process (app.services.rate):
+    the theoretical arrival time of the next request (GCRA), in seconds since the epoch."""
+
+    __tablename__ = "request_buckets"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    tat: Mapped[float] = mapped_column(Float)
 
 
 class RunEvent(Base):

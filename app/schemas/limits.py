@@ -9,11 +9,18 @@ class QuotasRead(BaseModel):
     runs_in_flight: int = Field(description="Queued, starting or running runs at once")
     requests_per_minute: int = Field(description="Requests to /v1 (a bucket: this many at once)")
     body_bytes: int = Field(description="Largest request body")
+    run_seconds: int | None = Field(
+        description="Seconds the tenant's runs may hold workers in the rolling period "
+        "(null: no budget)"
+    )
+    run_seconds_period_s: int = Field(description="The rolling period of run_seconds")
+    train_steps: int | None = Field(description="Most train.steps one run may ask (null: no cap)")
 
 
 class UsageRead(BaseModel):
     runs_in_flight: int
     requests_available: int = Field(description="Requests that may be sent now without a 429")
+    run_seconds: int = Field(description="Seconds the tenant's runs held workers in the period")
 
 
 class LimitsRead(BaseModel):

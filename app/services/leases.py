@@ -9,6 +9,10 @@ Nor a lost message: a run still ``queued`` ``redispatch_after_s`` after it was
 queued (or last sent) is sent again, since the broker may have been down when
 it was first sent, or lost the message. A duplicate costs one refused claim:
 only a ``queued`` run can be claimed.
+
+Nor a run no worker ever takes: one still ``queued`` ``max_queued_s`` after it entered the
+queue (no worker serves the queue, or none is free for that long) is failed with a reason
+the tenant can read, and so stops counting against the tenant's runs in flight.
 """
 
 from __future__ import annotations
@@ -90,3 +94,44 @@ async def stranded_queued_runs(
         ids.append(run.id)
     await session.flush()
     return ids
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+async def fail_unclaimed_runs(
+    session: AsyncSession, now: datetime | None = None, *, after_s: float
+) -> list[str]:
+    """Fail runs queued for longer than ``after_s`` since they entered the queue (submitted
+    or re-queued; a redispatch does not restart the wait); returns their ids. ``after_s``
+    of 0 or less turns it off."""
+    if after_s <= 0:
+        return []
+    now = now or utcnow()
+    waited_out = await session.scalars(
+        select(Run)
+        .where(
+            Run.status == run_states.QUEUED,
+            Run.queued_at < now - timedelta(seconds=after_s),
+        )
+        .order_by(Run.queued_at)
+        .limit(500)
+        .with_for_update(skip_locked=True)
+    )
+    failed = []
+    for run in waited_out:
+        reason = (
+            f"no worker took this run in {_span(after_s)} in the queue (the deployment's "
+            "limit); its workers may be stopped or all busy. Submit it again later, or ask "
+            "the operator whether workers are serving this deployment"
+        )
+        run_states.transition(session, run, run_states.FAILED, reason=reason, now=now)
+        run.error = reason
+        failed.append(run.id)
+    await session.flush()
+    return failed

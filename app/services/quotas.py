@@ -1,4 +1,4 @@
-"""Per-tenant quotas: runs in flight, request rate, body size.
+"""Per-tenant quotas: runs in flight, request rate, body size, compute budget.
 
 Defaults come from Settings (``RLAAS_QUOTA_*``); a tenant's ``quota_*``
 columns override them. Over a quota is an explicit answer, never a stall:
@@ -7,11 +7,12 @@ columns override them. Over a quota is an explicit answer, never a stall:
 - Runs in flight are counted in the database under a lock on the tenant's
   row, so two submits racing at the limit cannot both pass.
 - The request rate is a token bucket per tenant (burst = the per-minute
-  quota, refilled continuously). It lives in each API process: behind N
-  replicas a tenant gets up to N times its rate; a shared bucket (Redis) is
-  the step after this one.
+  quota, refilled continuously), in PostgreSQL and shared by every API process
+  (``app.services.rate``): behind N replicas a tenant still gets its rate once.
 - The body size is enforced by ``app.api.body_limit.BodyLimitMiddleware``
   before the route reads anything, with the limit ``Limiter.body_limit`` looks up.
+- The compute budget (run-seconds per rolling period, and a cap on one run's
+  ``train.steps``) is checked at submit, after the runs in flight (``app.services.budget``).
 - The environment callback route has no tenant to charge (no API key): its rate
   is the same token bucket per source address (``Limiter.take_callback``).
 """
@@ -24,14 +25,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.models import ApiKey, Run, Tenant
-from app.errors import TooManyRequests
+from app.db.models import ApiKey, Run, Tenant, utcnow
+from app.errors import TooManyRequests, Unprocessable
+from app.services import budget as budget_service
 from app.services import run_states
+from app.services.rate import LocalBuckets, RequestBuckets, TokenBucket
 from app.settings import Settings
 
 CACHE_TTL_S = 10.0
@@ -46,10 +50,16 @@ class Quotas:
     runs_in_flight: int
     requests_per_minute: int
     body_bytes: int
+    run_seconds: int | None = None  # per settings.quota_run_seconds_period_s; None: no budget
+    train_steps: int | None = None  # the most one run may ask for; None: no cap
 
     @classmethod
     def of(cls, tenant: Tenant | None, settings: Settings) -> Quotas:
         def pick(column: str, default: int) -> int:
+            override: int | None = getattr(tenant, column) if tenant is not None else None
+            return default if override is None else override
+
+        def pick_optional(column: str, default: int | None) -> int | None:
             override: int | None = getattr(tenant, column) if tenant is not None else None
             return default if override is None else override
 
@@ -59,39 +69,24 @@ class Quotas:
                 "quota_requests_per_minute", settings.quota_requests_per_minute
             ),
             body_bytes=pick("quota_body_bytes", settings.quota_body_bytes),
+            run_seconds=pick_optional("quota_run_seconds", settings.quota_run_seconds),
+            train_steps=pick_optional("quota_train_steps", settings.quota_train_steps),
         )
 
 
-class TokenBucket:
-    def __init__(self, per_minute: int, now: float) -> None:
-        self.capacity = float(per_minute)
-        self.tokens = float(per_minute)
-        self.updated = now
-
-    def refill(self, per_minute: int, now: float) -> None:
-        # A changed quota takes effect at once, without a free refill.
-        self.capacity = float(per_minute)
-        self.tokens = min(self.capacity, self.tokens + (now - self.updated) * per_minute / 60.0)
-        self.updated = now
-
-    def take(self, per_minute: int, now: float) -> float:
-        """0 if a token was taken, else the seconds until one will be there."""
-        self.refill(per_minute, now)
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        if per_minute <= 0:
-            return 60.0
-        return (1.0 - self.tokens) * 60.0 / per_minute
-
-
 class Limiter:
-    """The request-rate buckets and a short cache of each tenant's quotas, for one process."""
+    """The request-rate buckets (``buckets``: shared on PostgreSQL, this process's own by
+    default) and a short cache of each tenant's quotas."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        buckets: RequestBuckets | None = None,
+    ) -> None:
         self.settings = settings
         self._clock = clock
-        self._buckets: dict[str, TokenBucket] = {}
+        self.buckets: RequestBuckets = buckets or LocalBuckets(clock)
         self._by_tenant: dict[str, tuple[float, Quotas]] = {}
         self._by_prefix: dict[str, tuple[float, int]] = {}
         # Least recently seen first: past _SOURCES_MAX the longest-quiet address is
@@ -109,11 +104,7 @@ class Limiter:
 
     async def take_request(self, session: AsyncSession, tenant_id: str) -> None:
         quotas = await self.quotas(session, tenant_id)
-        now = self._clock()
-        bucket = self._buckets.get(tenant_id)
-        if bucket is None:
-            bucket = self._buckets[tenant_id] = TokenBucket(quotas.requests_per_minute, now)
-        wait = bucket.take(quotas.requests_per_minute, now)
+        wait = await self.buckets.take(tenant_id, quotas.requests_per_minute)
         if wait > 0:
             retry = max(1, math.ceil(wait))
             raise TooManyRequests(
@@ -146,12 +137,8 @@ class Limiter:
                 quota={"name": "callback_requests_per_minute", "limit": per_minute},
             )
 
-    def requests_available(self, tenant_id: str, quotas: Quotas) -> int:
-        bucket = self._buckets.get(tenant_id)
-        if bucket is None:
-            return quotas.requests_per_minute
-        bucket.refill(quotas.requests_per_minute, self._clock())
-        return int(bucket.tokens)
+    async def requests_available(self, tenant_id: str, quotas: Quotas) -> int:
+        return await self.buckets.available(tenant_id, quotas.requests_per_minute)
 
     async def body_limit(
         self, sessions: async_sessionmaker[AsyncSession], prefix: str | None
@@ -212,14 +199,32 @@ async def runs_in_flight(session: AsyncSession, tenant_id: str) -> int:
     )
 
 
-async def admit_run(session: AsyncSession, tenant_id: str, settings: Settings) -> None:
-    """429 if the tenant has its quota of unfinished runs; else the new run may be stored.
+async def admit_run(
+    session: AsyncSession,
+    tenant_id: str,
+    settings: Settings,
+    train_steps: int | None = None,
+    now: datetime | None = None,
+) -> None:
+    """Refuse the new run if it is over a quota; else it may be stored.
 
-    The tenant's row stays locked until the request commits, so concurrent submits
-    of one tenant queue here (SQLite has no row locks; it serialises writers anyway).
+    In this order: ``train_steps`` over the tenant's cap (422: no wait will help), its
+    quota of unfinished runs, then its compute budget (429 with ``Retry-After``). The
+    tenant's row stays locked until the request commits, so concurrent submits of one
+    tenant queue here (SQLite has no row locks; it serialises writers anyway).
     """
     tenant = await session.scalar(select(Tenant).where(Tenant.id == tenant_id).with_for_update())
-    quota = Quotas.of(tenant, settings).runs_in_flight
+    quotas = Quotas.of(tenant, settings)
+    cap = quotas.train_steps
+    if cap is not None and train_steps is not None and train_steps > cap:
+        refusal = Unprocessable(
+            f"train.steps is {train_steps} and this tenant's cap per run is {cap}; ask for "
+            f"at most {cap} steps, or ask for a higher quota",
+            field="spec.train.steps",
+        )
+        refusal.extra = {"quota": {"name": "train_steps", "limit": cap}}
+        raise refusal
+    quota = quotas.runs_in_flight
     used = await runs_in_flight(session, tenant_id)
     if used >= quota:
         retry = settings.runs_in_flight_retry_after_s
@@ -229,3 +234,22 @@ async def admit_run(session: AsyncSession, tenant_id: str, settings: Settings) -
             retry_after_s=retry,
             quota={"name": "runs_in_flight", "limit": quota, "used": used},
         )
+    if quotas.run_seconds is not None:
+        await _admit_budget(session, tenant_id, quotas.run_seconds, settings, now or utcnow())
+
+
+async def _admit_budget(
+    session: AsyncSession, tenant_id: str, budget: int, settings: Settings, now: datetime
+) -> None:
+    period = settings.quota_run_seconds_period_s
+    used, intervals = await budget_service.run_seconds_used(session, tenant_id, period, now)
+    if used < budget:
+        return
+    retry = budget_service.seconds_until_under(intervals, budget, period, now)
+    raise TooManyRequests(
+        f"this tenant's runs held workers for {used:.0f} s in the last {period} s and the "
+        f"budget is {budget} s; retry after {retry} s, when older use has left the period, "
+        "or ask for a higher quota",
+        retry_after_s=retry,
+        quota={"name": "run_seconds", "limit": budget, "used": round(used), "period_s": period},
+    )

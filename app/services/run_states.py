@@ -5,7 +5,8 @@
     queued ──▶ starting ──▶ running ──▶ succeeded | failed | cancelled
       │  ▲         │           │
       │  └─────────┴───────────┘   lease expired: back to the queue (reaper)
-      └──▶ cancelled               (starting also ──▶ failed | cancelled)
+      └──▶ cancelled | failed      (failed: no worker took it in time; starting also
+                                    ──▶ failed | cancelled)
 
 Every transition writes a ``run_events`` row, so the event log is complete by
 construction.
@@ -26,7 +27,8 @@ TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ALL = (QUEUED, STARTING, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 
 ALLOWED: dict[str, frozenset[str]] = {
-    QUEUED: frozenset({STARTING, CANCELLED}),
+    # queued -> failed: the reaper, when no worker took the run within RLAAS_MAX_QUEUED_S.
+    QUEUED: frozenset({STARTING, CANCELLED, FAILED}),
     STARTING: frozenset({RUNNING, QUEUED, FAILED, CANCELLED}),
     RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, QUEUED}),
     SUCCEEDED: frozenset(),
@@ -66,6 +68,7 @@ def transition(
         run.lease_expires_at = None
         run.lease_token_hash = None
     if target == QUEUED:
+        run.queued_at = now
         run.lease_owner = None
         run.lease_expires_at = None
         run.lease_token_hash = None

@@ -60,6 +60,7 @@ async def create_run(
         current_step=0,
         created_at=now,
         updated_at=now,
+        queued_at=now,
     )
     try:
         # A savepoint: two requests racing with one key both pass the lookup above;

@@ -15,13 +15,14 @@ from sqlalchemy import case, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.crypto import SecretBox
-from app.db.models import Artifact, Run, utcnow
+from app.db.models import Artifact, Run, Tenant, utcnow
 from app.errors import Conflict, NotFound
 from app.live.notes import note_step
 from app.schemas import PointIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 from app.security import LeaseProof, new_lease_token
 from app.services import ingest, run_states
+from app.services.fair import next_queued_run
 
 
 async def _locked_run(session: AsyncSession, run_id: str) -> Run:
@@ -32,15 +33,33 @@ async def _locked_run(session: AsyncSession, run_id: str) -> Run:
 
 
 async def claim(
-    session: AsyncSession, run_id: str, worker_id: str, lease_s: float
+    session: AsyncSession, run_id: str, worker_id: str, lease_s: float, *, fair: bool = False
 ) -> tuple[Run, str]:
-    """Lease a queued run to ``worker_id``; returns (run, the lease token, shown only here)."""
-    run = await _locked_run(session, run_id)
-    if run.status != run_states.QUEUED:
-        raise Conflict(
-            f"run {run_id} is {run.status}; only queued runs can be claimed", field="status"
-        )
+    """Lease a queued run to ``worker_id``; returns (run, the lease token, shown only here).
+
+    ``fair``: not necessarily ``run_id`` but the queued run fair order puts first
+    (app.services.fair); 409 if no run is queued.
+    """
+    if fair:
+        chosen = await next_queued_run(session)
+        if chosen is None:
+            raise Conflict(
+                f"no run is queued (run {run_id} was taken by another claim, or ended)",
+                field="status",
+            )
+        run = chosen
+    else:
+        run = await _locked_run(session, run_id)
+        if run.status != run_states.QUEUED:
+            raise Conflict(
+                f"run {run_id} is {run.status}; only queued runs can be claimed", field="status"
+            )
     now = utcnow()
+    # The tenant's row is locked until the claim commits (as a submit locks it): the next
+    # fair claim sees this one.
+    await session.execute(
+        update(Tenant).where(Tenant.id == run.tenant_id).values(last_claim_at=now)
+    )
     run_states.transition(
         session, run, run_states.STARTING, reason=f"claimed by {worker_id}", now=now
     )

@@ -71,6 +71,10 @@ class Answer(BaseModel):
 class ClaimBody(Sent):
     worker_id: WorkerId
     lease_seconds: LeaseSeconds = 60.0
+    # False: take the run the path names (what a worker of the release before asks for).
+    # True: take the queued run that fairness between tenants puts first, which may be
+    # another than the one named; the answer's run_id says which (docs/lifecycle.md).
+    fair: bool = False
 
 
 class EnvironmentGrant(Answer):

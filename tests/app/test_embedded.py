@@ -64,7 +64,8 @@ async def test_submit_claim_report_and_read_back_on_sqlite(
         return r
 
     held: dict[str, str] = {}
-    await internal("claim", worker_id="w1")
+    # As a worker claims: fairly between tenants (one tenant here; the run is its only one).
+    assert (await internal("claim", worker_id="w1", fair=True)).json()["run_id"] == run_id
     await internal("status", worker_id="w1", status="running")
     points = [{"step": s, "name": "reward/mean", "value": s / 4} for s in (1, 2)]
     await internal("metrics", worker_id="w1", seq=0, points=points)
@@ -82,6 +83,9 @@ async def test_submit_claim_report_and_read_back_on_sqlite(
     assert [e["to_status"] for e in events] == ["queued", "starting", "running", "succeeded"]
     # SQLite keeps no zone; the API still says UTC.
     assert datetime.fromisoformat(run["created_at"]).utcoffset() == timedelta(0)
+    # The run-seconds of the compute budget are read from the events on SQLite too.
+    limits = (await client.get("/v1/limits", headers=auth)).json()
+    assert limits["usage"]["run_seconds"] >= 0 and limits["usage"]["runs_in_flight"] == 0
 
     plain_auth = {"Authorization": auth["Authorization"]}
     newer = [

@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import Run, utcnow
+from app.db.models import Run, Tenant, utcnow
 from app.main import reap_once
-from app.services.leases import reap_expired_leases
-from tests.app.conftest import Api, running_api
+from app.services.leases import fail_unclaimed_runs, reap_expired_leases, stranded_queued_runs
+from tests.app.conftest import Api, running_api, spec
 
 pytestmark = pytest.mark.anyio
 
@@ -156,3 +156,72 @@ async def test_a_run_that_saves_checkpoints_survives_any_number_of_preemptions(a
         run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
         assert run["status"] == ("failed" if attempt == 8 else "queued"), (attempt, run)
     assert "3 attempts in a row that saved no checkpoint" in run["error"]
+
+
+async def fail_unclaimed_at(api: Api, seconds_from_now: float) -> list[str]:
+    """The reaper's queue-limit pass as if the clock read now + ``seconds_from_now``."""
+    now = utcnow() + timedelta(seconds=seconds_from_now)
+    limit = api.state.settings.max_queued_s
+    return await api.db(lambda s: fail_unclaimed_runs(s, now, after_s=limit))
+
+
+async def test_a_run_no_worker_takes_fails_at_the_queue_limit_and_frees_its_slot(
+    api: Api,
+) -> None:
+    auth = await api.tenant()
+    await api.db(lambda s: s.execute(update(Tenant).values(quota_runs_in_flight=1)))
+    run_id = await api.submit(auth)
+    refused = await api.client.post("/v1/runs", json={"spec": spec()}, headers=auth)
+    assert refused.status_code == 429  # the queued run holds the tenant's one slot
+    limit = api.state.settings.max_queued_s
+    assert limit == 86_400  # the default: a day
+    # Sent again (a lost message) on the way: that does not restart the wait.
+    now = utcnow()
+    await api.db(lambda s: stranded_queued_runs(s, now + timedelta(hours=12), after_s=300))
+    assert await fail_unclaimed_at(api, limit - 60) == []
+    assert await fail_unclaimed_at(api, limit + 1) == [run_id]
+    run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+    assert run["status"] == "failed"
+    assert run["error"].startswith("no worker took this run in 24 h in the queue")
+    assert "Submit it again later" in run["error"]
+    events = (await api.client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
+    assert (events[-1]["from_status"], events[-1]["to_status"]) == ("queued", "failed")
+    # The slot is free again, and a failed run cannot be claimed.
+    assert (await api.internal(run_id, "claim", worker_id="w1")).status_code == 409
+    await api.submit(auth)
+
+
+async def test_a_requeued_run_waits_its_limit_again_from_the_requeue(api: Api) -> None:
+    run_id = await api.submit(await api.tenant())
+    await api.internal(run_id, "claim", worker_id="w1", lease_seconds=60)
+    assert await reap_at(api, 3600) == [run_id]  # its worker died: queued again an hour on
+    limit = api.state.settings.max_queued_s
+    assert await fail_unclaimed_at(api, limit + 1) == []
+    assert await fail_unclaimed_at(api, 3600 + limit + 1) == [run_id]
+
+
+async def test_the_reaper_pass_fails_a_waited_out_run_and_does_not_send_it_again(
+    api: Api,
+) -> None:
+    auth = await api.tenant()
+    waited_out, fresh = await api.submit(auth), await api.submit(auth)
+    api.dispatcher.sent.clear()
+    long_ago = utcnow() - timedelta(days=2)
+    await api.db(
+        lambda s: s.execute(
+            update(Run).where(Run.id == waited_out).values(queued_at=long_ago, updated_at=long_ago)
+        )
+    )
+    await reap_once(api.state)
+    assert api.dispatcher.sent == []  # neither the failed run nor the fresh one is sent
+    statuses = {
+        r: (await api.client.get(f"/v1/runs/{r}", headers=auth)).json()["status"]
+        for r in (waited_out, fresh)
+    }
+    assert statuses == {waited_out: "failed", fresh: "queued"}
+
+
+async def test_a_queue_limit_of_zero_turns_the_rule_off(api: Api) -> None:
+    await api.submit(await api.tenant())
+    later = utcnow() + timedelta(days=365)
+    assert await api.db(lambda s: fail_unclaimed_runs(s, later, after_s=0)) == []

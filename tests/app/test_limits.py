@@ -11,7 +11,8 @@ from sqlalchemy import update
 from app.db.models import Tenant
 from app.errors import TooManyRequests
 from app.services import quotas
-from app.services.quotas import Limiter, TokenBucket
+from app.services.quotas import Limiter
+from app.services.rate import SharedBuckets, TokenBucket
 from app.services.tenants import authenticate
 from app.settings import Settings
 from tests.app.conftest import Api, lease, running_api, spec
@@ -39,10 +40,14 @@ async def test_limits_show_the_defaults_then_the_overrides_and_the_use(api: Api)
         "runs_in_flight": settings.quota_runs_in_flight,
         "requests_per_minute": settings.quota_requests_per_minute,
         "body_bytes": settings.quota_body_bytes,
+        "run_seconds": None,  # no compute budget by default (tests/app/test_budget.py)
+        "run_seconds_period_s": settings.quota_run_seconds_period_s,
+        "train_steps": None,
     }
     await api.submit(auth)
     await set_quota(api, auth, runs_in_flight=5, body_bytes=4096)
-    api.state.limits = type(api.state.limits)(settings)  # drop the 10 s quota cache
+    # Drop the 10 s quota cache (the shared request bucket stays).
+    api.state.limits = Limiter(settings, buckets=api.state.limits.buckets)
     body = (await api.client.get("/v1/limits", headers=auth)).json()
     assert body["quotas"]["runs_in_flight"] == 5 and body["quotas"]["body_bytes"] == 4096
     assert body["usage"]["runs_in_flight"] == 1
@@ -192,3 +197,28 @@ async def test_body_limits_per_tenant_and_for_the_worker(small_bodies: Api) -> N
         headers=lease(api.leases[run_id]),
     )
     assert len(r.request.content) > 2000 and r.status_code == 200, r.text
+
+
+async def test_two_api_processes_share_one_request_bucket(app_database: str) -> None:
+    async with running_api(app_database) as one, running_api(app_database) as two:
+        now = [1_000_000.0]  # one wall clock for both, moved by hand: no race with time
+        for api in (one, two):
+            shared = api.state.limits.buckets
+            assert isinstance(shared, SharedBuckets)  # a server database: the shared bucket
+            buckets = SharedBuckets(shared.engine, clock=lambda: now[0])
+            api.state.limits = Limiter(api.state.settings, buckets=buckets)
+        auth = await one.tenant()
+        await set_quota(one, auth, requests_per_minute=4)
+        statuses = [
+            (await api.client.get("/v1/runs", headers=auth)).status_code
+            for api in (one, two, one, two)
+        ]
+        assert statuses == [200, 200, 200, 200]  # four in all, two through each process
+        for api in (one, two):  # each process alone has had only two: both refuse
+            over = await api.client.get("/v1/runs", headers=auth)
+            assert over.status_code == 429
+            assert over.headers["Retry-After"] == "15"  # one request every 60 / 4 s
+            assert over.json()["error"]["quota"] == {"name": "requests_per_minute", "limit": 4}
+        now[0] += 15.0
+        assert (await two.client.get("/v1/runs", headers=auth)).status_code == 200
+        assert (await one.client.get("/v1/runs", headers=auth)).status_code == 429

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.anyio
 LEGAL = {
     ("queued", "starting"),
     ("queued", "cancelled"),
+    ("queued", "failed"),  # the reaper: no worker took it within RLAAS_MAX_QUEUED_S
     ("starting", "running"),
     ("starting", "queued"),
     ("starting", "failed"),

@@ -22,8 +22,8 @@ def live(postgres_url: str) -> Iterator[LiveApi]:
         yield running
 
 
-def queued_run(live: LiveApi) -> tuple[dict[str, str], str]:
-    auth = {"Authorization": f"Bearer {live.tenant()}"}
+def queued_run(live: LiveApi, auth: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
+    auth = auth or {"Authorization": f"Bearer {live.tenant()}"}
     spec = {"environment": {"name": "guess_number"}, "train": {"steps": 3}}
     r = httpx.post(f"{live.url}/v1/runs", json={"spec": spec}, headers=auth, timeout=30)
     assert r.status_code == 201, r.text
@@ -72,3 +72,28 @@ def test_a_worker_whose_lease_was_taken_over_stops(live: LiveApi) -> None:
     assert beats.control.stop_requested
     with closing(second.for_lease(theirs)) as api:
         assert api.heartbeat(run_id).cancel_requested is False  # the new holder goes on
+
+
+@pytest.fixture
+def alone(postgres_url: str) -> Iterator[LiveApi]:
+    """A live API on a database of its own: no other test's run is queued there."""
+    with live_api(migrated_database(postgres_url)) as running:
+        yield running
+
+
+def test_the_workers_fair_claim_takes_the_run_fair_order_puts_first(alone: LiveApi) -> None:
+    live = alone
+    a, a_first = queued_run(live)
+    _, a_second = queued_run(live, a)
+    _, b_only = queued_run(live)
+    taken = []
+    # The messages come in the order the runs were sent: A's two, then B's.
+    for number, message in enumerate((a_first, a_second, b_only)):
+        claimer = worker(live, f"w-fair-{number}")
+        claim = claimer.claim(message, lease_seconds=60, fair=True)
+        claimer.close()
+        with closing(claimer.for_lease(claim)) as api:
+            api.report_status(claim.run_id, "running")  # the run taken, not the one named
+        taken.append(claim.run_id)
+    # A's second message took B's run: A had one going, B none.
+    assert taken == [a_first, b_only, a_second]
