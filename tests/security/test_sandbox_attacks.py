@@ -119,6 +119,30 @@ def test_a_child_that_calls_setsid_does_not_outlive_the_limit(wall: str) -> None
     assert bool(survivors) == (wall == "audit")
 
 
+@pytest.mark.xfail(strict=True, reason="no process limit yet: the attack succeeds")
+@pytest.mark.parametrize("wall", WALLS)
+def test_a_fork_bomb_stops_at_the_process_limit(wall: str) -> None:
+    # Bounded by the attack itself (300 sleeping children), so a failing wall shows the
+    # attack without taking the machine down.
+    code = (
+        "import os, time\n"
+        "made = 0\n"
+        "for _ in range(300):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(5)\n"
+        "        os._exit(0)\n"
+        "    made += 1\n"
+        "print('made', made, flush=True)\n"
+    )
+    result = attack(code, wall, wall_s=10.0)
+    made = int(result.stdout.split()[-1]) if result.stdout.startswith("made") else -1
+    assert 0 <= made < 32, (made, result.stderr[-500:])
+
+
 @pytest.mark.parametrize("wall", WALLS)
 def test_a_10_gb_file_stops_at_the_file_size_limit(wall: str) -> None:
     code = (
