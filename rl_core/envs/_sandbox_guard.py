@@ -105,6 +105,9 @@ def _set_limits(limits: dict[str, int]) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # Counted per user (per user namespace under bwrap); root is exempt, hence the
+    # pids cgroup the worker adds when it runs as root (pids_cgroup.py).
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"], limits["processes"]))
 
 
 def _hook(home: str):  # type: ignore[no-untyped-def]

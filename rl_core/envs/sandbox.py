@@ -29,9 +29,11 @@ before the model's code runs; output: each of stdout and stderr is read up to
 ``truncated``. The audit hook stays as a second line: it refuses sockets, new
 processes, ctypes and file writes outside the folder.
 
-Not yet bounded: the number of processes when the worker runs as root
-(``RLIMIT_NPROC`` does not apply to uid 0, even inside a user namespace), and
-the total bytes of many files (each is capped).
+Processes: ``RLIMIT_NPROC`` (set by the guard), and where the worker runs as root,
+which that limit does not bind even inside a user namespace, a ``pids`` cgroup of the
+run's own (`pids_cgroup`): a fork bomb stops at ``processes``.
+
+Not yet bounded: the total bytes of many files (each is capped).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
+from rl_core.envs.pids_cgroup import PidsCgroup
+
 GUARD = Path(__file__).with_name("_sandbox_guard.py")
 KilledBy = Literal["wall_time", "cpu_time", "output", "signal"]
 Isolation = Literal["bwrap", "namespace", "audit"]
@@ -66,6 +70,9 @@ class SandboxLimits:
     output_bytes: int = 16 * 2**10
     file_bytes: int = 8 * 2**20
     open_files: int = 64
+    # Processes (and threads) the program may have at once, itself included: RLIMIT_NPROC,
+    # and for a worker running as root (which that limit does not bind) a pids cgroup.
+    processes: int = 32
     # The strongest wall to use: "auto" is the strongest that runs here; the others
     # ask for that wall exactly (bwrap, namespace: SandboxUnavailable where it cannot).
     network: Literal["auto", "bwrap", "namespace", "audit"] = "auto"
@@ -128,6 +135,7 @@ async def run_python(
     """Run ``code`` (then ``checker``, in the same namespace) under ``limits``."""
     isolation = _isolation(limits)
     folder = Path(tempfile.mkdtemp(prefix="rlaas-sandbox-"))
+    cgroup: PidsCgroup | None = None
     try:
         (folder / "main.py").write_text(code, encoding="utf-8")
         config = json.dumps(
@@ -136,6 +144,7 @@ async def run_python(
                 "cpu_s": limits.cpu_s,
                 "file_bytes": limits.file_bytes,
                 "open_files": limits.open_files,
+                "processes": limits.processes,
             }
         )
         home = INSIDE_FOLDER if isolation == "bwrap" else str(folder)
@@ -146,6 +155,10 @@ async def run_python(
             if isolation == "namespace":
                 argv = ["unshare", "-rn", *argv]
         env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+        # bwrap keeps two processes of its own (itself and the namespace's init).
+        cgroup = PidsCgroup.create(limits.processes + (2 if isolation == "bwrap" else 0))
+        if cgroup is not None:
+            argv = cgroup.wrap(argv)
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=folder,
@@ -157,6 +170,8 @@ async def run_python(
         )
         return await _collect(proc, checker, limits, isolation)
     finally:
+        if cgroup is not None:
+            cgroup.remove()
         shutil.rmtree(folder, ignore_errors=True)
 
 
