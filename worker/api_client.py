@@ -151,10 +151,13 @@ class ControlPlane:
         items: Sequence[Mapping[str, Any]],
         *,
         retry_seconds: float | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Send one numbered batch of ``kind`` (see BATCHES); True if already stored."""
+        """Send one numbered batch of ``kind`` (see BATCHES); True if already stored.
+        ``extra``: other fields of the body (a metrics batch's ``updates``)."""
         route, model, key = BATCHES[kind]
-        body = _body(model, worker_id=self.worker_id, seq=seq, **{key: list(items)})
+        fields = {**(extra or {}), key: list(items)}
+        body = _body(model, worker_id=self.worker_id, seq=seq, **fields)
         data = self._post(
             f"/internal/runs/{run_id}/{route}",
             body,

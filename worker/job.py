@@ -53,7 +53,13 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
     # Three clients, one per thread: this one, the shipper's and the heartbeat's.
     api = claimer.for_lease(claim)
     try:
-        sink = HttpRunSink(claimer.for_lease(claim), run_id, first_seq=claim.attempt * SEQ_BLOCK)
+        sink = HttpRunSink(
+            claimer.for_lease(claim),
+            run_id,
+            first_seq=claim.attempt * SEQ_BLOCK,
+            attempt=claim.attempt,
+            resumed_from=resumed_from(claim),
+        )
         try:
             with Heartbeater(claimer.for_lease(claim), run_id, settings.heartbeat_seconds) as beats:
                 return _train_claimed(api, claim, beats, sink, settings)
@@ -115,6 +121,16 @@ def _train_claimed(
         return "cancelled"
     api.report_status(run_id, "succeeded")
     return "succeeded"
+
+
+def resumed_from(claim: Claim) -> tuple[int, int]:
+    """(step, attempt) of the policy this attempt starts from: the claim's checkpoint, or
+    (0, 0), the initial policy. A checkpoint recorded by a control plane of the release
+    before has no attempt; the lineage then shows the link as broken, not as a guess."""
+    ckpt = claim.checkpoint
+    if ckpt is None:
+        return 0, 0
+    return ckpt.step, ckpt.attempt if ckpt.attempt is not None else 0
 
 
 def session_gateway(api: ControlPlane, run_id: str, settings: WorkerSettings) -> Any:

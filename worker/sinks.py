@@ -31,6 +31,8 @@ class HttpRunSink:
         run_id: str,
         *,
         first_seq: int = 0,
+        attempt: int = 0,
+        resumed_from: tuple[int, int] = (0, 0),
         batch_points: int = 5000,
         batch_spans: int = 5000,
         batch_trajectories: int = 64,
@@ -40,6 +42,11 @@ class HttpRunSink:
     ) -> None:
         self._api = api
         self._run_id = run_id
+        # Every step the pipeline reports applied one policy update, to the policy of the
+        # step before: the first one to the checkpoint this attempt resumed from, as
+        # (step, the attempt that wrote it). Reported with the step's points (`UpdateIn`).
+        self._attempt = attempt
+        self._policy = resumed_from
         self._shipper = Shipper(
             self._send,
             first_seq=first_seq,
@@ -63,6 +70,18 @@ class HttpRunSink:
                 log.warning("step %d: %s is %s; not sent", step, name, value)
                 continue
             points.append({"step": step, "name": name, "value": value})
+        if step > 0 and self._attempt > 0:  # step 0: the evaluation before any update
+            base_step, base_attempt = self._policy
+            count = metrics.get("optimizer_updates")
+            update = {
+                "step": step,
+                "attempt": self._attempt,
+                "base_step": base_step,
+                "base_attempt": base_attempt,
+                "optimizer_updates": None if count is None else int(count),
+            }
+            points.append({_UPDATE: update})
+            self._policy = (step, self._attempt)
         self._shipper.add("metrics", points, urgent=True)
 
     def on_spans(self, spans: Sequence[Span]) -> None:
@@ -97,7 +116,19 @@ class HttpRunSink:
                 self._run_id, record.pop("kind"), record, retry_seconds=SEND_RETRY_S
             )
             return
-        self._api.send_batch(self._run_id, kind, seq, items, retry_seconds=SEND_RETRY_S)
+        extra = None
+        if kind == "metrics":
+            updates = [item[_UPDATE] for item in items if _UPDATE in item]
+            items = [item for item in items if _UPDATE not in item]
+            extra = {"updates": updates} if updates else None
+        self._api.send_batch(
+            self._run_id, kind, seq, items, retry_seconds=SEND_RETRY_S, extra=extra
+        )
+
+
+# An update travels in the metrics lane, so it is stored in the same batch (and the same
+# transaction) as its step's points.
+_UPDATE = "update"
 
 
 __all__ = ["HttpRunSink"]

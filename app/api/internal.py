@@ -49,7 +49,9 @@ async def claim(
     checkpoint = (
         None
         if newest is None
-        else CheckpointRef(step=newest.step, uri=newest.uri, size_bytes=newest.size_bytes)
+        else CheckpointRef(
+            step=newest.step, uri=newest.uri, size_bytes=newest.size_bytes, attempt=newest.attempt
+        )
     )
     return ClaimRead(
         run_id=run.id,
@@ -108,7 +110,7 @@ async def ingest_metrics(
     lease: LeaseDep,
 ) -> IngestRead:
     accepted, duplicate = await service.ingest_metrics(
-        session, run_id, lease, body.worker_id, body.seq, body.points
+        session, run_id, lease, body.worker_id, body.seq, body.points, body.updates
     )
     obs.record_ingest("metrics", accepted, duplicate)
     return IngestRead(accepted=accepted, duplicate=duplicate)

@@ -14,12 +14,14 @@ from app.schemas.results import (
     CheckpointRead,
     InflightIn,
     InflightRead,
+    LineageRead,
     ProfileCreate,
     ProfileRead,
     TimelineRead,
     TrajectoryPage,
     TrajectoryRead,
 )
+from app.services import lineage as lineage_service
 from app.services import results as service
 
 router = APIRouter(prefix="/v1/runs", tags=["results"])
@@ -63,10 +65,23 @@ async def list_checkpoints(
     rows = await service.checkpoints(session, tenant_id, run_id)
     return CheckpointPage(
         items=[
-            CheckpointRead(step=a.step, uri=a.uri, size_bytes=a.size_bytes, created_at=a.created_at)
+            CheckpointRead(
+                step=a.step,
+                uri=a.uri,
+                size_bytes=a.size_bytes,
+                attempt=a.attempt,
+                created_at=a.created_at,
+            )
             for a in rows
         ]
     )
+
+
+@router.get("/{run_id}/lineage", response_model=LineageRead)
+async def get_lineage(run_id: str, session: SessionDep, tenant_id: TenantDep) -> dict[str, Any]:
+    """Which attempt's update of each step the newest checkpoint holds; ``problems`` names
+    any step missing from it or in it twice."""
+    return await lineage_service.lineage(session, tenant_id, run_id)
 
 
 @router.get("/{run_id}/inflight", response_model=InflightRead)

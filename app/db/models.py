@@ -156,6 +156,23 @@ class MetricPoint(Base):
     value: Mapped[float] = mapped_column(Float)
 
 
+class StepUpdate(Base):
+    """A policy update a worker applied: ``attempt`` trained ``step`` on the policy that
+    ``base_attempt`` left at ``base_step``. One row per (run, step, attempt): a step trained
+    again by a later attempt (after a resume from an earlier checkpoint) is a second row, and
+    the final policy's lineage (``app.services.lineage``) says which one it holds."""
+
+    __tablename__ = "step_updates"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    base_step: Mapped[int] = mapped_column(Integer)
+    base_attempt: Mapped[int] = mapped_column(Integer)
+    optimizer_updates: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class IngestBatch(Base):
     """One row per (run, kind, seq) stored: a retried batch finds its row and is skipped."""
 

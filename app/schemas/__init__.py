@@ -16,6 +16,7 @@ from app.schemas.internal import (
     PointIn,
     StatusBody,
     StatusRead,
+    UpdateIn,
 )
 from app.schemas.runs import (
     EventPage,
@@ -47,4 +48,5 @@ __all__ = [
     "StatusBody",
     "StatusRead",
     "Timestamp",
+    "UpdateIn",
 ]

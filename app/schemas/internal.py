@@ -18,6 +18,7 @@ from rl_core.protocol.internal import (
     PointIn,
     StatusBody,
     StatusRead,
+    UpdateIn,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "PointIn",
     "StatusBody",
     "StatusRead",
+    "UpdateIn",
 ]

@@ -79,6 +79,30 @@ class CheckpointPage(BaseModel):
     items: list[CheckpointRead]
 
 
+class LineageStep(BaseModel):
+    """One step's update as the policy holds it: trained by ``attempt`` on the policy
+    ``base_attempt`` left at ``base_step``; ``replaced``: attempts that trained this step
+    too and died before a checkpoint kept their update (it is in no policy)."""
+
+    step: int
+    attempt: int
+    base_step: int
+    base_attempt: int
+    optimizer_updates: int | None
+    replaced: list[int]
+
+
+class LineageRead(BaseModel):
+    """The updates the run's newest checkpoint holds, step by step (docs/lifecycle.md,
+    "Steps redone after a resume"). ``problems`` is empty when each step from 1 to
+    ``policy_step`` is in it exactly once; otherwise it names the steps missing or doubled."""
+
+    policy_step: int  # 0: no checkpoint yet
+    policy_attempt: int | None
+    steps: list[LineageStep]
+    problems: list[str]
+
+
 class InflightRead(BaseModel):
     reported_at: Timestamp | None
     snapshot: InflightIn | None  # as the worker's last heartbeat carried it

@@ -23,8 +23,19 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import Artifact, Base, IngestBatch, MetricPoint, Run, Span, Trajectory, utcnow
-from app.schemas.internal import PointIn
+from app.db.models import (
+    Artifact,
+    Base,
+    IngestBatch,
+    MetricPoint,
+    Run,
+    Span,
+    StepUpdate,
+    Trajectory,
+    utcnow,
+)
+from app.errors import BadRequest, Conflict
+from app.schemas.internal import PointIn, UpdateIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 
 
@@ -127,6 +138,49 @@ _UPSERT_POINTS = text(
     "ORDER BY x.step, x.name, x.n DESC "
     "ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value"
 )
+
+
+async def store_updates(
+    session: AsyncSession, run_id: str, attempt: int, updates: Sequence[UpdateIn]
+) -> None:
+    """Record the policy updates of attempt ``attempt`` (the lease's: a worker cannot speak
+    for another attempt). A step this attempt reported before is refused: one attempt trains
+    each step once, so a second update of it would be trained twice into the same policy.
+    The same step from a later attempt is a new row (a redo after a resume)."""
+    if not updates:
+        return
+    for u in updates:
+        if u.attempt != attempt:
+            raise Conflict(
+                f"an update of step {u.step} from attempt {u.attempt} was sent with the lease "
+                f"of attempt {attempt}",
+                field="updates",
+            )
+        if u.base_step >= u.step:
+            raise BadRequest(
+                f"step {u.step} cannot be applied to the policy of step {u.base_step}",
+                field="updates",
+            )
+    steps = [u.step for u in updates]
+    again = set(
+        await session.scalars(
+            select(StepUpdate.step).where(
+                StepUpdate.run_id == run_id,
+                StepUpdate.attempt == attempt,
+                StepUpdate.step.in_(steps),
+            )
+        )
+    )
+    again |= {s for s in steps if steps.count(s) > 1}
+    if again:
+        raise Conflict(
+            f"attempt {attempt} reported steps {sorted(again)} a second time: a step "
+            "trained twice into one policy",
+            field="updates",
+        )
+    now = utcnow()
+    rows = [{"run_id": run_id, **u.model_dump(), "created_at": now} for u in updates]
+    await bulk_insert(session, StepUpdate, rows)
 
 
 async def store_spans(session: AsyncSession, run_id: str, spans: Sequence[SpanIn]) -> None:

@@ -18,7 +18,7 @@ from app.crypto import SecretBox
 from app.db.models import Artifact, Run, Tenant, utcnow
 from app.errors import Conflict, NotFound
 from app.live.notes import note_step
-from app.schemas import PointIn
+from app.schemas import PointIn, UpdateIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 from app.security import LeaseProof, new_lease_token
 from app.services import ingest, run_states
@@ -149,13 +149,18 @@ async def ingest_metrics(
     worker_id: str,
     seq: int,
     points: Sequence[PointIn],
+    updates: Sequence[UpdateIn] = (),
 ) -> tuple[int, bool]:
-    """Store a batch once per (run, seq); returns (points accepted, was a duplicate)."""
+    """Store a batch once per (run, seq); returns (points accepted, was a duplicate).
+
+    ``updates`` are the policy updates the batch's steps applied, stored with its points
+    (`ingest.store_updates`: a step the same attempt reports twice is refused)."""
     newest = max((p.step for p in points), default=None)
-    await _advance_owned_run(session, run_id, lease, worker_id, newest)
+    attempt = await _advance_owned_run(session, run_id, lease, worker_id, newest)
     if not await ingest.claim_seq(session, run_id, "metrics", seq):
         return 0, True  # stored before: the step it moved the run to is already there
     await ingest.store_points(session, run_id, points)
+    await ingest.store_updates(session, run_id, attempt, updates)
     if newest is not None:
         note_step(session, run_id, newest)
     return len(points), False
@@ -163,8 +168,9 @@ async def ingest_metrics(
 
 async def _advance_owned_run(
     session: AsyncSession, run_id: str, lease: LeaseProof, worker_id: str, newest: int | None
-) -> None:
-    """Lock the run, check the lease and move its step forward, in one statement.
+) -> int:
+    """Lock the run, check the lease and move its step forward, in one statement; returns
+    the attempt (claim number) the lease belongs to.
 
     The hottest write path (every step's metrics, B8 and B10 in ``bench/``): one
     ``UPDATE ... RETURNING`` instead of a ``SELECT ... FOR UPDATE`` and a later
@@ -180,7 +186,7 @@ async def _advance_owned_run(
         update(Run)
         .where(Run.id == run_id, Run.lease_token_hash == lease.digest)
         .values(**values)
-        .returning(Run.lease_owner, Run.status)
+        .returning(Run.lease_owner, Run.status, Run.attempts)
         .execution_options(synchronize_session=False)
     )
     row = (await session.execute(stmt)).first()
@@ -188,6 +194,7 @@ async def _advance_owned_run(
         raise lease.refusal(run_id)
     if row.lease_owner != worker_id:
         raise _not_lease_holder(worker_id, run_id, row.status)
+    return int(row.attempts)
 
 
 async def ingest_spans(

@@ -93,6 +93,9 @@ class CheckpointRef(Answer):
     step: int
     uri: str
     size_bytes: int | None = None
+    # The attempt whose policy the checkpoint holds (a control plane of the release before
+    # answers none): the base of the resumed attempt's first update (`UpdateIn`).
+    attempt: int | None = None
 
 
 class ClaimRead(Answer):
@@ -181,8 +184,24 @@ class PointIn(Sent):
     value: float = Field(allow_inf_nan=False)
 
 
+class UpdateIn(Sent):
+    """One applied policy update: attempt ``attempt`` trained ``step`` on the policy that
+    attempt ``base_attempt`` left at ``base_step`` (the step before, or the checkpoint it
+    resumed from; 0 and 0: the initial policy). The links make the final policy's lineage
+    (docs/lifecycle.md, "Steps redone after a resume")."""
+
+    step: int = Field(ge=1, le=INT32)
+    attempt: int = Field(ge=1, le=INT32)
+    base_step: int = Field(ge=0, le=INT32)
+    base_attempt: int = Field(ge=0, le=INT32)
+    # The optimiser's update count after the step, as the trainer's (checkpointed) state says.
+    optimizer_updates: int | None = Field(default=None, ge=0, le=INT64)
+
+
 class MetricsBody(WorkerBatch):
     points: list[PointIn] = Field(max_length=100_000)
+    # The updates the batch's steps applied, stored in the same transaction as its points.
+    updates: list[UpdateIn] = Field(default_factory=list, max_length=100_000)
 
 
 class SpanIn(Sent):
@@ -301,5 +320,6 @@ __all__ = [
     "Timestamp",
     "TrajectoriesBody",
     "TrajectoryIn",
+    "UpdateIn",
     "WorkerBatch",
 ]

@@ -236,6 +236,9 @@ class Trainer:
         n = cfg.mini_batches * cfg.epochs
         out = {name: value / n for name, value in totals.items()} | worst
         out["learning_rate"] = out["lr"]  # the name of the first metric files, kept
+        # The optimiser's count after this step, restored with a checkpoint: the evidence that
+        # a resumed policy holds each earlier step's update once (docs/lifecycle.md, lineage).
+        out["optimizer_updates"] = float(self.updates)
         return out
 
     # -- internals ---------------------------------------------------------------------

@@ -107,7 +107,9 @@ async def test_artifacts_are_idempotent_and_the_newest_checkpoint_comes_with_the
     await api.db(expire)
     assert await reap_once(api.state) == [run_id]
     claim = await api.internal(run_id, "claim", worker_id="w2")
-    assert claim.json()["checkpoint"] == {"step": 10, "uri": "file:///c/10", "size_bytes": 100}
+    # With the attempt that wrote it: the policy the next attempt's first update is applied to.
+    newest = {"step": 10, "uri": "file:///c/10", "size_bytes": 100, "attempt": 1}
+    assert claim.json()["checkpoint"] == newest
 
 
 async def test_a_first_claim_has_no_checkpoint(api: Api) -> None:

@@ -23,6 +23,7 @@ class FakeControlPlane:
         self.up = True
         self.lease_lost: int | None = None  # the status a lost lease is answered with
         self.batches: dict[tuple[str, int], list[dict[str, object]]] = {}
+        self.updates: list[dict[str, object]] = []  # the metrics batches' `updates`
         self.artifacts: dict[tuple[str, int], dict[str, object]] = {}
         self.calls = 0
         self.lock = threading.Lock()
@@ -46,6 +47,8 @@ class FakeControlPlane:
                 return httpx.Response(200, json={"stored": True})
             key = {"metrics": "points", "spans": "spans", "trajectories": "trajectories"}[kind]
             duplicate = (kind, body["seq"]) in self.batches
+            if not duplicate:
+                self.updates += body.get("updates", [])
             self.batches.setdefault((kind, body["seq"]), body[key])
             return httpx.Response(200, json={"accepted": len(body[key]), "duplicate": duplicate})
 
@@ -58,7 +61,7 @@ def fake() -> FakeControlPlane:
     return FakeControlPlane()
 
 
-def make_sink(fake: FakeControlPlane, **kwargs: int) -> HttpRunSink:
+def make_sink(fake: FakeControlPlane, **kwargs: object) -> HttpRunSink:
     api = ControlPlane(
         "http://api.test", "token", "w1", retry_seconds=0.0, transport=httpx.MockTransport(fake)
     )
@@ -182,3 +185,26 @@ def test_a_lost_lease_stops_shipping_and_flush_says_so(fake: FakeControlPlane, s
     with pytest.raises(LeaseLost):
         sink.flush(timeout_s=5)
     sink.close()
+
+
+def test_each_step_reports_its_update_linked_to_the_policy_it_was_applied_to(
+    fake: FakeControlPlane,
+) -> None:
+    """Attempt 3 resumed from attempt 2's checkpoint of step 4: its first update is applied
+    to that policy, each later one to the step before (docs/lifecycle.md, lineage)."""
+    sink = make_sink(fake, attempt=3, resumed_from=(4, 2))
+    sink.on_step(5, {"loss": 0.5, "optimizer_updates": 5.0})
+    sink.on_step(6, {"loss": 0.4, "optimizer_updates": 6.0})
+    sink.flush(timeout_s=5)
+    sink.close()
+    assert fake.updates == [
+        {"step": 5, "attempt": 3, "base_step": 4, "base_attempt": 2, "optimizer_updates": 5},
+        {"step": 6, "attempt": 3, "base_step": 5, "base_attempt": 3, "optimizer_updates": 6},
+    ]
+    # The points travel apart from the updates, as they did before.
+    assert [(p["step"], p["name"]) for p in fake.items("metrics")] == [
+        (5, "loss"),
+        (5, "optimizer_updates"),
+        (6, "loss"),
+        (6, "optimizer_updates"),
+    ]
