@@ -45,10 +45,13 @@ async def test_a_stream_on_sqlite_follows_ingest_and_ends_with_the_run(embedded:
             ]
 
             async def internal(action: str, **body: Any) -> None:
+                # The claim takes the shared worker token; the rest its answer's lease token.
                 r = await client.post(
                     f"/internal/runs/{run_id}/{action}", json=body, headers=worker
                 )
                 assert r.status_code == 200, r.text
+                if action == "claim":
+                    worker["Authorization"] = f"Bearer {r.json()['lease_token']}"
 
             await internal("claim", worker_id="w1")
             await internal("status", worker_id="w1", status="running")
