@@ -23,6 +23,9 @@ reading. Names, all floats:
   the device thread / nothing asked of it.
 - ``time/<stage>_s``: seconds in each stage (episode stages summed over episodes).
 - ``loop/lag_ms_{mean,max}``: how late the event loop wakes a sleeper.
+- ``env/...``: what the environment itself counts, when it does (a webhook's failed
+  requests by reason, its concurrency limit and breaker: `WebhookEnvironment.step_metrics`);
+  added by the pipeline, not here.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from .conftest import naive_server, target, tiny_spec
 
 
 @pytest.mark.minutes(1)
-@pytest.mark.xfail(strict=True, reason="the worker does not adapt its concurrency yet")
 def test_a_backlog_of_5_serves_128_episodes_in_flight_once_the_worker_adapts() -> None:
     """128 episodes open their connections at once; a stdlib `ThreadingHTTPServer` keeps 5
     waiting to be accepted and drops or stalls the rest. The worker lowers its limit on
@@ -29,7 +28,7 @@ def test_a_backlog_of_5_serves_128_episodes_in_flight_once_the_worker_adapts() -
     metrics = [m for _, m in sink.steps]
     assert sum(m["env/limit_cuts"] for m in metrics) >= 1
     assert min(m["env/concurrency_limit_min"] for m in metrics) < 128
-    assert sum(m["failures/total"] for m in metrics) == 0
+    assert sum(m["failures/total"] for m in metrics) == 0, metrics
     assert sum(m["episode/env_error"] for m in metrics) == 0
     # The tiny model rarely ends a turn within 4 tokens, so most episodes are a reset and
     # a close: 256 trained episodes at least, each reset once or more.

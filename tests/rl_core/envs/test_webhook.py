@@ -99,7 +99,9 @@ def test_a_timed_out_step_is_retried_and_gets_the_first_calls_result() -> None:
 
 def test_timeouts_without_retries_fail_the_episode_as_an_environment_failure() -> None:
     async def main(url: str) -> None:
-        env = client(url, retries=0, timeout_s=0.1)
+        # One request at a time: the concurrency limit is at its floor, so a timeout is a
+        # failure (above it, it would lower the limit and be retried: test_faults_limit).
+        env = client(url, retries=0, timeout_s=0.1, concurrency=1)
         await env.reset("e", 0, {})
         with pytest.raises(WebhookUnavailable, match=r"timed out after 0\.1s") as info:
             await env.step("e", 1, Action(content="x"))
