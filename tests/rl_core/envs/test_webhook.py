@@ -391,3 +391,25 @@ def test_an_https_server_is_verified_against_the_ca_bundle(tmp_path: Any) -> Non
 
     asyncio.run(main())
     assert seen == []
+
+
+def test_an_overload_lowers_the_limit_and_is_retried_uncounted_until_the_floor() -> None:
+    """A server that answers 503 to everything: with 8 allowed in flight, each 503 halves
+    the limit (8 -> 4 -> 2 -> 1) and the request is retried without using a retry or
+    moving the breaker; at the floor the server is down, not busy, and the 503 counts."""
+    body = json.dumps({"error": {"code": "busy", "message": "too many requests"}}).encode()
+
+    async def main(url: str) -> None:
+        env = client(url, retries=0, concurrency=8)
+        with pytest.raises(WebhookUnavailable, match="answered 503: too many") as info:
+            await env.reset("e", 0, {})
+        assert "4 attempts, 3 retried after lowering the concurrency limit" in str(info.value)
+        metrics = env.step_metrics()
+        assert metrics["env/limit_cuts"] == 3 and metrics["env/concurrency_limit"] == 1
+        assert metrics["env/overloads_absorbed"] == 3
+        assert metrics["env/faults/status_overload"] == 4
+        assert env.breaker.consecutive_failures == 1 and env.budget.failed == 1
+        await env.aclose()
+
+    with serving(answering(503, body, b"application/json")) as url:
+        asyncio.run(main(url))
