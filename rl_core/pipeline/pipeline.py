@@ -258,7 +258,12 @@ class Pipeline:
         with self.recorder.span("queue_wait", track="trainer", step=step) as args:
             while sum(g.members for g in groups) < wanted:
                 try:
-                    groups.append(await asyncio.wait_for(self.queue.take(), STOP_POLL_S))
+                    # Not asyncio.wait_for: on Python 3.11 it returns the group when the
+                    # group and a cancel (the TaskGroup's, as the collector fails) arrive
+                    # together, and the cancel is lost: the run then waited for groups
+                    # forever (seen when a failure budget ran out mid-step).
+                    async with asyncio.timeout(STOP_POLL_S):
+                        groups.append(await self.queue.take())
                 except TimeoutError:
                     if self.control.stop_requested:
                         self.admission.unconsume(groups)
