@@ -49,6 +49,13 @@ class CircuitBreaker:
             return True
         return False
 
+    def holds_calls(self) -> bool:
+        """Would `allow` refuse now (open and cooling down, or a probe out)? Asks, changes
+        nothing."""
+        if self.state == "open":
+            return self.clock() - self.opened_at < self.cooldown_s
+        return self.state == "half_open" and self._probing
+
     def retry_in_s(self) -> float:
         return max(0.0, self.opened_at + self.cooldown_s - self.clock())
 

@@ -145,6 +145,8 @@ class WebhookEnvironment:
         self.faults: Counter[str] = Counter()  # failed requests by reason (FAULT_REASONS)
         self.absorbed = 0  # overloads retried uncounted, because the limit was lowered
         self._reported: dict[str, int] = {}
+        # Resolved at the breaker's next verdict (a probe's end): what held calls wait on.
+        self._verdict: asyncio.Future[None] | None = None
 
     # -- the Environment protocol ---------------------------------------------------------
 
@@ -296,7 +298,12 @@ class WebhookEnvironment:
         attempts = 1 + (self.policy.retries if retries is None else retries)
         failure = "no attempt made"
         made = failed = absorbed = 0
+        held = False  # the last failed attempt was a probe that failed while this call waited
         while failed < attempts:
+            held = await self._wait_out_breaker(deadline, failure)
+            if held:
+                failed += 1
+                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -304,6 +311,8 @@ class WebhookEnvironment:
                 outcome = await self._attempt(
                     client, slots, url, raw, remaining, failure, absorb=absorbed < ABSORBED_MAX
                 )
+            except _HeldOff:  # another call is the breaker's probe: wait for its verdict
+                continue
             except AddressRefused as exc:  # policy, not the network: no retry, no breaker
                 self.faults["address_refused"] += 1
                 raise WebhookAddressRefused(
@@ -328,6 +337,14 @@ class WebhookEnvironment:
             if time.monotonic() + delay >= deadline:
                 break
             await asyncio.sleep(delay)
+        if held:
+            self.faults["circuit_open"] += 1
+            raise CircuitOpen(
+                self.target.id,
+                f"circuit open after {self.breaker.consecutive_failures} consecutive "
+                f"failures; a probe failed while the call waited, its last attempt (last: "
+                f"{failure})",
+            )
         lowered = f", {absorbed} retried after lowering the concurrency limit" if absorbed else ""
         raise WebhookUnavailable(
             self.target.id,
@@ -377,7 +394,7 @@ class WebhookEnvironment:
             else:
                 slots.ended(epoch)
                 self.faults["redirect" if answer.status < 400 else "status_refused"] += 1
-            self.breaker.record_success()
+            self._breaker_verdict(True)
             return _Outcome(answer, "")
         if answer is not None:
             kind = "status_overload" if overload else "status_error"
@@ -386,11 +403,11 @@ class WebhookEnvironment:
         if overload:
             if slots.overloaded(epoch) == "absorbed" and absorb:
                 self.absorbed += 1
-                self.breaker.abandon()  # busy is not down: no verdict for the breaker
+                self._breaker_verdict(None)  # busy is not down: no verdict for the breaker
                 return _Outcome(answer, failure, absorbed=True)
         else:
             slots.ended(epoch)
-        self.breaker.record_failure()
+        self._breaker_verdict(False)
         return _Outcome(answer, failure)
 
     async def _send(
@@ -400,13 +417,7 @@ class WebhookEnvironment:
         what it was."""
         # Asked only once a permit is held, so a half-open probe is a request that goes out.
         if not self.breaker.allow():
-            self.faults["circuit_open"] += 1
-            raise CircuitOpen(
-                self.target.id,
-                f"circuit open after {self.breaker.consecutive_failures} consecutive "
-                f"failures; next probe in {self.breaker.retry_in_s():.1f}s "
-                f"(last: {last_failure})",
-            )
+            raise _HeldOff
         timeout_s = min(self.call_timeout_s, remaining)
         try:
             answer = await client.post(
@@ -418,17 +429,62 @@ class WebhookEnvironment:
         except (asyncio.CancelledError, AddressRefused):
             # A probe that was cancelled, or refused before it went out, gave no verdict
             # on the server: it must not hold the breaker half-open.
-            self.breaker.abandon()
+            self._breaker_verdict(None)
             raise
         except TimeoutError:
             return None, "timeout", f"POST {url} timed out after {timeout_s:.3g}s"
         except AnswerTooLarge as exc:  # it answered; the same request would get the same
-            self.breaker.record_success()
+            self._breaker_verdict(True)
             self.faults["too_large"] += 1
             raise WebhookProtocolError(self.target.id, f"POST {url}: {exc}; not retried") from None
         except TransportError as exc:
             return None, exc.kind, f"POST {url} failed: {exc}"
         return answer, "", ""
+
+    async def _wait_out_breaker(self, deadline: float, last_failure: str) -> bool:
+        """Return once the breaker lets calls through (at once, when it is closed); True
+        when a probe failed meanwhile, which the caller counts as one failed attempt.
+
+        While it is open a call waits, rather than failing its episode: the collector
+        would start new episodes as fast as they failed, and one cool-down would fail
+        every episode it could start (604 of 671 in tests/faults/test_mix.py). After the
+        cool-down one call goes out as the probe and the rest wait for its verdict: a
+        success lets them go; a failure opens the breaker again and costs each waiting
+        call one of its attempts. So an outage shorter than the cool-down costs no
+        episode, and a dead server fails an episode after ``retries + 1`` cool-downs.
+        A call whose deadline comes while it waits fails with `CircuitOpen`.
+        """
+        breaker = self.breaker
+        opened = breaker.opened
+        while breaker.holds_calls() and breaker.opened == opened:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.faults["circuit_open"] += 1
+                raise CircuitOpen(
+                    self.target.id,
+                    f"circuit open after {breaker.consecutive_failures} consecutive failures; "
+                    f"the call waited for it until the deadline (last: {last_failure})",
+                )
+            wait = breaker.retry_in_s() if breaker.state == "open" else remaining
+            await asyncio.wait([self._next_verdict()], timeout=min(wait, remaining))
+        return breaker.opened != opened
+
+    def _next_verdict(self) -> asyncio.Future[None]:
+        if self._verdict is None or self._verdict.done():
+            self._verdict = asyncio.get_running_loop().create_future()
+        return self._verdict
+
+    def _breaker_verdict(self, success: bool | None) -> None:
+        """Tell the breaker how a request it let through ended (None: no verdict, it was
+        cancelled or is being retried after an overload), and wake the calls it holds."""
+        if success is None:
+            self.breaker.abandon()
+        elif success:
+            self.breaker.record_success()
+        else:
+            self.breaker.record_failure()
+        if self._verdict is not None and not self._verdict.done():
+            self._verdict.set_result(None)
 
     def _json(self, response: Answer, url: str) -> dict[str, Any]:
         try:
@@ -478,6 +534,10 @@ class WebhookEnvironment:
             "env/concurrency_limit_min": float(limit.take_lowest() if limit is not None else cap),
             "env/breaker_open": float(self.breaker.state != "closed"),
         }
+
+
+class _HeldOff(Exception):
+    """The breaker refused this request: another call holds its one half-open probe."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

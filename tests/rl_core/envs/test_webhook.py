@@ -192,8 +192,11 @@ def test_the_circuit_breaker_opens_on_a_dead_server_and_recovers() -> None:
         assert env.breaker.state == "open"
 
     async def up() -> None:
-        with pytest.raises(CircuitOpen, match="3 consecutive failures"):
-            await env.reset("e", 0, {})  # the server is back, but the breaker holds calls off
+        # The server is back, but the breaker holds calls off: the call waits for the
+        # cool-down (which this clock never ends) until its deadline, sending nothing.
+        env.policy = env.policy.model_copy(update={"step_deadline_s": 0.2})
+        with pytest.raises(CircuitOpen, match=r"3 consecutive failures.*until the deadline"):
+            await env.reset("e", 0, {})
         assert app.requests["/reset"] == 0
         now[0] += 10.0  # the cool-down
         reset = await env.reset("e", 0, {})  # the half-open probe goes through and succeeds
@@ -413,3 +416,43 @@ def test_an_overload_lowers_the_limit_and_is_retried_uncounted_until_the_floor()
 
     with serving(answering(503, body, b"application/json")) as url:
         asyncio.run(main(url))
+
+
+def test_calls_held_by_an_open_breaker_go_out_once_its_probe_succeeds() -> None:
+    """An open breaker holds calls back instead of failing their episodes: after the
+    cool-down one of them probes, and its success lets the others go."""
+    app = Counted(EnvServer(Scripted(), secret=SECRET).app)
+
+    async def main(url: str) -> None:
+        env = client(url, retries=0)
+        env.breaker = CircuitBreaker(1, 0.2)
+        env.breaker.record_failure()  # open, as after a failure
+        resets = await asyncio.gather(*(env.reset(f"e{i}", i, {}) for i in range(3)))
+        assert all(r.messages for r in resets)
+        assert (env.breaker.opened, env.breaker.closed, env.budget.failed) == (1, 1, 0)
+        await env.aclose()
+
+    with serving(app) as url:
+        asyncio.run(main(url))
+    assert app.requests["/reset"] == 3  # nothing went out while it was open
+
+
+def test_a_probe_that_fails_costs_each_held_call_an_attempt() -> None:
+    async def main() -> None:
+        env = client(f"http://127.0.0.1:{free_port()}", retries=0, concurrency=1)
+        env.breaker = CircuitBreaker(1, 0.2)
+        env.breaker.record_failure()
+        results = await asyncio.gather(
+            env.reset("a", 0, {}), env.reset("b", 0, {}), return_exceptions=True
+        )
+        # One call was the probe and failed on its own; the other waited for it, and with
+        # no retries left fails too, without a request of its own.
+        kinds = sorted(type(r).__name__ for r in results)
+        assert kinds == ["CircuitOpen", "WebhookUnavailable"], results
+        assert "a probe failed while the call waited" in str(
+            next(r for r in results if isinstance(r, CircuitOpen))
+        )
+        assert env.faults["connect"] == 1 and env.budget.failed == 2
+        await env.aclose()
+
+    asyncio.run(main())
