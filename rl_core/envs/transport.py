@@ -66,8 +66,8 @@ class TransportError(Exception):
 
     The message names the kind (``ClientConnectorError: ...``) and reaches the tenant.
     ``kind``: ``connect`` (no connection: refused, unreachable), ``reset`` (the connection
-    was reset or closed before the answer began), ``broken`` (anything else: an answer
-    cut short or not HTTP), ``too_large`` (`AnswerTooLarge`).
+    was reset or closed before the answer began), ``broken`` (anything else: TLS refused,
+    an answer cut short or not HTTP), ``too_large`` (`AnswerTooLarge`).
     """
 
     def __init__(self, message: str, kind: FailureKind = "broken") -> None:
@@ -196,6 +196,8 @@ class AiohttpTransport:
                 return Answer(r.status, r.reason or "", r.headers, content)
         except TimeoutError:
             raise
+        except aiohttp.ClientSSLError as exc:  # a bad certificate is not a busy server
+            raise TransportError(f"{type(exc).__name__}: {exc}", "broken") from exc
         except aiohttp.ClientConnectorError as exc:  # before ClientOSError: a subclass
             raise TransportError(f"{type(exc).__name__}: {exc}", "connect") from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:

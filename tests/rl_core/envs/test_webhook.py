@@ -456,3 +456,20 @@ def test_a_probe_that_fails_costs_each_held_call_an_attempt() -> None:
         await env.aclose()
 
     asyncio.run(main())
+
+
+def test_an_answer_over_8_mib_fails_the_episode_without_being_read_or_retried() -> None:
+    from rl_core.envs.transport import MAX_ANSWER_BYTES
+
+    app = Counted(answering(200, b" " * (MAX_ANSWER_BYTES + 1), b"application/json"))
+
+    async def main(url: str) -> None:
+        env = client(url, retries=3)
+        with pytest.raises(WebhookProtocolError, match=r"declares 8388609 bytes, over 8388608"):
+            await env.reset("e", 0, {})
+        assert env.faults["too_large"] == 1 and env.breaker.consecutive_failures == 0
+        await env.aclose()
+
+    with serving(app) as url:
+        asyncio.run(main(url))
+    assert app.requests["/reset"] == 1
