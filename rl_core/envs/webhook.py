@@ -26,7 +26,6 @@ unless the constructor is given another): this module never sees a socket.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import json
@@ -52,6 +51,16 @@ from rl_core.envs.errors import (
     WebhookRejected,
     WebhookUnavailable,
 )
+from rl_core.envs.faults import (
+    ABSORBED_MAX,
+    FAULT_REASONS,
+    OVERLOAD_KINDS,
+    OVERLOAD_STATUS,
+    RETRYABLE_STATUS,
+    reason,
+    rejection,
+    retry_after,
+)
 from rl_core.envs.resilience import CircuitBreaker, FailureBudget, backoff_s
 from rl_core.envs.transport import (
     AddressRefused,
@@ -70,30 +79,6 @@ from rl_core.spec import WebhookCallSpec
 log = logging.getLogger(__name__)
 A = TypeVar("A", bound=BaseModel)
 
-_RETRYABLE_STATUS = frozenset({408, 425, 429})
-# A server's ways of saying "too much at once" (besides timeouts and refused or reset
-# connections): they lower the concurrency limit instead of counting as failures.
-_OVERLOAD_STATUS = frozenset({429, 503})
-_OVERLOAD_KINDS = frozenset({"timeout", "connect", "reset"})
-# Overloads one call may retry without counting them: halving any registered limit
-# (at most 10,000) down to 1 takes 14 cuts. Past that the server is not recovering.
-ABSORBED_MAX = 16
-# Why a request failed, as counted in ``env/faults/<reason>``:
-FAULT_REASONS = (
-    "timeout",  # no whole answer within timeout_s (a hang, a slow drip, a stalled connect)
-    "connect",  # no connection: refused, unreachable
-    "reset",  # the connection was reset or closed before the answer
-    "broken",  # an answer cut short or not HTTP
-    "status_overload",  # 429, 503
-    "status_error",  # 408, 425 and the other 5xx
-    "status_refused",  # the other 4xx (not retried)
-    "redirect",  # 3xx (not followed, not retried)
-    "protocol",  # a 2xx whose body is not JSON or not the protocol's shape
-    "too_large",  # an answer over transport.MAX_ANSWER_BYTES
-    "circuit_open",  # no request: the breaker holds calls off
-    "address_refused",  # no request: the allowlist refuses the address
-    "deferred_timeout",  # a deferred result that never came
-)
 CALLBACK_POLL_S = 25.0  # one long-poll of the CallbackSource; the loop runs to the deadline
 
 
@@ -323,7 +308,7 @@ class WebhookEnvironment:
             if answer is not None and answer.status < 300:
                 return answer.status, self._json(answer, url)
             if answer is not None and not outcome.failure:  # a 3xx or 4xx: not retried
-                raise WebhookRejected(self.target.id, _rejection(answer, url), answer.status)
+                raise WebhookRejected(self.target.id, rejection(answer, url), answer.status)
             failure = outcome.failure
             if outcome.absorbed:
                 absorbed += 1
@@ -332,8 +317,8 @@ class WebhookEnvironment:
                 if failed >= attempts:
                     break
             delay = backoff_s(made - 1, self.policy.backoff_s, self.policy.backoff_max_s, self._rng)
-            retry_after = _retry_after(answer) if answer is not None else None
-            delay = max(delay, min(retry_after or 0.0, self.policy.backoff_max_s))
+            asked = retry_after(answer) if answer is not None else None
+            delay = max(delay, min(asked or 0.0, self.policy.backoff_max_s))
             if time.monotonic() + delay >= deadline:
                 break
             await asyncio.sleep(delay)
@@ -381,12 +366,12 @@ class WebhookEnvironment:
             slots.ended(epoch)
             raise
         status = answer.status if answer is not None else None
-        overload = kind in _OVERLOAD_KINDS or status in _OVERLOAD_STATUS
+        overload = kind in OVERLOAD_KINDS or status in OVERLOAD_STATUS
         if (
             answer is not None
             and not overload
             and (answer.status < 500)
-            and (answer.status not in _RETRYABLE_STATUS)
+            and (answer.status not in RETRYABLE_STATUS)
         ):
             # It answered: the server is up, whatever it said.
             if answer.status < 300:
@@ -398,7 +383,7 @@ class WebhookEnvironment:
             return _Outcome(answer, "")
         if answer is not None:
             kind = "status_overload" if overload else "status_error"
-            failure = f"POST {url} answered {answer.status}: {_reason(answer)}"
+            failure = f"POST {url} answered {answer.status}: {reason(answer)}"
         self.faults[kind] += 1
         if overload:
             if slots.overloaded(epoch) == "absorbed" and absorb:
@@ -552,43 +537,6 @@ class _Outcome:
 
 
 # -- the protocol's shapes --------------------------------------------------------------------
-
-
-_EXCERPT = 200
-
-
-def _reason(response: Answer) -> str:
-    """The server's own words when it answered with the protocol's error body (cut short,
-    control characters dropped); otherwise only what kind of answer it was.
-
-    Never the raw body: the error reaches the tenant, and a URL that now points somewhere
-    else (a cloud metadata address, another internal service) must not be read back.
-    """
-    with contextlib.suppress(ValueError):
-        body = json.loads(response.body)
-        error = body.get("error") if isinstance(body, dict) else None
-        if isinstance(error, dict) and "message" in error:
-            message = "".join(c for c in str(error["message"]) if c.isprintable())
-            return message[:_EXCERPT] + ("…" if len(message) > _EXCERPT else "")
-    kind = response.headers.get("content-type", "no content type").split(";")[0]
-    return (
-        f"{response.reason or 'no reason'} ({kind}, {len(response.body)} bytes, "
-        "not the protocol's error body)"
-    )
-
-
-def _rejection(response: Answer, url: str) -> str:
-    hint = ""
-    if response.status == 401:
-        hint = "; check that the secret registered with rlaas is the one the server verifies with"
-    return f"POST {url} was rejected with {response.status}: {_reason(response)}{hint}"
-
-
-def _retry_after(response: Answer) -> float | None:
-    try:
-        return float(response.headers.get("retry-after", ""))
-    except ValueError:
-        return None
 
 
 def _messages(messages: Sequence[wire.Message]) -> list[Message]:
