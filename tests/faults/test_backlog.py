@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from rl_core.host.sinks import MemorySink
 from rl_core.pipeline.runner import train
 
 from .conftest import naive_server, target, tiny_spec
 
 
-@pytest.mark.minutes(1)
 def test_a_backlog_of_5_serves_128_episodes_in_flight_once_the_worker_adapts() -> None:
     """128 episodes open their connections at once; a stdlib `ThreadingHTTPServer` keeps 5
     waiting to be accepted and drops or stalls the rest. The worker lowers its limit on

@@ -32,7 +32,6 @@ RATES = {
 }
 
 
-@pytest.mark.minutes(1)
 def test_a_mix_of_faults_is_counted_by_reason_and_no_failed_episode_is_trained(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
