@@ -25,7 +25,7 @@ status_5xx     500, 502 or 504 with the protocol's error body
 malformed      200 with a body cut short (not JSON)
 hang           200 headers and the start of a body, then nothing until the
                client hangs up
-oversized      200 with a valid answer of 9 MiB, chunked (no length given)
+oversized      200 with a valid answer of 9 MiB, its length declared
 slow_drip      the real answer, one byte every 50 ms (longer than the timeout)
 redirect       307 to the same URL
 =============  ============================================================
@@ -204,14 +204,12 @@ class FaultyEnv:
             async with asyncio.timeout(HANG_LIMIT_S):
                 await _hung_up(receive)
         elif fault == "oversized":
-            await _start(send, 200, [])
-            pad = "x" * (1024 * 1024)
-            head = '{"messages": [{"role": "user", "content": "hi"}], "reward": 0.0, "done": true'
-            await send({"type": "http.response.body", "body": head.encode(), "more_body": True})
-            for i in range(OVERSIZED_BYTES // len(pad)):
-                chunk = f', "info_{i}": "{pad}"'.encode()
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"}"})
+            # Its length declared, so the worker refuses it from the header, at once: read
+            # in full it could outlast the timeout on a busy machine and be retried (the
+            # cap on a body sent without a length: test_webhook's chunked 9 MiB answer).
+            pad = "x" * (OVERSIZED_BYTES - 100)
+            body = f'{{"messages": [], "reward": 0.0, "done": true, "info": {{"pad": "{pad}"}}}}'
+            await _answer(send, 200, body.encode())
         elif fault == "slow_drip":
             await self._drip(scope, receive, send)
         else:

@@ -473,3 +473,28 @@ def test_an_answer_over_8_mib_fails_the_episode_without_being_read_or_retried() 
     with serving(app) as url:
         asyncio.run(main(url))
     assert app.requests["/reset"] == 1
+
+
+def test_an_answer_sent_without_a_length_is_cut_off_at_8_mib() -> None:
+    """Chunked, so only reading tells: the worker stops at 8 MiB, not at the end."""
+    from rl_core.envs.transport import MAX_ANSWER_BYTES
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        chunk = b" " * (1024 * 1024)
+        for _ in range(MAX_ANSWER_BYTES // len(chunk) + 4):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def main(url: str) -> None:
+        env = client(url, retries=3)
+        with pytest.raises(WebhookProtocolError, match=r"runs over 8388608 bytes; not retried"):
+            await env.reset("e", 0, {})
+        assert env.faults["too_large"] == 1
+        await env.aclose()
+
+    with serving(app) as url:
+        asyncio.run(main(url))
