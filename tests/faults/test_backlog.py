@@ -7,7 +7,7 @@ from typing import Any
 from rl_core.host.sinks import MemorySink
 from rl_core.pipeline.runner import train
 
-from .conftest import naive_server, target, tiny_spec
+from .env_runs import naive_server, target, tiny_spec
 
 
 def test_a_backlog_of_5_serves_128_episodes_in_flight_once_the_worker_adapts() -> None:

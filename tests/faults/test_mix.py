@@ -12,7 +12,7 @@ from rl_core.pipeline.queue import Group
 from rl_core.pipeline.runner import train
 from tests.sdk.serving import serving
 
-from .conftest import SECRET, target, tiny_spec
+from .env_runs import SECRET, target, tiny_spec
 from .faulty_env import FaultPlan, FaultyEnv
 
 TIMEOUT_S = 1.0

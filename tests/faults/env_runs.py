@@ -1,5 +1,5 @@
-"""Runs of the real pipeline (tiny model, `rl_core.pipeline.runner.train`) against
-environment servers that struggle; the servers themselves are in this folder."""
+"""Helpers for runs of the real pipeline (tiny model, `rl_core.pipeline.runner.train`)
+against environment servers that struggle; the servers themselves are in this folder."""
 
 from __future__ import annotations
 
