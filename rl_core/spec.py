@@ -173,7 +173,10 @@ class WebhookCallSpec(_Section):
     the episodes started, never fewer than ``failure_budget_min`` episodes)
     the run fails. The circuit breaker stops calling an endpoint after
     ``breaker_failures`` consecutive failures and probes it again after
-    ``breaker_cooldown_s``.
+    ``breaker_cooldown_s`` (calls wait for the probe meanwhile). Signs of overload
+    (timeouts, refused or reset connections, 429/503) lower the number of requests
+    in flight instead, and are retried without counting while that limit is above 1
+    (`rl_core.envs.adaptive`, docs/environment-protocol.md).
     """
 
     timeout_s: Annotated[float, Field(gt=0, le=3600)] | None = None  # None: the registered one

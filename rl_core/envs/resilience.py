@@ -35,6 +35,8 @@ class CircuitBreaker:
         self.consecutive_failures = 0
         self.opened_at = 0.0
         self._probing = False
+        self.opened = 0  # times it opened (a failed probe opens it again), for metrics
+        self.closed = 0  # times a success closed it
 
     def allow(self) -> bool:
         """May a call go out now? In half-open, only one (the probe) may."""
@@ -47,10 +49,19 @@ class CircuitBreaker:
             return True
         return False
 
+    def holds_calls(self) -> bool:
+        """Would `allow` refuse now (open and cooling down, or a probe out)? Asks, changes
+        nothing."""
+        if self.state == "open":
+            return self.clock() - self.opened_at < self.cooldown_s
+        return self.state == "half_open" and self._probing
+
     def retry_in_s(self) -> float:
         return max(0.0, self.opened_at + self.cooldown_s - self.clock())
 
     def record_success(self) -> None:
+        if self.state != "closed":
+            self.closed += 1
         self.state, self.consecutive_failures, self._probing = "closed", 0, False
 
     def abandon(self) -> None:
@@ -60,6 +71,8 @@ class CircuitBreaker:
     def record_failure(self) -> None:
         self.consecutive_failures += 1
         if self.state == "half_open" or self.consecutive_failures >= self.threshold:
+            if self.state != "open":
+                self.opened += 1
             self.state, self.opened_at, self._probing = "open", self.clock(), False
 
 

@@ -74,3 +74,8 @@ class Scored:
         aclose = getattr(self.inner, "aclose", None)
         if aclose is not None:
             await aclose()
+
+    def step_metrics(self) -> dict[str, float]:
+        """The inner environment's ``env/`` metrics, if it keeps any (a webhook's faults)."""
+        step_metrics = getattr(self.inner, "step_metrics", None)
+        return step_metrics() if step_metrics is not None else {}

@@ -18,6 +18,12 @@ registered, or one that rebinds between the control plane's check and the
 connection, cannot reach metadata, link-local or (on a server) private
 addresses. Redirects are never followed. A refusal is `AddressRefused`, which
 `WebhookEnvironment` does not retry.
+
+An answer is read up to `MAX_ANSWER_BYTES`; a longer one is `AnswerTooLarge`, before
+it is all in memory. A failure says what kind it was (`TransportError.kind`): no
+connection, a connection reset or closed under the request, or a broken answer; the
+first two are how an overloaded server sheds load, which `WebhookEnvironment` answers
+by sending fewer requests at once (`rl_core.envs.adaptive`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import functools
 import socket
 import ssl
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Protocol
+from typing import Literal, Protocol
 
 import aiohttp
 import certifi
@@ -48,11 +54,32 @@ class Answer:
     body: bytes
 
 
+# An answer of the protocol is a few kilobytes; a callback may carry 1 MiB. Far more is a
+# server gone wrong, and the worker must not hold it in memory for every episode in flight.
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
+
+FailureKind = Literal["connect", "reset", "broken", "too_large"]
+
+
 class TransportError(Exception):
     """No answer: the connection failed or broke, or the answer was not HTTP.
 
     The message names the kind (``ClientConnectorError: ...``) and reaches the tenant.
+    ``kind``: ``connect`` (no connection: refused, unreachable), ``reset`` (the connection
+    was reset or closed before the answer began), ``broken`` (anything else: TLS refused,
+    an answer cut short or not HTTP), ``too_large`` (`AnswerTooLarge`).
     """
+
+    def __init__(self, message: str, kind: FailureKind = "broken") -> None:
+        super().__init__(message)
+        self.kind: FailureKind = kind
+
+
+class AnswerTooLarge(TransportError):
+    """The answer is longer than the transport reads (`MAX_ANSWER_BYTES`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "too_large")
 
 
 class AddressRefused(TransportError):
@@ -117,8 +144,10 @@ class AiohttpTransport:
         *,
         allowlist: Allowlist,
         resolver: AbstractResolver | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.allowlist = allowlist
+        self.max_answer_bytes = max_answer_bytes
         # aiohttp closes only a resolver it made itself: this one is closed with the session.
         self._resolver = CheckingResolver(allowlist, resolver)
         connector = aiohttp.TCPConnector(
@@ -163,17 +192,38 @@ class AiohttpTransport:
                 asyncio.timeout(timeout_s),
                 self._session.post(url, data=body, headers=headers, allow_redirects=False) as r,
             ):
-                content = await r.read()
+                content = await _read_capped(r, self.max_answer_bytes, url)
                 return Answer(r.status, r.reason or "", r.headers, content)
         except TimeoutError:
             raise
+        except aiohttp.ClientSSLError as exc:  # a bad certificate is not a busy server
+            raise TransportError(f"{type(exc).__name__}: {exc}", "broken") from exc
+        except aiohttp.ClientConnectorError as exc:  # before ClientOSError: a subclass
+            raise TransportError(f"{type(exc).__name__}: {exc}", "connect") from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}", "reset") from exc
         except aiohttp.ClientError as exc:
-            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+            raise TransportError(f"{type(exc).__name__}: {exc}", "broken") from exc
 
     async def aclose(self) -> None:
         await self._guard.aclose()  # its ``finally`` closes the session, if it started
         await self._session.close()
         await self._resolver.close()
+
+
+async def _read_capped(response: aiohttp.ClientResponse, cap: int, url: str) -> bytes:
+    """The body, or `AnswerTooLarge` as soon as it is known to be over ``cap`` bytes."""
+    declared = response.content_length
+    if declared is not None and declared > cap:
+        raise AnswerTooLarge(f"the answer of {url} declares {declared} bytes, over {cap}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > cap:
+            raise AnswerTooLarge(f"the answer of {url} runs over {cap} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 @functools.lru_cache(maxsize=256)  # an environment calls three URLs, thousands of times
@@ -204,10 +254,13 @@ def tls_context() -> ssl.SSLContext:
 
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
     "AddressRefused",
     "AiohttpTransport",
     "Answer",
+    "AnswerTooLarge",
     "CheckingResolver",
+    "FailureKind",
     "Transport",
     "TransportError",
     "TransportFactory",

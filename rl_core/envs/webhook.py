@@ -10,9 +10,14 @@ at once with the server's reason; so does a connection the transport refused
 because the host is, or now resolves to, an address the target's allowlist
 does not allow (`WebhookAddressRefused`). A ``202 {"deferred": true}`` step
 waits on the `CallbackSource` until the deadline. At most ``max_concurrency``
-requests are in flight; a circuit breaker holds calls off a failing server;
-and the failure budget turns "many episodes failed" into a run failure
-(`FailureBudgetExhausted`) instead of a run that trains on nothing.
+requests are in flight, fewer while the server shows signs of overload (the
+AIMD limit of `rl_core.envs.adaptive`: a timeout, no connection, a reset, a
+429/503 lowers it, successes raise it again); an overload that lowered the limit
+is retried without counting as a failure. A circuit breaker holds calls off a
+failing server; and the failure budget turns "many episodes failed" into a run
+failure (`FailureBudgetExhausted`) instead of a run that trains on nothing.
+Every failed request is counted by reason (`FAULT_REASONS`); `step_metrics`
+reports them, the limit and the breaker's moves as ``env/`` metrics.
 
 The bytes travel through a `Transport` (`rl_core.envs.transport`; aiohttp
 unless the constructor is given another): this module never sees a socket.
@@ -21,18 +26,19 @@ unless the constructor is given another): this module never sees a socket.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from rl_core.envs.adaptive import AdaptiveSlots, AimdLimit
 from rl_core.envs.base import Action, Message, Reset, Step
 from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
 from rl_core.envs.errors import (
@@ -45,11 +51,22 @@ from rl_core.envs.errors import (
     WebhookRejected,
     WebhookUnavailable,
 )
+from rl_core.envs.faults import (
+    ABSORBED_MAX,
+    FAULT_REASONS,
+    OVERLOAD_KINDS,
+    OVERLOAD_STATUS,
+    RETRYABLE_STATUS,
+    reason,
+    rejection,
+    retry_after,
+)
 from rl_core.envs.resilience import CircuitBreaker, FailureBudget, backoff_s
 from rl_core.envs.transport import (
     AddressRefused,
     AiohttpTransport,
     Answer,
+    AnswerTooLarge,
     Transport,
     TransportError,
     TransportFactory,
@@ -62,7 +79,6 @@ from rl_core.spec import WebhookCallSpec
 log = logging.getLogger(__name__)
 A = TypeVar("A", bound=BaseModel)
 
-_RETRYABLE_STATUS = frozenset({408, 425, 429})
 CALLBACK_POLL_S = 25.0  # one long-poll of the CallbackSource; the loop runs to the deadline
 
 
@@ -110,7 +126,12 @@ class WebhookEnvironment:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Transport | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: AdaptiveSlots | None = None
+        self.faults: Counter[str] = Counter()  # failed requests by reason (FAULT_REASONS)
+        self.absorbed = 0  # overloads retried uncounted, because the limit was lowered
+        self._reported: dict[str, int] = {}
+        # Resolved at the breaker's next verdict (a probe's end): what held calls wait on.
+        self._verdict: asyncio.Future[None] | None = None
 
     # -- the Environment protocol ---------------------------------------------------------
 
@@ -155,6 +176,7 @@ class WebhookEnvironment:
         try:
             return model.model_validate(body)
         except ValidationError as exc:
+            self.faults["protocol"] += 1
             raise WebhookProtocolError(
                 self.target.id,
                 f"{what} is not protocol {wire.VERSION}: {wire.problems(exc)} "
@@ -226,6 +248,7 @@ class WebhookEnvironment:
                 try:
                     answer = wire.parse_callback(dict(result))
                 except ValidationError as exc:
+                    self.faults["protocol"] += 1
                     raise WebhookProtocolError(
                         self.target.id,
                         f"{episode_id}: the deferred result of step {step} is not protocol "
@@ -237,6 +260,7 @@ class WebhookEnvironment:
                         f"deferred step {step} of {episode_id} failed: {answer.error.message}",
                     )
                 return dict(result)
+        self.faults["deferred_timeout"] += 1
         raise DeferredTimeout(
             self.target.id,
             f"deferred result of {episode_id} step {step} did not arrive within "
@@ -246,156 +270,273 @@ class WebhookEnvironment:
     async def _call(
         self, route: str, payload: BaseModel, deadline: float, *, retries: int | None = None
     ) -> tuple[int, dict[str, Any]]:
-        """POST with retries; the status and decoded JSON body of the first good answer."""
+        """POST with retries; the status and decoded JSON body of the first good answer.
+
+        ``retries`` counts failed attempts; an overload answered by lowering the
+        concurrency limit (`_Outcome.absorbed`) is retried without using one, at most
+        `ABSORBED_MAX` times; the deadline bounds all of them.
+        """
         client, slots = self._bind()
         url = f"{self.target.url.rstrip('/')}/{route}"
         # Encoded once, as bytes: these are the bytes each attempt signs and sends.
         raw = payload.__pydantic_serializer__.to_json(payload)
         attempts = 1 + (self.policy.retries if retries is None else retries)
         failure = "no attempt made"
-        made = 0
-        for attempt in range(attempts):
+        made = failed = absorbed = 0
+        held = False  # the last failed attempt was a probe that failed while this call waited
+        while failed < attempts:
+            held = await self._wait_out_breaker(deadline, failure)
+            if held:
+                failed += 1
+                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             try:
-                response = await self._attempt(client, slots, url, raw, remaining, failure)
+                outcome = await self._attempt(
+                    client, slots, url, raw, remaining, failure, absorb=absorbed < ABSORBED_MAX
+                )
+            except _HeldOff:  # another call is the breaker's probe: wait for its verdict
+                continue
             except AddressRefused as exc:  # policy, not the network: no retry, no breaker
+                self.faults["address_refused"] += 1
                 raise WebhookAddressRefused(
                     self.target.id, f"POST {url} was not sent: {exc}; not retried"
                 ) from None
-            except TimeoutError:
-                failure = f"POST {url} timed out after {min(self.call_timeout_s, remaining):.3g}s"
-                response = None
-            except TransportError as exc:
-                failure = f"POST {url} failed: {exc}"
-                response = None
             made += 1
-            retry_after: float | None = None
-            if response is not None:
-                status = response.status
-                if status < 300:
-                    self.breaker.record_success()
-                    return status, _json(response, url, self.target.id)
-                if status < 500 and status not in _RETRYABLE_STATUS:
-                    self.breaker.record_success()  # it answered: the server is up
-                    raise WebhookRejected(self.target.id, _rejection(response, url), status)
-                failure = f"POST {url} answered {status}: {_reason(response)}"
-                retry_after = _retry_after(response)
-            self.breaker.record_failure()
-            if attempt + 1 < attempts:
-                delay = backoff_s(
-                    attempt, self.policy.backoff_s, self.policy.backoff_max_s, self._rng
-                )
-                delay = max(delay, min(retry_after or 0.0, self.policy.backoff_max_s))
-                if time.monotonic() + delay >= deadline:
+            answer = outcome.answer
+            if answer is not None and answer.status < 300:
+                return answer.status, self._json(answer, url)
+            if answer is not None and not outcome.failure:  # a 3xx or 4xx: not retried
+                raise WebhookRejected(self.target.id, rejection(answer, url), answer.status)
+            failure = outcome.failure
+            if outcome.absorbed:
+                absorbed += 1
+            else:
+                failed += 1
+                if failed >= attempts:
                     break
-                await asyncio.sleep(delay)
+            delay = backoff_s(made - 1, self.policy.backoff_s, self.policy.backoff_max_s, self._rng)
+            asked = retry_after(answer) if answer is not None else None
+            delay = max(delay, min(asked or 0.0, self.policy.backoff_max_s))
+            if time.monotonic() + delay >= deadline:
+                break
+            await asyncio.sleep(delay)
+        if held:
+            self.faults["circuit_open"] += 1
+            raise CircuitOpen(
+                self.target.id,
+                f"circuit open after {self.breaker.consecutive_failures} consecutive "
+                f"failures; a probe failed while the call waited, its last attempt (last: "
+                f"{failure})",
+            )
+        lowered = f", {absorbed} retried after lowering the concurrency limit" if absorbed else ""
         raise WebhookUnavailable(
-            self.target.id, f"{failure} (gave up after {made} attempts, within the deadline)"
+            self.target.id,
+            f"{failure} (gave up after {made} attempts{lowered}, within the deadline)",
         )
 
     async def _attempt(
         self,
         client: Transport,
-        slots: asyncio.Semaphore,
+        slots: AdaptiveSlots,
         url: str,
         raw: bytes,
         remaining: float,
         last_failure: str,
-    ) -> Answer:
-        """One request: wait for a slot (bounded by the deadline), ask the breaker, send."""
+        *,
+        absorb: bool,
+    ) -> _Outcome:
+        """One request: wait for a permit (bounded by the deadline), ask the breaker, send;
+        then settle the permit, the breaker and the fault counts by what came back."""
         try:
             async with asyncio.timeout(remaining):
-                await slots.acquire()
+                epoch = await slots.acquire()
         except TimeoutError:
+            limit = slots.limit
             raise WebhookUnavailable(
                 self.target.id,
-                f"no request slot came free before the deadline (max_concurrency="
-                f"{self.target.max_concurrency} requests are in flight)",
+                f"no request slot came free before the deadline ({limit.in_flight} requests "
+                f"in flight, the limit now {limit.permits} of max_concurrency="
+                f"{self.target.max_concurrency})",
             ) from None
         try:
-            # Asked only once a slot is held, so a half-open probe is a request that goes out.
-            if not self.breaker.allow():
+            answer, kind, failure = await self._send(client, url, raw, remaining, last_failure)
+        except BaseException:
+            slots.ended(epoch)
+            raise
+        status = answer.status if answer is not None else None
+        overload = kind in OVERLOAD_KINDS or status in OVERLOAD_STATUS
+        if (
+            answer is not None
+            and not overload
+            and (answer.status < 500)
+            and (answer.status not in RETRYABLE_STATUS)
+        ):
+            # It answered: the server is up, whatever it said.
+            if answer.status < 300:
+                slots.succeeded(epoch)
+            else:
+                slots.ended(epoch)
+                self.faults["redirect" if answer.status < 400 else "status_refused"] += 1
+            self._breaker_verdict(True)
+            return _Outcome(answer, "")
+        if answer is not None:
+            kind = "status_overload" if overload else "status_error"
+            failure = f"POST {url} answered {answer.status}: {reason(answer)}"
+        self.faults[kind] += 1
+        if overload:
+            if slots.overloaded(epoch) == "absorbed" and absorb:
+                self.absorbed += 1
+                self._breaker_verdict(None)  # busy is not down: no verdict for the breaker
+                return _Outcome(answer, failure, absorbed=True)
+        else:
+            slots.ended(epoch)
+        self._breaker_verdict(False)
+        return _Outcome(answer, failure)
+
+    async def _send(
+        self, client: Transport, url: str, raw: bytes, remaining: float, last_failure: str
+    ) -> tuple[Answer | None, str, str]:
+        """Ask the breaker, then POST: the answer, or None with the kind of failure and
+        what it was."""
+        # Asked only once a permit is held, so a half-open probe is a request that goes out.
+        if not self.breaker.allow():
+            raise _HeldOff
+        timeout_s = min(self.call_timeout_s, remaining)
+        try:
+            answer = await client.post(
+                url,
+                raw,
+                {"Content-Type": "application/json", HEADER: sign(self.target.secret, raw)},
+                timeout_s,
+            )
+        except (asyncio.CancelledError, AddressRefused):
+            # A probe that was cancelled, or refused before it went out, gave no verdict
+            # on the server: it must not hold the breaker half-open.
+            self._breaker_verdict(None)
+            raise
+        except TimeoutError:
+            return None, "timeout", f"POST {url} timed out after {timeout_s:.3g}s"
+        except AnswerTooLarge as exc:  # it answered; the same request would get the same
+            self._breaker_verdict(True)
+            self.faults["too_large"] += 1
+            raise WebhookProtocolError(self.target.id, f"POST {url}: {exc}; not retried") from None
+        except TransportError as exc:
+            return None, exc.kind, f"POST {url} failed: {exc}"
+        return answer, "", ""
+
+    async def _wait_out_breaker(self, deadline: float, last_failure: str) -> bool:
+        """Return once the breaker lets calls through (at once, when it is closed); True
+        when a probe failed meanwhile, which the caller counts as one failed attempt.
+
+        While it is open a call waits, rather than failing its episode: the collector
+        would start new episodes as fast as they failed, and one cool-down would fail
+        every episode it could start (604 of 671 in tests/faults/test_mix.py). After the
+        cool-down one call goes out as the probe and the rest wait for its verdict: a
+        success lets them go; a failure opens the breaker again and costs each waiting
+        call one of its attempts. So an outage shorter than the cool-down costs no
+        episode, and a dead server fails an episode after ``retries + 1`` cool-downs.
+        A call whose deadline comes while it waits fails with `CircuitOpen`.
+        """
+        breaker = self.breaker
+        opened = breaker.opened
+        while breaker.holds_calls() and breaker.opened == opened:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.faults["circuit_open"] += 1
                 raise CircuitOpen(
                     self.target.id,
-                    f"circuit open after {self.breaker.consecutive_failures} consecutive "
-                    f"failures; next probe in {self.breaker.retry_in_s():.1f}s "
-                    f"(last: {last_failure})",
+                    f"circuit open after {breaker.consecutive_failures} consecutive failures; "
+                    f"the call waited for it until the deadline (last: {last_failure})",
                 )
-            try:
-                return await client.post(
-                    url,
-                    raw,
-                    {"Content-Type": "application/json", HEADER: sign(self.target.secret, raw)},
-                    min(self.call_timeout_s, remaining),
-                )
-            except (asyncio.CancelledError, AddressRefused):
-                # A probe that was cancelled, or refused before it went out, gave no verdict
-                # on the server: it must not hold the breaker half-open.
-                self.breaker.abandon()
-                raise
-        finally:
-            slots.release()
+            wait = breaker.retry_in_s() if breaker.state == "open" else remaining
+            await asyncio.wait([self._next_verdict()], timeout=min(wait, remaining))
+        return breaker.opened != opened
 
-    def _bind(self) -> tuple[Transport, asyncio.Semaphore]:
+    def _next_verdict(self) -> asyncio.Future[None]:
+        if self._verdict is None or self._verdict.done():
+            self._verdict = asyncio.get_running_loop().create_future()
+        return self._verdict
+
+    def _breaker_verdict(self, success: bool | None) -> None:
+        """Tell the breaker how a request it let through ended (None: no verdict, it was
+        cancelled or is being retried after an overload), and wake the calls it holds."""
+        if success is None:
+            self.breaker.abandon()
+        elif success:
+            self.breaker.record_success()
+        else:
+            self.breaker.record_failure()
+        if self._verdict is not None and not self._verdict.done():
+            self._verdict.set_result(None)
+
+    def _json(self, response: Answer, url: str) -> dict[str, Any]:
+        try:
+            body = json.loads(response.body)
+        except ValueError:
+            self.faults["protocol"] += 1
+            raise WebhookProtocolError(
+                self.target.id, f"POST {url}: the answer is not JSON"
+            ) from None
+        if not isinstance(body, dict):
+            self.faults["protocol"] += 1
+            raise WebhookProtocolError(
+                self.target.id, f"POST {url}: the answer must be a JSON object"
+            )
+        return body
+
+    def _bind(self) -> tuple[Transport, AdaptiveSlots]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._client is None or self._slots is None:
             self._loop = loop
             cap = self.target.max_concurrency
             self._client = self._make_transport(cap)
-            self._slots = asyncio.Semaphore(cap)
+            self._slots = AdaptiveSlots(AimdLimit(cap))
         return self._client, self._slots
+
+    # -- metrics --------------------------------------------------------------------------
+
+    def step_metrics(self) -> dict[str, float]:
+        """A step's ``env/`` metrics (the pipeline reads them once per step): failed requests
+        by reason, overloads retried uncounted, limit cuts, breaker openings and closings
+        since the last call; the concurrency limit now and its lowest since the last call;
+        whether the breaker is open now."""
+        limit = self._slots.limit if self._slots is not None else None
+        counts = {
+            **{f"faults/{reason}": self.faults[reason] for reason in FAULT_REASONS},
+            "overloads_absorbed": self.absorbed,
+            "limit_cuts": limit.cuts if limit is not None else 0,
+            "breaker_opened": self.breaker.opened,
+            "breaker_closed": self.breaker.closed,
+        }
+        since = {k: float(v - self._reported.get(k, 0)) for k, v in counts.items()}
+        self._reported = counts
+        cap = self.target.max_concurrency
+        return {
+            **{f"env/{k}": v for k, v in since.items()},
+            "env/concurrency_limit": float(limit.permits if limit is not None else cap),
+            "env/concurrency_limit_min": float(limit.take_lowest() if limit is not None else cap),
+            "env/breaker_open": float(self.breaker.state != "closed"),
+        }
+
+
+class _HeldOff(Exception):
+    """The breaker refused this request: another call holds its one half-open probe."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Outcome:
+    """One attempt's end, as `_call` needs it: the answer if one came, what failed
+    ("" when nothing did), and whether the failure was an overload answered by lowering
+    the concurrency limit (retried without counting)."""
+
+    answer: Answer | None
+    failure: str
+    absorbed: bool = False
 
 
 # -- the protocol's shapes --------------------------------------------------------------------
-
-
-def _json(response: Answer, url: str, target_id: str) -> dict[str, Any]:
-    try:
-        body = json.loads(response.body)
-    except ValueError:
-        raise WebhookProtocolError(target_id, f"POST {url}: the answer is not JSON") from None
-    if not isinstance(body, dict):
-        raise WebhookProtocolError(target_id, f"POST {url}: the answer must be a JSON object")
-    return body
-
-
-_EXCERPT = 200
-
-
-def _reason(response: Answer) -> str:
-    """The server's own words when it answered with the protocol's error body (cut short,
-    control characters dropped); otherwise only what kind of answer it was.
-
-    Never the raw body: the error reaches the tenant, and a URL that now points somewhere
-    else (a cloud metadata address, another internal service) must not be read back.
-    """
-    with contextlib.suppress(ValueError):
-        body = json.loads(response.body)
-        error = body.get("error") if isinstance(body, dict) else None
-        if isinstance(error, dict) and "message" in error:
-            message = "".join(c for c in str(error["message"]) if c.isprintable())
-            return message[:_EXCERPT] + ("…" if len(message) > _EXCERPT else "")
-    kind = response.headers.get("content-type", "no content type").split(";")[0]
-    return (
-        f"{response.reason or 'no reason'} ({kind}, {len(response.body)} bytes, "
-        "not the protocol's error body)"
-    )
-
-
-def _rejection(response: Answer, url: str) -> str:
-    hint = ""
-    if response.status == 401:
-        hint = "; check that the secret registered with rlaas is the one the server verifies with"
-    return f"POST {url} was rejected with {response.status}: {_reason(response)}{hint}"
-
-
-def _retry_after(response: Answer) -> float | None:
-    try:
-        return float(response.headers.get("retry-after", ""))
-    except ValueError:
-        return None
 
 
 def _messages(messages: Sequence[wire.Message]) -> list[Message]:
@@ -403,4 +544,10 @@ def _messages(messages: Sequence[wire.Message]) -> list[Message]:
     return [m.model_dump(exclude_unset=True) for m in messages]
 
 
-__all__ = ["CallbackSource", "MemoryCallbacks", "WebhookEnvironment", "WebhookTarget"]
+__all__ = [
+    "FAULT_REASONS",
+    "CallbackSource",
+    "MemoryCallbacks",
+    "WebhookEnvironment",
+    "WebhookTarget",
+]

@@ -26,6 +26,9 @@ reading. Names, all floats:
   (an agent's earlier turns; `rl_core.rollout.prefix_pool`).
 - ``time/<stage>_s``: seconds in each stage (episode stages summed over episodes).
 - ``loop/lag_ms_{mean,max}``: how late the event loop wakes a sleeper.
+- ``env/...``: what the environment itself counts, when it does (a webhook's failed
+  requests by reason, its concurrency limit and breaker: `WebhookEnvironment.step_metrics`);
+  added by the pipeline, not here.
 """
 
 from __future__ import annotations

@@ -189,6 +189,12 @@ class Pipeline:
         except Exception as exc:  # the run's outcome is already decided; closing is tidy-up
             log.warning("closing the environment failed: %s: %s", type(exc).__name__, exc)
 
+    def _env_metrics(self) -> dict[str, float]:
+        """The environment's own ``env/`` metrics, for one that keeps some (a webhook's
+        faults, concurrency limit and breaker: `WebhookEnvironment.step_metrics`)."""
+        step_metrics = getattr(getattr(self.collector, "env", None), "step_metrics", None)
+        return step_metrics() if step_metrics is not None else {}
+
     async def _train_loop(self) -> TrainResult:
         cfg = self.config
         meter = StepMeter(self._readings())
@@ -227,6 +233,7 @@ class Pipeline:
             )
             if self.sessions is not None:
                 final.update(self.sessions.step_metrics())
+            final.update(self._env_metrics())
             if self._eval_due(step):
                 final.update(await self._evaluate(step))
             self._report(step, final, groups, finished)
@@ -251,7 +258,12 @@ class Pipeline:
         with self.recorder.span("queue_wait", track="trainer", step=step) as args:
             while sum(g.members for g in groups) < wanted:
                 try:
-                    groups.append(await asyncio.wait_for(self.queue.take(), STOP_POLL_S))
+                    # Not asyncio.wait_for: on Python 3.11 it returns the group when the
+                    # group and a cancel (the TaskGroup's, as the collector fails) arrive
+                    # together, and the cancel is lost: the run then waited for groups
+                    # forever (seen when a failure budget ran out mid-step).
+                    async with asyncio.timeout(STOP_POLL_S):
+                        groups.append(await self.queue.take())
                 except TimeoutError:
                     if self.control.stop_requested:
                         self.admission.unconsume(groups)

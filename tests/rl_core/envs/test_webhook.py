@@ -99,7 +99,9 @@ def test_a_timed_out_step_is_retried_and_gets_the_first_calls_result() -> None:
 
 def test_timeouts_without_retries_fail_the_episode_as_an_environment_failure() -> None:
     async def main(url: str) -> None:
-        env = client(url, retries=0, timeout_s=0.1)
+        # One request at a time: the concurrency limit is at its floor, so a timeout is a
+        # failure (above it, it would lower the limit and be retried: test_faults_limit).
+        env = client(url, retries=0, timeout_s=0.1, concurrency=1)
         await env.reset("e", 0, {})
         with pytest.raises(WebhookUnavailable, match=r"timed out after 0\.1s") as info:
             await env.step("e", 1, Action(content="x"))
@@ -190,8 +192,11 @@ def test_the_circuit_breaker_opens_on_a_dead_server_and_recovers() -> None:
         assert env.breaker.state == "open"
 
     async def up() -> None:
-        with pytest.raises(CircuitOpen, match="3 consecutive failures"):
-            await env.reset("e", 0, {})  # the server is back, but the breaker holds calls off
+        # The server is back, but the breaker holds calls off: the call waits for the
+        # cool-down (which this clock never ends) until its deadline, sending nothing.
+        env.policy = env.policy.model_copy(update={"step_deadline_s": 0.2})
+        with pytest.raises(CircuitOpen, match=r"3 consecutive failures.*until the deadline"):
+            await env.reset("e", 0, {})
         assert app.requests["/reset"] == 0
         now[0] += 10.0  # the cool-down
         reset = await env.reset("e", 0, {})  # the half-open probe goes through and succeeds
@@ -389,3 +394,107 @@ def test_an_https_server_is_verified_against_the_ca_bundle(tmp_path: Any) -> Non
 
     asyncio.run(main())
     assert seen == []
+
+
+def test_an_overload_lowers_the_limit_and_is_retried_uncounted_until_the_floor() -> None:
+    """A server that answers 503 to everything: with 8 allowed in flight, each 503 halves
+    the limit (8 -> 4 -> 2 -> 1) and the request is retried without using a retry or
+    moving the breaker; at the floor the server is down, not busy, and the 503 counts."""
+    body = json.dumps({"error": {"code": "busy", "message": "too many requests"}}).encode()
+
+    async def main(url: str) -> None:
+        env = client(url, retries=0, concurrency=8)
+        with pytest.raises(WebhookUnavailable, match="answered 503: too many") as info:
+            await env.reset("e", 0, {})
+        assert "4 attempts, 3 retried after lowering the concurrency limit" in str(info.value)
+        metrics = env.step_metrics()
+        assert metrics["env/limit_cuts"] == 3 and metrics["env/concurrency_limit"] == 1
+        assert metrics["env/overloads_absorbed"] == 3
+        assert metrics["env/faults/status_overload"] == 4
+        assert env.breaker.consecutive_failures == 1 and env.budget.failed == 1
+        await env.aclose()
+
+    with serving(answering(503, body, b"application/json")) as url:
+        asyncio.run(main(url))
+
+
+def test_calls_held_by_an_open_breaker_go_out_once_its_probe_succeeds() -> None:
+    """An open breaker holds calls back instead of failing their episodes: after the
+    cool-down one of them probes, and its success lets the others go."""
+    app = Counted(EnvServer(Scripted(), secret=SECRET).app)
+
+    async def main(url: str) -> None:
+        env = client(url, retries=0)
+        env.breaker = CircuitBreaker(1, 0.2)
+        env.breaker.record_failure()  # open, as after a failure
+        resets = await asyncio.gather(*(env.reset(f"e{i}", i, {}) for i in range(3)))
+        assert all(r.messages for r in resets)
+        assert (env.breaker.opened, env.breaker.closed, env.budget.failed) == (1, 1, 0)
+        await env.aclose()
+
+    with serving(app) as url:
+        asyncio.run(main(url))
+    assert app.requests["/reset"] == 3  # nothing went out while it was open
+
+
+def test_a_probe_that_fails_costs_each_held_call_an_attempt() -> None:
+    async def main() -> None:
+        env = client(f"http://127.0.0.1:{free_port()}", retries=0, concurrency=1)
+        env.breaker = CircuitBreaker(1, 0.2)
+        env.breaker.record_failure()
+        results = await asyncio.gather(
+            env.reset("a", 0, {}), env.reset("b", 0, {}), return_exceptions=True
+        )
+        # One call was the probe and failed on its own; the other waited for it, and with
+        # no retries left fails too, without a request of its own.
+        kinds = sorted(type(r).__name__ for r in results)
+        assert kinds == ["CircuitOpen", "WebhookUnavailable"], results
+        assert "a probe failed while the call waited" in str(
+            next(r for r in results if isinstance(r, CircuitOpen))
+        )
+        assert env.faults["connect"] == 1 and env.budget.failed == 2
+        await env.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_answer_over_8_mib_fails_the_episode_without_being_read_or_retried() -> None:
+    from rl_core.envs.transport import MAX_ANSWER_BYTES
+
+    app = Counted(answering(200, b" " * (MAX_ANSWER_BYTES + 1), b"application/json"))
+
+    async def main(url: str) -> None:
+        env = client(url, retries=3)
+        with pytest.raises(WebhookProtocolError, match=r"declares 8388609 bytes, over 8388608"):
+            await env.reset("e", 0, {})
+        assert env.faults["too_large"] == 1 and env.breaker.consecutive_failures == 0
+        await env.aclose()
+
+    with serving(app) as url:
+        asyncio.run(main(url))
+    assert app.requests["/reset"] == 1
+
+
+def test_an_answer_sent_without_a_length_is_cut_off_at_8_mib() -> None:
+    """Chunked, so only reading tells: the worker stops at 8 MiB, not at the end."""
+    from rl_core.envs.transport import MAX_ANSWER_BYTES
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        chunk = b" " * (1024 * 1024)
+        for _ in range(MAX_ANSWER_BYTES // len(chunk) + 4):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def main(url: str) -> None:
+        env = client(url, retries=3)
+        with pytest.raises(WebhookProtocolError, match=r"runs over 8388608 bytes; not retried"):
+            await env.reset("e", 0, {})
+        assert env.faults["too_large"] == 1
+        await env.aclose()
+
+    with serving(app) as url:
+        asyncio.run(main(url))
