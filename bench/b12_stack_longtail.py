@@ -16,9 +16,8 @@ API: ``builtin:tiny``, GRPO groups of 4, 4 groups a step (N = 16), C episodes
 in flight (``rollout.concurrency``, 64), max_staleness 3; ``sync`` (the
 baseline) then ``async``, back to back, same seed. Model calls are the real
 JAX engine's, in the worker, sharing its device thread with the trainer;
-``--modes sync,async-noreuse,async`` adds a run whose engine prefills each
-turn's whole conversation (``rollout.prefix_reuse: false``, the engine before
-its prefix pool).
+``--modes sync,async,async-reuse`` adds a run whose engine keeps each
+episode's keys and values between turns (``rollout.prefix_reuse: true``).
 
 The random-init model first has to learn to end its turns (an unended turn
 truncates the episode; bench/_longtail_env.py): until then episodes last a
@@ -129,8 +128,8 @@ class Run:
 
 
 def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> dict[str, Any]:
-    # "async-noreuse": the engine prefills each turn's whole conversation (the code before
-    # the prefix pool), for a before/after in one invocation.
+    # "async-reuse": the engine's prefix pool on (rollout.prefix_reuse, off by default),
+    # for a comparison in one invocation.
     staleness_mode, _, variant = mode.partition("-")
     return {
         "name": f"b12-{mode}-C{c}-seed{seed}",
@@ -142,7 +141,7 @@ def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> 
         "agent": {"max_turns": 32, "max_new_tokens": 8, "max_context": 512,
                   "tool_call_format": "none"},
         "rollout": {"group_size": G, "concurrency": c, "sampling": {"temperature": 1.0},
-                    "prefix_reuse": variant != "noreuse"},
+                    "prefix_reuse": variant == "reuse"},
         # 0.01 learns to end turns in about half the steps 0.003 takes.
         "algorithm": {"batch_groups": B, "learning_rate": 0.01},
         "staleness": {"mode": staleness_mode, "max_staleness": m},
@@ -435,7 +434,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="sync,async",
-        help="of sync, async, sync-noreuse, async-noreuse (the engine without its prefix pool)",
+        help="of sync, async, sync-reuse, async-reuse (the engine with its prefix pool)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "figures")
     parser.add_argument("--dump", type=Path, help="a folder for each run's raw data (JSON)")

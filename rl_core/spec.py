@@ -255,9 +255,11 @@ class RolloutSpec(_Section):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     episode_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
     # The JAX engine keeps an episode's keys and values between its turns, so a turn
-    # prefills only what is new (its last answer's end and the observation); false
-    # prefills the whole conversation every turn (for comparisons; vLLM has its own).
-    prefix_reuse: bool = True
+    # prefills only what is new (its last answer's end and the observation). Off by
+    # default: on CPU it did not pay (docs/lifecycle.md has the figures: its extend step
+    # attends over the whole cache row for every new token, padded to a bucket, and
+    # each shape compiles). vLLM has a prefix cache of its own.
+    prefix_reuse: bool = False
 
     @model_validator(mode="after")
     def _vllm_url_only_for_vllm(self) -> RolloutSpec:

@@ -58,8 +58,8 @@ class EngineConfig:
     # prompt that continues them (an agent's next turn), so that prompt prefills only its
     # new tokens (`rl_core.rollout.prefix_pool`). None: as many as the largest batch
     # bucket (the pool then takes as much memory as the decode cache at its largest);
-    # 0 turns it off.
-    prefix_pool_rows: int | None = None
+    # 0 (the default: on CPU it cost more than it saved, docs/lifecycle.md) turns it off.
+    prefix_pool_rows: int | None = 0
 
 
 class JaxEngine:
