@@ -33,7 +33,8 @@ Processes: ``RLIMIT_NPROC`` (set by the guard), and where the worker runs as roo
 which that limit does not bind even inside a user namespace, a ``pids`` cgroup of the
 run's own (`pids_cgroup`): a fork bomb stops at ``processes``.
 
-Not yet bounded: the total bytes of many files (each is capped).
+Disk: each file is capped (``RLIMIT_FSIZE``); under bwrap the folder is a tmpfs of
+``disk_bytes``, which bounds their total. The weaker walls bound each file only.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class SandboxLimits:
     # Processes (and threads) the program may have at once, itself included: RLIMIT_NPROC,
     # and for a worker running as root (which that limit does not bind) a pids cgroup.
     processes: int = 32
+    # Bytes of all the files the program writes (under bwrap: its folder is a tmpfs of
+    # this size; file_bytes caps each one).
+    disk_bytes: int = 64 * 2**20
     # The strongest wall to use: "auto" is the strongest that runs here; the others
     # ask for that wall exactly (bwrap, namespace: SandboxUnavailable where it cannot).
     network: Literal["auto", "bwrap", "namespace", "audit"] = "auto"
@@ -107,8 +111,9 @@ def bwrap_available() -> bool:
         return False
     try:
         with tempfile.TemporaryDirectory(prefix="rlaas-sandbox-probe-") as folder:
+            Path(folder, "main.py").write_text("")
             done = subprocess.run(
-                [*_bwrap(Path(folder)), _python(), "-I", "-S", "-c", "pass"],
+                [*_bwrap(Path(folder), 2**20), _python(), "-I", "-S", "-c", "pass"],
                 capture_output=True,
                 timeout=10,
             )
@@ -149,7 +154,7 @@ async def run_python(
         )
         home = INSIDE_FOLDER if isolation == "bwrap" else str(folder)
         if isolation == "bwrap":
-            argv = [*_bwrap(folder), _python(), "-I", "-S", INSIDE_GUARD, config]
+            argv = [*_bwrap(folder, limits.disk_bytes), _python(), "-I", "-S", INSIDE_GUARD, config]
         else:
             argv = [sys.executable, "-I", "-S", str(GUARD), config]
             if isolation == "namespace":
@@ -193,8 +198,11 @@ def _python() -> str:
     return os.path.realpath(sys.executable)
 
 
-def _bwrap(folder: Path) -> list[str]:
-    """bubblewrap's arguments: every namespace new, the host's files as listed only."""
+def _bwrap(folder: Path, disk_bytes: int) -> list[str]:
+    """bubblewrap's arguments: every namespace new, the host's files as listed only.
+
+    The program's folder is a tmpfs of ``disk_bytes`` (a write past it fails with ENOSPC),
+    holding its ``main.py`` read-only; what it writes there is gone with the sandbox."""
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     argv += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/lib", "/lib64", "/sbin"):
@@ -205,7 +213,9 @@ def _bwrap(folder: Path) -> list[str]:
     prefix = os.path.realpath(sys.base_prefix)
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]  # a Python installed elsewhere (pyenv, /opt)
-    argv += ["--ro-bind", str(GUARD), INSIDE_GUARD, "--bind", str(folder), INSIDE_FOLDER]
+    argv += ["--ro-bind", str(GUARD), INSIDE_GUARD]
+    argv += ["--size", str(disk_bytes), "--tmpfs", INSIDE_FOLDER]
+    argv += ["--ro-bind", str(folder / "main.py"), f"{INSIDE_FOLDER}/main.py"]
     argv += ["--chdir", INSIDE_FOLDER, "--proc", "/proc", "--dev", "/dev"]
     return [*argv, "--"]
 

@@ -87,6 +87,9 @@ class Scripted:
     closed: list[str] = dataclasses.field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    # Set by the test to let steps finish: until then each step holds its request open
+    # (a server still working), whatever the clock says.
+    hold: threading.Event | None = None
 
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
         if self.refuse_reset:
@@ -106,6 +109,8 @@ class Scripted:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             await asyncio.sleep(self.step_delays.pop(0) if self.step_delays else 0.0)
+            if self.hold is not None:
+                await asyncio.to_thread(self.hold.wait)  # set from the test's thread
         finally:
             self.in_flight -= 1
         if self.fail_late > 0:

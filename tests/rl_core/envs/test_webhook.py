@@ -7,6 +7,7 @@ import datetime
 import ipaddress
 import json
 import ssl
+import threading
 from typing import Any
 
 import pytest
@@ -228,22 +229,30 @@ def test_max_concurrency_caps_requests_in_flight() -> None:
 
 
 def test_waiting_for_a_request_slot_is_bounded_by_the_step_deadline() -> None:
-    env_side = Scripted(step_delays=[0.6])
+    env_side = Scripted(hold=threading.Event())
 
     async def main(url: str) -> None:
         env = client(url, concurrency=1, retries=0)
         await env.reset("a", 0, {})
         await env.reset("b", 0, {})
         slow = asyncio.ensure_future(env.step("a", 1, Action(content="x")))
-        await asyncio.sleep(0.05)  # "a" holds the only slot for 0.6 s
+        async with asyncio.timeout(10):
+            # A counter bumped by the server's thread: there is no event to await, so poll.
+            while env_side.in_flight == 0:  # noqa: ASYNC110 ("a"'s step is at the server)
+                await asyncio.sleep(0.005)
         env.policy = env.policy.model_copy(update={"step_deadline_s": 0.2})
         with pytest.raises(WebhookUnavailable, match="no request slot"):
             await env.step("b", 1, Action(content="x"))
+        assert env_side.hold is not None
+        env_side.hold.set()  # the server finishes "a" only now: "b" could not have had it
         assert (await slow).reward == 1.0
         assert env.breaker.consecutive_failures == 0  # a full house is not a server failure
 
     with serving(EnvServer(env_side, secret=SECRET).app) as url:
-        asyncio.run(main(url))
+        try:
+            asyncio.run(main(url))
+        finally:
+            env_side.hold.set()  # never leave the server's step waiting, even on a failure
 
 
 def test_breaker_state_machine_with_a_fake_clock() -> None:
