@@ -10,7 +10,7 @@ def svg_plot(lines: dict[str, list[tuple[float, float]]], c: int, title: str) ->
     10 s (a multiple of 10 s past 150 s, so that a long run keeps about 15 labels)."""
     width, height, pad = 720, 300, 44
     t_max = max(t for pts in lines.values() for t, _ in pts)
-    colours = {"sync": "#d62728", "async": "#1f77b4"}
+    colours = {"sync": "#d62728", "async": "#1f77b4", "async-reuse": "#2ca02c"}
 
     def x(t: float) -> float:
         return pad + (width - 2 * pad) * t / t_max
