@@ -198,7 +198,8 @@ class PipeRun:
     steps: list[dict[str, float]]
     spans: list[Any]
     trained: list[Trained]
-    partial_groups: int  # groups handed to the trainer with an episode still running or missing
+    partial_groups: int  # groups handed to the trainer with an episode still running, or a
+    #   whole group with one missing (a split group's parts hold fewer members by design)
     # (episodes in flight, trajectories queued, the trainer's state), sampled every 10 ms
     load: list[tuple[int, int, str]]
     stopped_early: bool
@@ -253,7 +254,10 @@ def run_pipeline(
         now = time.monotonic()
         for g in groups:
             ended = all(t.finished is not None and t.finished <= now for t in g.trajectories)
-            if len(g.trajectories) != spec.group_size or not ended:
+            # A first part (a group split around its stragglers) holds fewer members by
+            # design (docs/lifecycle.md, staleness); a whole group must hold them all.
+            whole = g.part != "whole" or len(g.trajectories) == spec.group_size
+            if not whole or not ended:
                 partial[0] += 1
         trained.append(Trained(len(trained) + 1, time.perf_counter() - started[0], list(groups)))
         return make_batch(groups)
