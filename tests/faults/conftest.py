@@ -10,10 +10,12 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
-from tests.e2e.stack import REPO, Stack, free_port, rlaas
+from tests.e2e.stack import REPO, Stack, free_port, rlaas, wait_until
 
 SERVICES = str(REPO / "scripts" / "services.sh")
 
@@ -22,6 +24,25 @@ def services(command: str, folder: str) -> None:
     """``scripts/services.sh <command> <folder>``: start, stop, pg-stop, redis-start, ..."""
     done = subprocess.run([SERVICES, command, folder], capture_output=True, text=True)
     assert done.returncode == 0, f"services.sh {command} failed:\n{done.stderr}"
+
+
+def finished(
+    stack: Stack, client: httpx.Client, run_id: str, timeout_s: float = 300
+) -> dict[str, Any]:
+    """The run once it has ended (succeeded, failed or cancelled)."""
+
+    def ended() -> dict[str, Any] | None:
+        run: dict[str, Any] = client.get(f"/v1/runs/{run_id}").json()
+        return run if run["status"] in ("succeeded", "failed", "cancelled") else None
+
+    result: dict[str, Any] = wait_until(ended, timeout_s, f"run {run_id} to finish", stack)
+    return result
+
+
+def retries(stack: Stack) -> int:
+    """Calls to the control plane the worker has had to retry so far (worker/api_client.py)."""
+    log = (stack.logs / "worker.log").read_text(errors="replace")
+    return sum(1 for line in log.splitlines() if "control plane" in line and "retrying in" in line)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.e2e.stack import REPO, Stack, wait_until
+from tests.faults.conftest import finished, retries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(3)]
 
@@ -42,12 +43,7 @@ def test_an_api_killed_twice_mid_run_loses_and_doubles_nothing(
         stack.start_api()
 
     with stack.client() as client:
-
-        def finished() -> dict[str, Any] | None:
-            run = client.get(f"/v1/runs/{run_id}").json()
-            return run if run["status"] in ("succeeded", "failed", "cancelled") else None
-
-        run = wait_until(finished, 300, f"run {run_id} to finish", stack)
+        run = finished(stack, client, run_id)
         assert run["status"] == "succeeded", f"{run}\n{stack.dump_logs()}"
         assert run["attempts"] == 1  # each outage was shorter than the lease
 
@@ -85,12 +81,6 @@ def step_of(stack: Stack, run_id: str) -> int:
             return int(client.get(f"/v1/runs/{run_id}").json()["current_step"])
     except httpx.HTTPError:
         return 0
-
-
-def retries(stack: Stack) -> int:
-    """Calls to the control plane the worker has had to retry so far (worker/api_client.py)."""
-    log = (stack.logs / "worker.log").read_text(errors="replace")
-    return sum(1 for line in log.splitlines() if "control plane" in line and "retrying in" in line)
 
 
 def span_key(event: dict[str, Any]) -> tuple[Any, ...]:

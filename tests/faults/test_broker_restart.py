@@ -14,12 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.stack import REPO, Stack, wait_until
-from tests.faults.conftest import services
+from tests.e2e.stack import REPO, Stack
+from tests.faults.conftest import finished, services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(2)]
-
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def _spec() -> dict[str, Any]:
@@ -30,12 +28,7 @@ def _spec() -> dict[str, Any]:
 
 def _finished(stack: Stack, run_id: str) -> dict[str, Any]:
     with stack.client() as client:
-
-        def done() -> dict[str, Any] | None:
-            run = client.get(f"/v1/runs/{run_id}").json()
-            return run if run["status"] in TERMINAL else None
-
-        run: dict[str, Any] = wait_until(done, 300, f"run {run_id} to finish", stack)
+        run = finished(stack, client, run_id)
         events = client.get(f"/v1/runs/{run_id}/events").json()["items"]
     # Ran once: one claim, one start, no second attempt.
     assert [e["to_status"] for e in events] == ["queued", "starting", "running", "succeeded"]

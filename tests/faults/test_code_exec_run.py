@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.stack import Stack, wait_until
+from tests.e2e.stack import Stack
+from tests.faults.conftest import finished
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(3)]
 
@@ -48,11 +49,7 @@ def test_a_code_exec_run_scores_the_models_code_in_the_sandbox_through_the_stack
         assert created.status_code == 201, created.text
         run_id = created.json()["id"]
 
-        def finished() -> dict[str, Any] | None:
-            run = client.get(f"/v1/runs/{run_id}").json()
-            return run if run["status"] in ("succeeded", "failed", "cancelled") else None
-
-        run = wait_until(finished, 600, f"run {run_id} to finish", stack)
+        run = finished(stack, client, run_id, timeout_s=600)
         assert run["status"] == "succeeded", f"{run}\n{stack.dump_logs()}"
         page = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 50}).json()
         judged = [t for t in page["items"] if t["end_state"] == "done"]

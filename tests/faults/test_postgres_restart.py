@@ -18,7 +18,7 @@ import yaml
 
 from sdk.client import Client
 from tests.e2e.stack import REPO, Stack, wait_until
-from tests.faults.conftest import services
+from tests.faults.conftest import finished, retries, services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(3)]
 
@@ -80,11 +80,7 @@ def test_a_database_restart_answers_503_and_loses_no_report(
             stack,
         )
 
-        def finished() -> dict[str, object] | None:
-            run = client.get(f"/v1/runs/{run_id}").json()
-            return run if run["status"] in ("succeeded", "failed", "cancelled") else None
-
-        run = wait_until(finished, 300, f"run {run_id} to finish", stack)
+        run = finished(stack, client, run_id)
         assert run["status"] == "succeeded", f"{run}\n{stack.dump_logs()}"
         assert run["attempts"] == 1, "the outage was shorter than the lease"
         assert "api" in stack.procs and stack.procs["api"].poll() is None  # never restarted
@@ -105,9 +101,3 @@ def test_a_database_restart_answers_503_and_loses_no_report(
             "succeeded",
         ]
     assert outage_s > 1.0
-
-
-def retries(stack: Stack) -> int:
-    """Calls to the control plane the worker has had to retry so far (worker/api_client.py)."""
-    log = (stack.logs / "worker.log").read_text(errors="replace")
-    return sum(1 for line in log.splitlines() if "control plane" in line and "retrying in" in line)

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.e2e.stack import Stack, free_port, rlaas, wait_until
+from tests.faults.conftest import finished
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(2)]
 
@@ -60,11 +61,7 @@ def test_a_webhook_run_with_deferred_steps_trains_through_the_whole_stack(
         }
         run_id = client.post("/v1/runs", json={"spec": spec}).json()["id"]
 
-        def finished() -> dict[str, Any] | None:
-            run = client.get(f"/v1/runs/{run_id}").json()
-            return run if run["status"] in ("succeeded", "failed", "cancelled") else None
-
-        run = wait_until(finished, 300, f"run {run_id} to finish", stack)
+        run = finished(stack, client, run_id)
         assert run["status"] == "succeeded", f"{run}\n{stack.dump_logs()}"
         points = client.get(f"/v1/runs/{run_id}/metrics", params={"name": "reward/mean"}).json()
         assert [p["step"] for p in points["points"]] == [1, 2, 3]
