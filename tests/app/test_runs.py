@@ -203,6 +203,20 @@ async def test_metrics_filter_by_name_and_step_range_ordered_by_name_then_step(a
     assert r.status_code == 422 and r.json()["error"]["field"] == "since_step"
 
 
+async def test_a_nul_in_a_run_name_or_a_metric_name_is_a_422_not_a_500(api: Api) -> None:
+    # Found by tests/app/test_fuzz_stateful.py: Postgres refuses NUL in a text column.
+    auth = await api.tenant()
+    for body, field in (
+        ({"spec": spec(), "name": "a\x00"}, "name"),
+        ({"spec": spec(name="a\x00")}, "spec.name"),
+    ):
+        r = await api.client.post("/v1/runs", json=body, headers=auth)
+        assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
+    run_id = await api.submit(auth)
+    r = await api.client.get(f"/v1/runs/{run_id}/metrics?name=a%00", headers=auth)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "name", r.text
+
+
 async def test_a_metrics_step_bound_past_32_bits_is_a_422_not_a_500(api: Api) -> None:
     # Found by tests/app/test_fuzz_stateful.py: Postgres failed the query on the bound.
     auth = await api.tenant()
