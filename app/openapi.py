@@ -6,6 +6,10 @@ which is not what this API sends. Every operation here instead documents
 ...}}``, the shape of ``app.main``'s handlers. Schemathesis (tests/app/test_fuzz.py)
 holds the answers to this document. Starlette's own HTTP errors (unknown path,
 wrong method) are rendered in the same shape by `render_http_error`.
+
+It also says where a create route's answer leads (OpenAPI links, `add_links`), so
+schemathesis's stateful run (tests/app/test_fuzz_stateful.py) reads, cancels and
+deletes what it created, by its real id, instead of a random id's 404.
 """
 
 from __future__ import annotations
@@ -63,11 +67,59 @@ def install(app: FastAPI) -> None:
                     if "422" in responses:
                         responses["422"] = {**_ERROR_RESPONSE, "description": "Invalid input"}
                     responses.setdefault("4XX", _ERROR_RESPONSE)
+            add_links(schema["paths"])
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_exception_handler(HTTPException, render_http_error)  # type: ignore[arg-type]
+
+
+# Beyond the resource's own routes: a run on the environment just registered, its spec
+# naming the environment by the id the registration answered (the rest is generated).
+EXTRA_LINKS: list[tuple[str, str, dict[str, Any]]] = [
+    (
+        "/v1/environments",
+        "/v1/runs",
+        {"requestBody": {"spec": {"environment": {"name": "$response.body#/id"}}}},
+    ),
+]
+# An event stream of a live run does not end: a client following a link to it would
+# wait for the run to finish, which no worker here will make it do.
+UNLINKED_SUFFIXES = ("/stream",)
+
+
+def add_links(paths: dict[str, Any]) -> None:
+    """Link each create route's 201 to every operation on what it created.
+
+    A create route is a POST on a collection (``/v1/runs``) that answers 201 with the new
+    resource's ``id``; what it created is every path of the form
+    ``/v1/runs/{run_id}...`` with that one path parameter. Derived from the paths, so a
+    route added under a resource is linked without anyone remembering to.
+    """
+    for collection, item in paths.items():
+        created = item.get("post", {}).get("responses", {}).get("201")
+        if created is None:
+            continue
+        links: dict[str, Any] = {}
+        for path, operations in paths.items():
+            rest = path.removeprefix(f"{collection}/")
+            if rest == path or not rest.startswith("{") or path.count("{") != 1:
+                continue
+            if path.endswith(UNLINKED_SUFFIXES):
+                continue
+            parameter = rest[1 : rest.index("}")]
+            for operation in operations.values():
+                links[operation["operationId"]] = {
+                    "operationId": operation["operationId"],
+                    "parameters": {f"path.{parameter}": "$response.body#/id"},
+                }
+        for source, target, link in EXTRA_LINKS:
+            if source == collection:
+                operation_id = paths[target]["post"]["operationId"]
+                links[operation_id] = {"operationId": operation_id, **link}
+        if links:
+            created["links"] = links
 
 
 def _raw_body_schemas() -> dict[str, Any]:

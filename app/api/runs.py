@@ -9,13 +9,19 @@ from fastapi import APIRouter, Header, Query, Response
 from app.api.deps import AfterCommitDep, SessionDep, StateDep, TenantDep
 from app.errors import BadRequest
 from app.schemas import EventPage, EventRead, MetricsRead, PointRead, RunCreate, RunPage, RunRead
+from app.schemas.results import INT32
 from app.services import quotas, run_states
 from app.services import runs as service
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
 
-@router.post("", status_code=201, response_model=RunRead)
+@router.post(
+    "",
+    status_code=201,
+    response_model=RunRead,
+    responses={200: {"model": RunRead, "description": "The run this Idempotency-Key made"}},
+)
 async def create_run(
     body: RunCreate,
     response: Response,
@@ -84,8 +90,10 @@ async def get_metrics(
     session: SessionDep,
     tenant_id: TenantDep,
     name: str | None = None,
-    since_step: Annotated[int | None, Query(ge=0)] = None,
-    until_step: Annotated[int | None, Query(ge=0)] = None,
+    # Steps are stored as 32-bit integers: a larger bound is refused here (422), not
+    # passed to Postgres, which fails the query on it (a 500).
+    since_step: Annotated[int | None, Query(ge=0, le=INT32)] = None,
+    until_step: Annotated[int | None, Query(ge=0, le=INT32)] = None,
 ) -> MetricsRead:
     points = await service.query_metrics(
         session, tenant_id, run_id, name=name, since_step=since_step, until_step=until_step

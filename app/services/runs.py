@@ -44,6 +44,8 @@ async def create_run(
             return existing, False
     await environments.require_registered(session, tenant_id, body.spec.environment.name)
     _require_shared_safe(body.spec)
+    _require_storable(body.name, "name")
+    _require_storable(body.spec.name, "spec.name")
     if admit is not None:
         await admit()
     now = utcnow()
@@ -178,6 +180,7 @@ async def query_metrics(
     until_step: int | None,
 ) -> list[MetricPoint]:
     await get_run(session, tenant_id, run_id)
+    _require_storable(name, "name")
     query = select(MetricPoint).where(MetricPoint.run_id == run_id)
     if name is not None:
         query = query.where(MetricPoint.name == name)
@@ -186,6 +189,13 @@ async def query_metrics(
     if until_step is not None:
         query = query.where(MetricPoint.step <= until_step)
     return list(await session.scalars(query.order_by(MetricPoint.name, MetricPoint.step)))
+
+
+def _require_storable(text: str | None, field: str) -> None:
+    """A string bound for (or compared with) a text column: Postgres refuses NUL in one,
+    which would fail the statement (a 500); it is the caller's to leave out (a 422)."""
+    if text is not None and "\x00" in text:
+        raise Unprocessable(f"{field} contains a NUL character (\\u0000)", field=field)
 
 
 def _require_shared_safe(spec: JobSpec) -> None:

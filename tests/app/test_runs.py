@@ -203,6 +203,32 @@ async def test_metrics_filter_by_name_and_step_range_ordered_by_name_then_step(a
     assert r.status_code == 422 and r.json()["error"]["field"] == "since_step"
 
 
+async def test_a_nul_in_a_run_name_or_a_metric_name_is_a_422_not_a_500(api: Api) -> None:
+    # Found by tests/app/test_fuzz_stateful.py: Postgres refuses NUL in a text column.
+    auth = await api.tenant()
+    for body, field in (
+        ({"spec": spec(), "name": "a\x00"}, "name"),
+        ({"spec": spec(name="a\x00")}, "spec.name"),
+    ):
+        r = await api.client.post("/v1/runs", json=body, headers=auth)
+        assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
+    run_id = await api.submit(auth)
+    r = await api.client.get(f"/v1/runs/{run_id}/metrics?name=a%00", headers=auth)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "name", r.text
+
+
+async def test_a_metrics_step_bound_past_32_bits_is_a_422_not_a_500(api: Api) -> None:
+    # Found by tests/app/test_fuzz_stateful.py: Postgres failed the query on the bound.
+    auth = await api.tenant()
+    run_id = await api.submit(auth)
+    for field in ("since_step", "until_step"):
+        url = f"/v1/runs/{run_id}/metrics"
+        r = await api.client.get(url, params={field: 2**31}, headers=auth)
+        assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
+        r = await api.client.get(url, params={field: 2**31 - 1}, headers=auth)
+        assert r.status_code == 200 and r.json()["points"] == []
+
+
 async def test_health_and_readiness(api: Api) -> None:
     assert (await api.client.get("/healthz")).json() == {"status": "ok"}
     assert (await api.client.get("/readyz")).json() == {"status": "ready"}
@@ -214,6 +240,16 @@ async def test_openapi_documents_the_job_spec_and_the_routes(api: Api) -> None:
     assert {"JobSpec", "AlgorithmSpec", "RunCreate", "RunRead"} <= set(schemas)
     assert schemas["RunCreate"]["properties"]["spec"] == {"$ref": "#/components/schemas/JobSpec"}
     assert {"/v1/runs", "/v1/runs/{run_id}", "/internal/runs/{run_id}/claim"} <= set(doc["paths"])
+
+
+async def test_openapi_documents_the_200_of_a_replayed_create(api: Api) -> None:
+    # Found by tests/app/test_fuzz_stateful.py: a replay (same Idempotency-Key, same body)
+    # answers 200 with the run, which the document said only a 201 does.
+    doc = (await api.client.get("/openapi.json")).json()
+    answers = doc["paths"]["/v1/runs"]["post"]["responses"]
+    for status in ("200", "201"):
+        schema = answers[status]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": "#/components/schemas/RunRead"}
 
 
 @pytest.mark.parametrize(
