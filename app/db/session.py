@@ -79,7 +79,7 @@ DATABASE_RETRY_AFTER_S = 2
 
 def database_unreachable(exc: BaseException) -> bool:
     """True when ``exc`` says the database cannot be reached now, not that a query was wrong."""
-    if isinstance(exc, (DisconnectionError, ConnectionError, OSError)):
+    if isinstance(exc, (DisconnectionError, OSError)):  # ConnectionError is an OSError
         return True
     if isinstance(exc, DBAPIError):
         return bool(exc.connection_invalidated) or isinstance(

@@ -13,6 +13,7 @@ parse, one plan, one parameter, instead of thousands of bound values (B8 in
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
@@ -171,7 +172,7 @@ async def store_updates(
             )
         )
     )
-    again |= {s for s in steps if steps.count(s) > 1}
+    again |= {s for s, n in Counter(steps).items() if n > 1}
     if again:
         raise Conflict(
             f"attempt {attempt} reported steps {sorted(again)} a second time: a step "

@@ -123,13 +123,13 @@ async def fail_unclaimed_runs(
         .limit(500)
         .with_for_update(skip_locked=True)
     )
+    reason = (
+        f"no worker took this run in {_span(after_s)} in the queue (the deployment's "
+        "limit); its workers may be stopped or all busy. Submit it again later, or ask "
+        "the operator whether workers are serving this deployment"
+    )
     failed = []
     for run in waited_out:
-        reason = (
-            f"no worker took this run in {_span(after_s)} in the queue (the deployment's "
-            "limit); its workers may be stopped or all busy. Submit it again later, or ask "
-            "the operator whether workers are serving this deployment"
-        )
         run_states.transition(session, run, run_states.FAILED, reason=reason, now=now)
         run.error = reason
         failed.append(run.id)

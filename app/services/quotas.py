@@ -43,6 +43,7 @@ _CACHE_MAX = 10_000
 _SOURCES_MAX = 10_000
 _UNFINISHED = (run_states.QUEUED, run_states.STARTING, run_states.RUNNING)
 V = TypeVar("V")
+Q = TypeVar("Q", int, int | None)  # a quota: a number, or None for none
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,8 @@ class Quotas:
 
     @classmethod
     def of(cls, tenant: Tenant | None, settings: Settings) -> Quotas:
-        def pick(column: str, default: int) -> int:
-            override: int | None = getattr(tenant, column) if tenant is not None else None
-            return default if override is None else override
-
-        def pick_optional(column: str, default: int | None) -> int | None:
-            override: int | None = getattr(tenant, column) if tenant is not None else None
+        def pick(column: str, default: Q) -> Q:
+            override: Q | None = getattr(tenant, column) if tenant is not None else None
             return default if override is None else override
 
         return cls(
@@ -69,8 +66,8 @@ class Quotas:
                 "quota_requests_per_minute", settings.quota_requests_per_minute
             ),
             body_bytes=pick("quota_body_bytes", settings.quota_body_bytes),
-            run_seconds=pick_optional("quota_run_seconds", settings.quota_run_seconds),
-            train_steps=pick_optional("quota_train_steps", settings.quota_train_steps),
+            run_seconds=pick("quota_run_seconds", settings.quota_run_seconds),
+            train_steps=pick("quota_train_steps", settings.quota_train_steps),
         )
 
 
