@@ -216,7 +216,15 @@ def slope(ts: list[float], ys: list[float]) -> tuple[float, float]:
     b = sum((t - mt) * (y - my) for t, y in pairs) / sxx
     residual = sum((y - my - b * (t - mt)) ** 2 for t, y in pairs)
     se = math.sqrt(residual / (n - 2) / sxx)
-    return b, T95.get(n - 2, 1.96) * se
+    return b, t95(n - 2) * se
+
+
+def t95(dof: int) -> float:
+    """Student's t quantile for a 95 % interval: the table's entry at or below ``dof`` (a
+    wider interval where it has none), 1.96 past 60 degrees of freedom."""
+    if dof > 60:
+        return 1.96
+    return T95[max(k for k in T95 if k <= dof)]
 
 
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
