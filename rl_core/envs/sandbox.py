@@ -10,7 +10,8 @@ stood:
 - ``bwrap`` (Debian's ``bubblewrap``, where it runs): the child gets its own user,
   mount, pid, network, IPC and UTS namespaces, no capabilities, a new session, and
   a file system made of read-only ``/usr`` and the Python installation, its
-  folder (read-write, at ``/sandbox``) and fresh ``/proc`` and ``/dev``: nothing
+  folder (a sized tmpfs at ``/sandbox``, the one place it can write) and fresh
+  ``/proc`` and ``/dev`` (read-only, as is the root): nothing
   else of the host is there to read (no ``/etc``, no home, no data folder, no
   other process: ``/proc`` shows its own namespace only, so not the worker's
   environment). It dies with the worker, and the whole pid namespace dies with it
@@ -217,6 +218,9 @@ def _bwrap(folder: Path, disk_bytes: int) -> list[str]:
     argv += ["--size", str(disk_bytes), "--tmpfs", INSIDE_FOLDER]
     argv += ["--ro-bind", str(folder / "main.py"), f"{INSIDE_FOLDER}/main.py"]
     argv += ["--chdir", INSIDE_FOLDER, "--proc", "/proc", "--dev", "/dev"]
+    # bwrap's root and its /dev are tmpfs the program could fill file by file: read-only
+    # once everything is mounted, so the sized folder is the only place it writes.
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     return [*argv, "--"]
 
 
