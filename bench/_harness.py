@@ -35,7 +35,7 @@ from rl_core.pipeline.collector import Collector, derive_seed
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.pipeline import Pipeline, PipelineConfig
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
-from rl_core.rollout.base import Completion, SamplingParams
+from rl_core.rollout.base import Completion, Grammar, SamplingParams, refuse_unserved
 
 SEED = 0
 # Simulated timeouts (adversarial-tail) are expected; one warning each would bury the tables.
@@ -67,7 +67,10 @@ class DelayEngine:
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams,
         seeds: Sequence[int],
+        grammars: Sequence[Grammar | None] | None = None,
+        top_logprobs: int = 0,
     ) -> list[Completion]:
+        refuse_unserved("benchmark's", sampling, grammars, top_logprobs)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         self.calls += len(prompts)

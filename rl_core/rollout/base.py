@@ -14,11 +14,30 @@ from rl_core.errors import RolloutError
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0 and top_p 1 switch those filters off."""
+    """temperature 0 is greedy; top_k 0 and top_p 1 switch those filters off.
+
+    The penalties are OpenAI's: before the filters, each token's logit is lowered by
+    ``frequency_penalty`` times the number of times it was sampled so far in this
+    completion, plus ``presence_penalty`` if it was sampled at all (0: off).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Grammar:
+    """What a completion's text must spell, applied as a token mask while sampling.
+
+    ``lark`` is a grammar in llguidance's Lark dialect (``%json {schema}`` embeds a JSON
+    schema; ``start`` is the start rule). The mask is part of the behaviour policy: a
+    completion's ``logprobs`` are under the masked distribution it was drawn from.
+    """
+
+    lark: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +54,9 @@ class Completion:
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
     policy_version: int
+    # With ``generate(top_logprobs=k)``, k > 0: for each of ``tokens``, the k most likely
+    # (token id, logprob) pairs of the distribution it was drawn from, most likely first.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 def token_limits(
@@ -53,6 +75,24 @@ def token_limits(
     return list(limits)
 
 
+def refuse_unserved(
+    engine: str,
+    sampling: SamplingParams,
+    grammars: Sequence[Grammar | None] | None,
+    top_logprobs: int,
+) -> None:
+    """Raise `RolloutError` naming what of a request this engine does not serve yet."""
+    asked = []
+    if grammars is not None and any(g is not None for g in grammars):
+        asked.append("grammars")
+    if top_logprobs:
+        asked.append("top_logprobs")
+    if sampling.frequency_penalty or sampling.presence_penalty:
+        asked.append("penalties")
+    if asked:
+        raise RolloutError(f"the {engine} engine does not serve {', '.join(asked)}")
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     @property
@@ -65,8 +105,15 @@ class RolloutEngine(Protocol):
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams,
         seeds: Sequence[int],
+        grammars: Sequence[Grammar | None] | None = None,
+        top_logprobs: int = 0,
     ) -> list[Completion]:
-        """Continue each prompt; requests from concurrent callers may share a device call."""
+        """Continue each prompt; requests from concurrent callers may share a device call.
+
+        ``grammars`` (one per prompt, None for free text) constrains what each may sample;
+        ``top_logprobs`` asks for that many alternatives per token (`Completion`). An
+        engine that cannot serve either raises `RolloutError` saying so.
+        """
         ...
 
     def update_weights(self, params: Any, version: int) -> None:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from rl_core.rollout.base import Completion, SamplingParams
+from rl_core.rollout.base import Completion, Grammar, SamplingParams
 
 
 class ScriptedEngine:
@@ -14,7 +14,9 @@ class ScriptedEngine:
 
     A reply ends with "stop" if its last token is in ``stop_ids``. Each token's
     logprob is ``-0.1 * (its index in the call log + 1)``, distinct so tests can
-    check where every logprob lands. ``delay_s`` makes each call slow.
+    check where every logprob lands. ``delay_s`` makes each call slow. Each call's
+    sampling, grammars and ``top_logprobs`` are kept in ``calls``; with ``top_logprobs=k``
+    each token's alternatives are itself then ids 0.. (logprobs -0.1 * n - 1 - j).
     """
 
     def __init__(
@@ -28,6 +30,7 @@ class ScriptedEngine:
         self._stop = set(stop_ids)
         self._delay_s = delay_s
         self.prompts: list[list[int]] = []
+        self.calls: list[dict[str, Any]] = []
         self.version = 0
         self.params: Any = None
 
@@ -42,7 +45,12 @@ class ScriptedEngine:
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams,
         seeds: Sequence[int],
+        grammars: Sequence[Grammar | None] | None = None,
+        top_logprobs: int = 0,
     ) -> list[Completion]:
+        self.calls.append(
+            {"sampling": sampling, "grammars": grammars, "top_logprobs": top_logprobs}
+        )
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
         limits = (
@@ -53,12 +61,24 @@ class ScriptedEngine:
             n = len(self.prompts)
             self.prompts.append(list(prompt))
             tokens = self._replies[n % len(self._replies)][:limit]
+            logprob = -0.1 * (n + 1)
+            top = None
+            if top_logprobs:
+                others = [t for t in range(top_logprobs + 1)]
+                top = [
+                    [(t, logprob)]
+                    + [(o, logprob - 1 - j) for j, o in enumerate(x for x in others if x != t)][
+                        : top_logprobs - 1
+                    ]
+                    for t in tokens
+                ]
             out.append(
                 Completion(
                     tokens=tokens,
-                    logprobs=[-0.1 * (n + 1)] * len(tokens),
+                    logprobs=[logprob] * len(tokens),
                     finish_reason="stop" if tokens and tokens[-1] in self._stop else "length",
                     policy_version=self.version,
+                    top_logprobs=top,
                 )
             )
         return out

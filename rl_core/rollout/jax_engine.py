@@ -31,7 +31,13 @@ from flax import nnx
 from rl_core.errors import RolloutError
 from rl_core.models import Model
 from rl_core.rollout import steps
-from rl_core.rollout.base import Completion, SamplingParams, token_limits
+from rl_core.rollout.base import (
+    Completion,
+    Grammar,
+    SamplingParams,
+    refuse_unserved,
+    token_limits,
+)
 from rl_core.rollout.scheduler import Request, Scheduler, SchedulerStats
 
 __all__ = ["EngineConfig", "JaxEngine"]
@@ -128,7 +134,10 @@ class JaxEngine:
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams,
         seeds: Sequence[int],
+        grammars: Sequence[Grammar | None] | None = None,
+        top_logprobs: int = 0,
     ) -> list[Completion]:
+        refuse_unserved("JAX", sampling, grammars, top_logprobs)
         requests = self._requests(prompts, max_new_tokens, sampling, seeds)
         if self._driver is not None:
             return await self._driver.submit(requests)

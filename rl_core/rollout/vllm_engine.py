@@ -53,7 +53,13 @@ import httpx
 
 from rl_core.errors import RolloutError
 from rl_core.host.telemetry import SpanRecorder, now_us
-from rl_core.rollout.base import Completion, SamplingParams, token_limits
+from rl_core.rollout.base import (
+    Completion,
+    Grammar,
+    SamplingParams,
+    refuse_unserved,
+    token_limits,
+)
 from rl_core.rollout.vllm_server import VllmServer
 
 __all__ = ["VllmEngine", "WeightCheck", "WeightUpdate"]
@@ -218,7 +224,10 @@ class VllmEngine:
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams,
         seeds: Sequence[int],
+        grammars: Sequence[Grammar | None] | None = None,
+        top_logprobs: int = 0,
     ) -> list[Completion]:
+        refuse_unserved("vLLM", sampling, grammars, top_logprobs)
         limits = token_limits(prompts, max_new_tokens, seeds)
         slots = self._loop_state()
         try:
