@@ -20,6 +20,8 @@ from app.errors import Conflict, NotFound, Unprocessable
 from app.schemas.environments import EnvironmentCreate, EnvironmentGrant
 from app.services import run_states
 from app.urlcheck import Allowlist, UrlRefused, check_url
+from rl_core.protocol.ecosystem import CONFIGS, ConfigProblem, parse_config, registered_environment
+from rl_core.spec import EnvironmentSpec
 
 ID_PREFIX = "env_"
 _UNFINISHED = (run_states.QUEUED, run_states.STARTING, run_states.RUNNING)
@@ -89,12 +91,34 @@ async def delete(session: AsyncSession, tenant_id: str, env_id: str) -> None:
 
 
 def environment_name(spec: dict[str, Any]) -> str | None:
+    """The registered environment (``env_<id>``) a stored spec calls, if any: its
+    ``environment.name``, or an ``openenv`` spec's ``environment.config.environment``."""
     env = spec.get("environment")
     name = env.get("name") if isinstance(env, dict) else None
-    return name if isinstance(name, str) else None
+    if not isinstance(name, str) or not isinstance(env, dict):
+        return None
+    return registered_environment(name, env.get("config"))
 
 
-async def require_registered(session: AsyncSession, tenant_id: str, name: str) -> None:
+async def require_environment(session: AsyncSession, tenant_id: str, env: EnvironmentSpec) -> None:
+    """A spec's environment must be usable (422 otherwise): the config of an ecosystem
+    kind (``reasoning_gym``, ``openenv``; docs/ecosystem.md) well formed, and a
+    registered environment it names one of the tenant's."""
+    field = "spec.environment.name"
+    if env.name in CONFIGS:
+        try:
+            parse_config(env.name, env.config)
+        except ConfigProblem as exc:
+            raise Unprocessable(str(exc), field=f"spec.environment.config.{exc.field}") from None
+        field = "spec.environment.config.environment"
+    name = registered_environment(env.name, env.config)
+    if name is not None:
+        await require_registered(session, tenant_id, name, field=field)
+
+
+async def require_registered(
+    session: AsyncSession, tenant_id: str, name: str, *, field: str = "spec.environment.name"
+) -> None:
     """A spec naming ``env_...`` must name one of the tenant's environments (422 otherwise)."""
     if not name.startswith(ID_PREFIX):
         return
@@ -105,7 +129,7 @@ async def require_registered(session: AsyncSession, tenant_id: str, name: str) -
         raise Unprocessable(
             f"no registered environment {name!r}; register one with POST /v1/environments "
             "and use the id it returns",
-            field="spec.environment.name",
+            field=field,
         )
 
 

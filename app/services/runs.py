@@ -42,7 +42,7 @@ async def create_run(
         existing = await _replayed(session, tenant_id, idempotency_key, digest)
         if existing is not None:
             return existing, False
-    await environments.require_registered(session, tenant_id, body.spec.environment.name)
+    await environments.require_environment(session, tenant_id, body.spec.environment)
     _require_shared_safe(body.spec)
     _require_storable(body.name, "name")
     _require_storable(body.spec.name, "spec.name")

@@ -11,10 +11,13 @@ from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
 from rl_core.envs.code_exec import CodeExec
 from rl_core.envs.guess_number import GuessNumber
 from rl_core.envs.next_number import NextNumber
+from rl_core.envs.openenv import OpenEnvEnvironment
+from rl_core.envs.reasoning_gym import ReasoningGym
 from rl_core.envs.scored import Scored
 from rl_core.envs.simulated import SimulatedLatency
 from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
-from rl_core.errors import UnknownEnvironment
+from rl_core.errors import EnvironmentFailure, UnknownEnvironment
+from rl_core.protocol.ecosystem import OPENENV, ConfigProblem, OpenEnvConfig, parse_config
 from rl_core.rewards import parse_reward
 
 if TYPE_CHECKING:
@@ -26,6 +29,8 @@ BUILTINS: dict[str, Callable[[], Environment]] = {
     "calculator": Calculator,
     "code_exec": CodeExec,
     "sim_latency": SimulatedLatency,
+    # A dataset of reasoning-gym, named in environment.config (docs/ecosystem.md).
+    "reasoning_gym": ReasoningGym,
 }
 
 
@@ -47,12 +52,15 @@ def build_environment(
     webhooks: Mapping[str, WebhookTarget] | None = None,
     callbacks: CallbackSource | None = None,
 ) -> Environment:
-    """The environment a run's spec names: a built-in, or ``env_<id>`` found in
-    ``webhooks`` (the worker gets it from the claim answer); wrapped in
-    `Scored` when the spec attaches reward functions by name."""
+    """The environment a run's spec names: a built-in, ``env_<id>`` found in
+    ``webhooks`` (the worker gets it from the claim answer), or ``openenv``, whose
+    ``config.environment`` is found there; wrapped in `Scored` when the spec
+    attaches reward functions by name."""
     name = env_spec.name
     env: Environment
-    if name.startswith("env_"):
+    if name == OPENENV:
+        env = _openenv(env_spec.config, webhooks or {})
+    elif name.startswith("env_"):
         target = (webhooks or {}).get(name)
         if target is None:
             raise UnknownEnvironment(
@@ -64,9 +72,28 @@ def build_environment(
         env = WebhookEnvironment(target, callbacks=callbacks, policy=env_spec.webhook)
     else:
         env = get_environment(name)
+        if isinstance(env, ReasoningGym):
+            env.prepare(env_spec.config)  # a bad dataset config fails the run here
     if env_spec.reward:
         env = Scored(env, parse_reward(env_spec.reward))
     return env
+
+
+def _openenv(config: Mapping[str, object], webhooks: Mapping[str, WebhookTarget]) -> Environment:
+    try:
+        cfg: OpenEnvConfig = parse_config(OPENENV, dict(config))
+    except ConfigProblem as exc:
+        raise EnvironmentFailure(f"{OPENENV}: {exc}") from None
+    target = webhooks.get(cfg.environment)
+    if target is None:
+        raise UnknownEnvironment(
+            cfg.environment,
+            BUILTINS,
+            "is the OpenEnv server this run names (environment.config.environment), but "
+            "this run was given no URL for it (register it with POST /v1/environments and "
+            "run through the control plane, or pass webhooks={id: WebhookTarget(...)})",
+        )
+    return OpenEnvEnvironment(target, cfg)
 
 
 __all__ = [
@@ -76,6 +103,8 @@ __all__ = [
     "Environment",
     "MemoryCallbacks",
     "Message",
+    "OpenEnvEnvironment",
+    "ReasoningGym",
     "Reset",
     "Step",
     "ToolCall",
