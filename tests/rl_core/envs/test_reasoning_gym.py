@@ -112,7 +112,7 @@ def test_a_bad_dataset_config_fails_as_the_environment_is_built() -> None:
     with pytest.raises(EnvironmentFailure, match=r"\['terms'\].*its keys are \[.*'max_terms'"):
         build_environment(EnvironmentSpec(name="reasoning_gym", config=bad_key))
     bad_value = {"dataset": "basic_arithmetic", "dataset_config": {"min_terms": 0}}
-    with pytest.raises(EnvironmentFailure, match="refused environment.config.dataset_config"):
+    with pytest.raises(EnvironmentFailure, match=r"refused environment\.config\.dataset_config"):
         build_environment(EnvironmentSpec(name="reasoning_gym", config=bad_value))
 
 
@@ -131,6 +131,11 @@ class Configured:
 
     async def close(self, episode_id: str) -> None:
         await self.env.close(episode_id)
+
+    async def aclose(self) -> None:
+        aclose = getattr(self.env, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def test_a_tiny_run_trains_on_reasoning_gyms_rewards() -> None:
