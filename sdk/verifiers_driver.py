@@ -41,6 +41,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import httpx
+
 from sdk.errors import RlaasError
 from sdk.sessions import Session, SessionGateway
 
@@ -106,7 +108,7 @@ async def drive(
         try:
             try:
                 session = await asyncio.to_thread(gateway.open, group, wait_s=open_wait_s)
-            except RlaasError:
+            except (RlaasError, httpx.HTTPError):
                 over.set()  # the run ended, or serves nobody: nothing more to play
                 return
             result = await _rollout(env, session, example, model, dict(sampling_args or {}))
@@ -146,7 +148,7 @@ async def _rollout(
         error = output.get("error")
         if error:
             why = error.get("error_chain_repr") if isinstance(error, dict) else str(error)
-            await asyncio.to_thread(session.cancel)
+            await asyncio.to_thread(_cancel_quietly, session)
             return Played(example_id, session.session_id, None, f"cancelled: {why}")
         reward = float(output["reward"])
         await asyncio.to_thread(session.end, reward)

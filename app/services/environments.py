@@ -109,7 +109,15 @@ async def require_environment(session: AsyncSession, tenant_id: str, env: Enviro
         try:
             parse_config(env.name, env.config)
         except ConfigProblem as exc:
-            raise Unprocessable(str(exc), field=f"spec.environment.config.{exc.field}") from None
+            where = f"spec.environment.config.{exc.field}".rstrip(".")
+            raise Unprocessable(str(exc), field=where) from None
+        if env.config.get("url") is not None:
+            # A URL in a spec would skip the registration's checks and its secret.
+            raise Unprocessable(
+                "environment.config.url is for local runs; register the server with POST "
+                "/v1/environments and name its id in environment.config.environment",
+                field="spec.environment.config.url",
+            )
         field = "spec.environment.config.environment"
     name = registered_environment(env.name, env.config)
     if name is not None:

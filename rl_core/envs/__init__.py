@@ -84,6 +84,9 @@ def _openenv(config: Mapping[str, object], webhooks: Mapping[str, WebhookTarget]
         cfg: OpenEnvConfig = parse_config(OPENENV, dict(config))
     except ConfigProblem as exc:
         raise EnvironmentFailure(f"{OPENENV}: {exc}") from None
+    if cfg.url is not None:  # a local run: no control plane registered it
+        return OpenEnvEnvironment(WebhookTarget(id="openenv", url=cfg.url, secret=""), cfg)
+    assert cfg.environment is not None
     target = webhooks.get(cfg.environment)
     if target is None:
         raise UnknownEnvironment(

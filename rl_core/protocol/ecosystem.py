@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 REASONING_GYM = "reasoning_gym"
 OPENENV = "openenv"
@@ -177,10 +184,14 @@ class ReasoningGymConfig(_Config):
 
 
 class OpenEnvConfig(_Config):
-    """A registered OpenEnv server (``env_<id>`` from ``POST /v1/environments``) and how
-    the model's turns map to its Action type and its observations to messages."""
+    """An OpenEnv server and how the model's turns map to its Action type and its
+    observations to messages. The server is a registered one (``environment``:
+    ``env_<id>`` from ``POST /v1/environments``, whose URL and secret the worker is
+    given), or, for a run on one's own machine with no control plane (``rlaas train``),
+    a ``url``; the control plane refuses ``url``: its servers are registered."""
 
-    environment: Annotated[str, Field(pattern=r"^env_[A-Za-z0-9]+$", max_length=200)]
+    environment: Annotated[str, Field(pattern=r"^env_[A-Za-z0-9]+$", max_length=200)] | None = None
+    url: Annotated[str, Field(pattern=r"^https?://", max_length=2000)] | None = None
     # "text": the model's text becomes Action.<action_field>; "tool_call": the model calls
     # one tool (`tool_name`), whose parameters are the Action's own JSON schema (the
     # server's GET /schema), and its arguments are the action.
@@ -204,6 +215,15 @@ class OpenEnvConfig(_Config):
             raise ValueError(f"reset must not set {taken}: rlaas sends each episode's own")
         return value
 
+    @model_validator(mode="after")
+    def _one_server(self) -> OpenEnvConfig:
+        if (self.environment is None) == (self.url is None):
+            raise ValueError(
+                "name the OpenEnv server: environment (env_<id> of a registered one) or, "
+                "for a local run, url"
+            )
+        return self
+
 
 CONFIGS: dict[str, type[_Config]] = {
     REASONING_GYM: ReasoningGymConfig,
@@ -212,7 +232,8 @@ CONFIGS: dict[str, type[_Config]] = {
 
 
 class ConfigProblem(ValueError):
-    """A config of an ecosystem kind is wrong; ``field`` is its path from ``config``."""
+    """A config of an ecosystem kind is wrong; ``field`` is its path from ``config`` ("" when
+    the problem is the config as a whole)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -230,7 +251,8 @@ def parse_config(kind: str, config: dict[str, Any]) -> Any:
         message = str(error["msg"]).removeprefix("Value error, ")
         more = len(exc.errors()) - 1
         tail = f" ({more} more: {_others(exc)})" if more else ""
-        raise ConfigProblem(path, f"environment.config.{path}: {message}{tail}") from None
+        where = f"environment.config.{path}" if path else "environment.config"
+        raise ConfigProblem(path, f"{where}: {message}{tail}") from None
 
 
 def _others(exc: ValidationError) -> str:

@@ -58,7 +58,11 @@ async def test_openenv_runs_name_a_registered_server(loopback_api: Api) -> None:
     assert unregistered["field"] == "spec.environment.config.environment"
     assert "POST /v1/environments" in unregistered["message"]
     missing = await refused(api, auth, {"name": "openenv", "config": {}})
-    assert missing["field"] == "spec.environment.config.environment"
+    assert missing["field"] == "spec.environment.config"
+    assert "environment (env_<id> of a registered one)" in missing["message"]
+    local = await refused(api, auth, {"name": "openenv", "config": {"url": "http://127.0.0.1:9/"}})
+    assert local["field"] == "spec.environment.config.url"
+    assert "POST /v1/environments" in local["message"]
     bad_mode = await refused(
         api, auth, {"name": "openenv", "config": {"environment": "env_x", "action_mode": "json"}}
     )

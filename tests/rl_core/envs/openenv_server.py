@@ -90,14 +90,20 @@ class SignedOnly:
         await self.app(scope, receive, send)
 
 
-def app(secret: str) -> SignedOnly:
-    return SignedOnly(
-        create_app(SayEnvironment, SayAction, SayObservation, max_concurrent_envs=64), secret
-    )
+def app() -> Any:
+    return create_app(SayEnvironment, SayAction, SayObservation, max_concurrent_envs=64)
 
 
 @contextlib.contextmanager
 def say_server(secret: str) -> Iterator[tuple[str, SignedOnly]]:
-    served = app(secret)
+    """The server behind a proxy that checks rlaas's signature with ``secret``."""
+    served = SignedOnly(app(), secret)
     with serving(served) as url:
         yield url, served
+
+
+@contextlib.contextmanager
+def bare_say_server() -> Iterator[str]:
+    """The server as OpenEnv serves it, nothing in front."""
+    with serving(app()) as url:
+        yield url

@@ -18,7 +18,7 @@ from rl_core.errors import EnvironmentFailure, UnknownEnvironment
 from rl_core.protocol.addresses import Allowlist
 from rl_core.protocol.ecosystem import OpenEnvConfig
 from rl_core.spec import EnvironmentSpec
-from tests.rl_core.envs.openenv_server import PAID, SignedOnly, say_server
+from tests.rl_core.envs.openenv_server import PAID, SignedOnly, bare_say_server, say_server
 from tests.rl_core.envs.test_reasoning_gym import Configured
 from tests.rl_core.pipeline.conftest import run_pipeline
 
@@ -121,6 +121,18 @@ def test_the_walls_of_webhooks_apply(server: tuple[str, SignedOnly]) -> None:
         await forged.aclose()
 
     asyncio.run(main())
+
+
+def test_a_local_run_names_the_servers_url() -> None:
+    async def main(url: str) -> None:
+        spec = EnvironmentSpec(name="openenv", config={"url": url, "observation_field": "prompt"})
+        env = build_environment(spec)  # no control plane, no registered secret: unsigned
+        assert (await env.reset("ep-local", 5, {})).messages[0]["content"] == "Say 2"
+        assert (await env.step("ep-local", 1, Action(content="2"))).reward == 1.0
+        await env.aclose()
+
+    with bare_say_server() as url:
+        asyncio.run(main(url))
 
 
 def test_a_run_names_a_registered_server() -> None:
