@@ -36,6 +36,7 @@ messages on the connection (TLS does, with an https URL).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -55,6 +56,7 @@ from rl_core.protocol.ecosystem import OPENENV, OpenEnvConfig
 from rl_core.protocol.signing import HEADER, sign
 
 _CLOSE_TIMEOUT_S = 5.0
+_ENDED = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
 
 
 @dataclasses.dataclass
@@ -132,10 +134,17 @@ class OpenEnvEnvironment:
             if not episode.ws.closed:
                 async with asyncio.timeout(_CLOSE_TIMEOUT_S):
                     await episode.ws.send_str(json.dumps({"type": "close"}))
-                    await episode.ws.close()
+                    # The server closes the connection on that message; closing it from
+                    # here at the same time makes OpenEnv's server log a disconnect error.
+                    while not episode.ws.closed:
+                        message = await episode.ws.receive()
+                        if message.type in _ENDED:
+                            break
         except (TimeoutError, aiohttp.ClientError, ConnectionError):
             pass  # the server drops its instance when the connection goes, either way
         finally:
+            with contextlib.suppress(Exception):  # closed already, as a rule
+                await episode.ws.close()
             if self._slots is not None:
                 self._slots.release()
 
