@@ -21,6 +21,7 @@ from app import openapi
 from app.api import (
     callbacks,
     dashboard,
+    datasets,
     environments,
     health,
     ingest,
@@ -135,6 +136,8 @@ def create_app(
     app.include_router(results.router)
     app.include_router(stream.router)
     app.include_router(environments.router)
+    app.include_router(datasets.router)
+    app.include_router(datasets.internal_router)
     app.include_router(callbacks.router)
     app.include_router(callbacks.internal_router)
     app.include_router(limits.router)

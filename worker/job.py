@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
 from worker.callbacks import HttpCallbackSource
+from worker.datasets import HttpDatasets, with_local_dataset
 from worker.heartbeat import Heartbeater
 from worker.settings import WorkerSettings
 from worker.sinks import HttpRunSink
@@ -86,8 +87,13 @@ def _train_claimed(
         resume_from = claim.checkpoint.uri
         log.info("run %s: resuming from step %s (%s)", run_id, claim.checkpoint.step, resume_from)
     try:
+        # The dataset content the run pinned, fetched over the internal API (any host).
+        datasets = HttpDatasets(
+            settings.api_url, claim.lease_token, settings.data_dir / "dataset-cache"
+        )
+        raw_spec = with_local_dataset(claim.spec, run_id, datasets)
         # A tenant's hf:/gguf: path is read inside the operator's models folder only.
-        spec = confine_model_source(parse_spec(claim.spec), settings.models_dir())
+        spec = confine_model_source(parse_spec(raw_spec), settings.models_dir())
         api.report_status(run_id, "running")
         result = train(
             spec,

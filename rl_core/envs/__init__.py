@@ -9,6 +9,7 @@ from rl_core.envs.base import Action, Environment, Message, Reset, Step, ToolCal
 from rl_core.envs.calculator import Calculator
 from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
 from rl_core.envs.code_exec import CodeExec
+from rl_core.envs.dataset import DatasetEnv
 from rl_core.envs.guess_number import GuessNumber
 from rl_core.envs.next_number import NextNumber
 from rl_core.envs.scored import Scored
@@ -26,6 +27,7 @@ BUILTINS: dict[str, Callable[[], Environment]] = {
     "calculator": Calculator,
     "code_exec": CodeExec,
     "sim_latency": SimulatedLatency,
+    "dataset": DatasetEnv,
 }
 
 
