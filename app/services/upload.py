@@ -86,16 +86,16 @@ class JsonlCheck:
             raise too_large(self._size, self._caps.max_bytes)
         self._hash.update(chunk)
         self._out.write(chunk)
-        start = 0
-        while (end := chunk.find(b"\n", start)) != -1:
+        if b"\n" not in chunk:
+            self._pending += chunk
+        else:
+            lines = chunk.split(b"\n")
             if self._pending:
-                self._pending += chunk[start:end]
-                self._line(bytes(self._pending))
+                lines[0] = bytes(self._pending) + lines[0]
                 self._pending.clear()
-            else:
-                self._line(chunk[start:end])
-            start = end + 1
-        self._pending += chunk[start:]
+            self._pending += lines.pop()
+            for line in lines:
+                self._line(line)
         if len(self._pending) > self._caps.max_line_bytes:
             self._too_long(self._line_no + 1)
 

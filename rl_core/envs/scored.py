@@ -24,8 +24,9 @@ from rl_core.rewards import (
     score_async,
 )
 
-# python_tests: a test program gets what code_exec's default gives the model's own runs.
-TEST_LIMITS = SandboxLimits(wall_s=10.0, cpu_s=10, memory_bytes=256 * 2**20)
+# python_tests: a test program gets what code_exec's default gives the model's own runs,
+# well inside the verifier's own time limit (Scored's timeout_s).
+TEST_LIMITS = SandboxLimits(wall_s=5.0, cpu_s=5, memory_bytes=256 * 2**20)
 
 
 async def run_tests(program: str) -> ProgramRun:
