@@ -46,7 +46,7 @@ from rl_core.envs.code_exec import CodeExecConfig, describe
 from rl_core.envs.episodes import episode_position
 from rl_core.envs.sandbox import run_python
 from rl_core.errors import EnvironmentFailure
-from rl_core.protocol.datasets import DatasetConfig
+from rl_core.protocol.datasets import DatasetConfig, Split
 from rl_core.rewards import RewardContext, verify_exact
 
 _TOOL_SPECS = {"calculator": CALCULATOR_TOOL, "python": PYTHON_TOOL}
@@ -136,8 +136,8 @@ class DatasetEnv:
     name = "dataset"
 
     def __init__(self) -> None:
-        self._files: dict[tuple[str, DatasetConfig], RowFile] = {}
-        self._opening: dict[tuple[str, DatasetConfig], asyncio.Lock] = {}
+        self._files: dict[tuple[str, Split | None, int], RowFile] = {}
+        self._opening: dict[tuple[str, Split | None, int], asyncio.Lock] = {}
         self._episodes: dict[str, _Episode] = {}
 
     async def rows(self, cfg: DatasetConfig) -> RowFile:
@@ -146,8 +146,8 @@ class DatasetEnv:
                 f"dataset: {cfg.dataset} has no local copy here; run it through the control "
                 "plane (its worker fetches the content the run pinned), or give 'path'"
             )
-        # The split and seed decide the rows' order; other keys (prompt, tools) do not.
-        key = (cfg.path, cfg.model_copy(update={"prompt": "", "system": None, "tools": []}))
+        # The split and seed decide the splits and the order; other keys (prompt, tools) do not.
+        key = (cfg.path, cfg.split, cfg.seed)
         found = self._files.get(key)
         if found is not None:
             return found

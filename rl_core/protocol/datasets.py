@@ -66,7 +66,7 @@ class DatasetConfig(BaseModel):
     shuffle: bool = True
     seed: int = 0
     epochs: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    tools: list[Literal["calculator", "python"]] = Field(default_factory=list, max_length=2)
+    tools: tuple[Literal["calculator", "python"], ...] = Field(default=(), max_length=2)
     max_turns: Annotated[int, Field(ge=1, le=64)] = 4
     # The ``numeric`` verifier's tolerance (relative and absolute) for every row.
     tolerance: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
