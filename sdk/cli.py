@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 
 from rl_core.spec import SpecError, load_spec
+from sdk.cli_datasets import datasets as datasets_cli
 
 if TYPE_CHECKING:
     from sdk.client import Client
@@ -36,6 +37,7 @@ envs = typer.Typer(help="Environments: serve your own as a webhook.", no_args_is
 cli.add_typer(envs, name="env")
 keys = typer.Typer(help="Your API keys over the HTTP API: rotate, revoke.", no_args_is_help=True)
 cli.add_typer(keys, name="keys")
+cli.add_typer(datasets_cli, name="datasets")
 
 ApiUrl = Annotated[str, typer.Option(envvar="RLAAS_API_URL", help="Control plane base URL.")]
 ApiKey = Annotated[str, typer.Option(envvar="RLAAS_API_KEY", help="Your API key.")]
