@@ -200,31 +200,32 @@ async def delete(
     """Refused while an unfinished run uses the dataset (409 naming the runs)."""
     await session.scalar(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
     dataset = await get(session, tenant_id, dataset_id)
+    pinned = await _pinned(session, tenant_id)
     users = [
         run
-        for runs in (await _pinned(session, tenant_id)).values()
+        for runs in pinned.values()
         for run in runs
         if (_dataset_config(run.spec) or {}).get("dataset") == dataset_id
     ]
     if users:
         named = ", ".join(f"{run.id} ({run.status})" for run in users[:10])
         raise Conflict(
-            f"{dataset_id} is used by {named}; cancel them or wait for them to end, then "
-            "delete it",
+            f"{dataset_id} is used by {named}; cancel them or wait for them to end, then delete it",
             field="dataset_id",
         )
     await _collect(session, settings, tenant_id)
     await session.delete(dataset)
     await session.flush()
-    # The content goes now unless another of the tenant's datasets has the same bytes.
-    # (Were the commit to fail after this, the dataset would stay listed without content,
-    # and a run naming it fails at its claim saying so; a rare, loud case.)
+    # The content goes now unless another of the tenant's datasets has the same bytes or
+    # an unfinished run pinned them (through a dataset since replaced). Were the commit to
+    # fail after this, the dataset would stay listed without content, and a run naming it
+    # would fail at its claim saying so: a rare, loud case.
     others = await session.scalar(
         select(func.count())
         .select_from(Dataset)
         .where(Dataset.tenant_id == tenant_id, Dataset.sha256 == dataset.sha256)
     )
-    if not others:
+    if not others and dataset.sha256 not in pinned:
         with contextlib.suppress(FileNotFoundError):
             content_path(settings, tenant_id, dataset.sha256).unlink()
 

@@ -140,9 +140,7 @@ class JsonlCheck:
             raise bad_line(self._line_no, f"a row must be a JSON object, not a {kind}")
         for name in self._required:
             if row.get(name) is None:
-                raise bad_line(
-                    self._line_no, f"field {name!r} is missing (or null)", field=name
-                )
+                raise bad_line(self._line_no, f"field {name!r} is missing (or null)", field=name)
         self._rows += 1
         if self._rows > self._caps.max_rows:
             error = PayloadTooLarge(

@@ -175,7 +175,9 @@ async def test_parquet_is_refused_with_415(dapi: Api) -> None:
     assert typed.status_code == 415
 
 
-async def test_a_run_pins_the_content_and_the_worker_downloads_exactly_that(dapi: Api) -> None:
+async def test_a_run_pins_the_content_and_the_worker_downloads_exactly_that(
+    dapi: Api, tmp_path: Path
+) -> None:
     auth = await dapi.tenant()
     first = jsonl(rows(20))
     ds = (await upload(dapi, auth, first)).json()
@@ -207,6 +209,14 @@ async def test_a_run_pins_the_content_and_the_worker_downloads_exactly_that(dapi
     )
     assert other.status_code == 404
     assert (await dapi.client.get(url, headers=lease("not-the-lease"))).status_code == 403
+    # The first content stays while the run is unfinished, and goes at the next upload after.
+    names = {f"{ds['sha256']}.jsonl", f"{replaced.json()['sha256']}.jsonl"}
+    assert {p.name for p in stored(tmp_path)} == names
+    ended = await dapi.internal(run_id, "status", worker_id="w1", status="failed", error="x")
+    assert ended.status_code == 200, ended.text
+    later = (await upload(dapi, auth, jsonl(rows(3)), name="later")).json()
+    names = {f"{replaced.json()['sha256']}.jsonl", f"{later['sha256']}.jsonl"}
+    assert {p.name for p in stored(tmp_path)} == names
 
 
 async def test_a_spec_naming_a_missing_field_or_a_server_key_is_422(dapi: Api) -> None:
