@@ -57,6 +57,10 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
             ).json()["points"]
             assert [p["step"] for p in points] == list(range(1, STEPS + 1))
             # Every episode was scored by the verifier: none failed for the checker's fault.
+            failures = client.get(
+                f"/v1/runs/{run_id}/metrics", params={"name": "failures/total"}
+            ).json()["points"]
+            assert [p["value"] for p in failures] == [0.0] * STEPS
             page = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 50}).json()
             played = [t for t in page["items"] if t["end_state"] == "done"]
             assert played, page["items"][:2]
