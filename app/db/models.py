@@ -275,3 +275,16 @@ class EnvCallback(Base):
     awaited_until: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     received_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WorkerReport(Base):
+    """A worker's last word about itself: its queue and the sandbox wall it runs tenant
+    code behind (sent at its start-up and with each claim; listed on ``/readyz``)."""
+
+    __tablename__ = "worker_reports"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str | None] = mapped_column(String(200))
+    sandbox_wall: Mapped[str] = mapped_column(String(16))
+    tenant_code: Mapped[str] = mapped_column(String(24))
+    reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

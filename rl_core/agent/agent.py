@@ -37,6 +37,7 @@ from rl_core.agent.ledger import END_STATES, Sample, Trajectory
 from rl_core.agent.toolcalls import parse_tool_calls
 from rl_core.envs.base import Action, Environment, Message
 from rl_core.envs.errors import FailureBudgetExhausted
+from rl_core.errors import SandboxRefused
 from rl_core.host.telemetry import SpanRecorder, now_us
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
@@ -268,7 +269,7 @@ class Agent:
                 )
                 late.__cause__ = exc
                 raise _EnvFailed(f"env_{call}") from late
-            except FailureBudgetExhausted:
+            except (FailureBudgetExhausted, SandboxRefused):
                 raise  # not this episode's failure: the run's, so it must end the run
             except Exception as exc:
                 raise _EnvFailed(f"env_{call}") from exc
