@@ -265,9 +265,21 @@ def train(
     limit_malloc_arenas()
     _use_compilation_cache()
     spec = _load(spec_path)
+    if spec.environment.name == "code_exec":
+        _warn_of_a_weak_sandbox()
     gateway = _session_gateway(out, sessions_host, sessions_port)
     result = train_to_folder(spec, out, resume=resume, gateway=gateway)
     typer.echo(json.dumps({"steps": result.steps_completed, **result.final_metrics}, indent=2))
+
+
+def _warn_of_a_weak_sandbox() -> None:
+    """Your own machine may run your model's code behind a weaker wall than bubblewrap
+    (rl_core.envs.walls.SINGLE_USER); say so before it does (each episode's info says it too)."""
+    from rl_core.envs.walls import SINGLE_USER, assess
+
+    report = assess(SINGLE_USER)
+    if report.weak:
+        typer.secho(f"warning: {report.message}", fg=typer.colors.YELLOW, err=True)
 
 
 def _session_gateway(out: Path, host: str, port: int) -> Any:
