@@ -27,6 +27,7 @@ from the batch and counts them, it never scores them 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -117,7 +118,10 @@ class Agent:
                 log.warning("episode %s: environment failed: %s", episode_id, traj.error)
         except asyncio.CancelledError:
             traj.end("cancelled", "cancelled")
-            await self._close(env, traj)
+            await self._close_regardless(env, traj)
+            raise
+        except BaseException:  # the run's own failure (FailureBudgetExhausted) ends the run
+            await self._close_regardless(env, traj)
             raise
         await self._close(env, traj)
         self.recorder.add(
@@ -129,6 +133,16 @@ class Agent:
             args={"end_state": traj.end_state, "turns": traj.turns},
         )
         return traj
+
+    async def _close_regardless(self, env: Environment, traj: Trajectory) -> None:
+        """The close of an episode the run abandons (it stops or fails): it goes out even
+        if this task is cancelled again meanwhile, as a failing run's task groups cancel
+        their children once more; `_close` bounds it by ``CLOSE_TIMEOUT_S``. The protocol
+        promises a close after every reset, whatever happened."""
+        closing = asyncio.ensure_future(self._close(env, traj))
+        while not closing.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(closing)
 
     async def _close(self, env: Environment, traj: Trajectory) -> None:
         try:
