@@ -119,13 +119,20 @@ def secrets_reseal() -> None:
 
 @tenants.command("create")
 def tenants_create(name: str) -> None:
-    """Create a tenant and print its API key (shown once: keep it)."""
+    """Create a tenant and print its API key (shown once: keep it). On the embedded
+    default (SQLite under RLAAS_DATA_DIR) it first brings the schema up to date, as
+    `rlaas migrate` does, so that it works on a fresh machine."""
     from app.admin import create_tenant
+    from app.admin import migrate as run_migrations
     from app.errors import AppError
     from app.settings import Settings
 
+    settings = Settings()
+    if settings.embedded:
+        settings.prepare_data_dir()
+        run_migrations(settings)
     try:
-        tenant_id, key = asyncio.run(create_tenant(Settings(), name))
+        tenant_id, key = asyncio.run(create_tenant(settings, name))
     except AppError as exc:
         _fail(str(exc))
     typer.echo(f"tenant {name} ({tenant_id})", err=True)
