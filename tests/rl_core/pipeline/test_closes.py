@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -31,7 +32,8 @@ class Recorder:
 
     def __init__(self) -> None:
         self.resets: set[str] = set()
-        self.closes: dict[str, float] = {}
+        self.closes: dict[str, float] = {}  # the first close of each episode: when
+        self.closes_sent: Counter[str] = Counter()
         self.steps: set[str] = set()
         self.release = threading.Event()
         self.lock = threading.Lock()
@@ -54,6 +56,7 @@ class Recorder:
                 answer = {"messages": [{"role": "user", "content": "go"}]}
             elif route == "/close":
                 self.closes.setdefault(episode, time.monotonic())
+                self.closes_sent[episode] += 1
                 answer = {"closed": True}
             else:
                 self.steps.add(episode)
@@ -102,7 +105,10 @@ def test_a_failed_run_closes_every_episode_in_flight_within_seconds() -> None:
         server.release.set()
     hung = {e for e in server.steps if parse_id(e)[1] != 0}
     assert len(hung) >= 16, server.steps  # episodes were in flight when the run failed
-    assert server.resets and set(server.closes) >= server.resets, server.resets - set(server.closes)
+    # One close for each reset, and none for the episodes the budget refused before
+    # their reset went out.
+    assert server.resets and set(server.closes) == server.resets, server.resets ^ set(server.closes)
+    assert set(server.closes_sent.values()) == {1}
     latest = max(server.closes.values())
     assert latest - min(server.closes.values()) < CLOSE_WITHIN_S
     assert latest <= failed_at  # the run's failure came only once the closes were sent
@@ -132,4 +138,5 @@ def test_a_stopped_run_closes_every_episode_in_flight() -> None:
         server.release.set()
     assert run.result.stopped_early
     assert time.monotonic() - started < HANG_S / 2
-    assert server.resets and set(server.closes) >= server.resets
+    assert server.resets and set(server.closes) == server.resets
+    assert set(server.closes_sent.values()) == {1}
