@@ -160,13 +160,14 @@ def test_echoed_assistant_fields_are_accepted() -> None:
         "tool_calls": [{**CALL, "index": 0}],
     }
     request = parse_request(
-        {"model": "m", "messages": [{**USER, "name": "alice"}, echoed, {**TOOL_RESULT, "name": "c"}]}
+        {
+            "model": "m",
+            "messages": [{**USER, "name": "alice"}, echoed, {**TOOL_RESULT, "name": "c"}],
+        }
     )
     assistant = request.messages[1]
     assert isinstance(assistant, AssistantMessage) and assistant.reasoning_content
-    error = refusal(
-        {"model": "m", "messages": [USER, {**echoed, "function_call": {"name": "f"}}]}
-    )
+    error = refusal({"model": "m", "messages": [USER, {**echoed, "function_call": {"name": "f"}}]})
     assert (error["param"], error["code"]) == ("messages[1].function_call", "unsupported_value")
 
 
