@@ -342,3 +342,21 @@ def test_openai_agents_chat_completions_model_with_a_default_function_tool(
     assert asked["grammars"] is not None and asked["sampling"].temperature == 0.3
     traj = loopback.trajectory(session.session_id)
     assert traj.info["prefix_breaks"] == 0 and traj.info["constrained"] == 2
+
+
+@pytest.mark.parametrize("loopback", [[call_text("add"), "It is 7."]], indirect=True)
+def test_a_langgraph_react_agent_with_strict_tools_and_temperature_zero(loopback: Loopback) -> None:
+    from langgraph.prebuilt import create_react_agent
+
+    captured = Captured()
+    session = loopback.open()
+    model = chat_model(session, captured, temperature=0).bind_tools([add], strict=True)
+    agent = create_react_agent(model, [add])
+    state = agent.invoke({"messages": [HumanMessage("What is 3 + 4?")]})
+    assert state["messages"][-1].content == "It is 7."
+    assert state["messages"][2].content == "7"  # the tool ran on the sampled arguments
+    assert session.end(reward=1.0)["prefix_breaks"] == 0
+    assert all(body["tools"][0]["function"]["strict"] is True for body in captured.bodies)
+    traj = loopback.trajectory(session.session_id)
+    calls = [c["sampling"].temperature for c in loopback.engine.calls]
+    assert calls == [0.0, 0.0] and traj.info["constrained"] == 2 and len(traj.samples) == 1
