@@ -9,9 +9,9 @@ each by its JSON path, ``code`` the first's kind:
   format option would quietly change the answer);
 - ``unsupported_value``: a field it takes with a value it cannot honour: ``n`` other
   than 1 (a session is one member of its group: open ``n`` sessions with one group
-  name), ``logit_bias`` with entries, ``min_p`` other than 0, ``repetition_penalty`` other than 1, ``modalities``
-  other than text, ``stream_options`` without ``stream``, a content part that is not
-  text, a ``custom`` tool;
+  name), ``logit_bias`` with entries, ``min_p`` other than 0, ``repetition_penalty``
+  other than 1, ``modalities`` other than text, ``stream_options`` without ``stream``,
+  a content part that is not text, a ``custom`` tool;
 - ``missing_required_parameter`` and ``invalid_value`` for the rest.
 
 **Served** as OpenAI documents them: ``model`` (echoed back), ``messages``
