@@ -33,6 +33,7 @@ from app.api import (
     runs,
     sessions,
     stream,
+    workers,
 )
 from app.api.body_limit import BodyLimitMiddleware
 from app.api.deps import AppState
@@ -132,6 +133,7 @@ def create_app(
     app.include_router(sessions.router)
     app.include_router(internal.claim_router)
     app.include_router(internal.router)
+    app.include_router(workers.router)
     app.include_router(ingest.router)
     app.include_router(results.router)
     app.include_router(stream.router)

@@ -17,6 +17,7 @@ from worker.datasets import HttpDatasets, with_local_dataset
 from worker.heartbeat import Heartbeater
 from worker.settings import WorkerSettings
 from worker.sinks import HttpRunSink
+from worker.startup import sandbox_wall
 
 if TYPE_CHECKING:
     from rl_core.envs.webhook import WebhookTarget
@@ -42,7 +43,9 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
     try:
         # The message names a run, but the fair claim takes the queued run fair order puts
         # first (app.services.fair): one tenant's many runs cannot starve another's one.
-        claim = claimer.claim(run_id, settings.lease_seconds, fair=True)
+        claim = claimer.claim(
+            run_id, settings.lease_seconds, fair=True, sandbox=sandbox_wall(settings)
+        )
     except ClaimRefused as exc:
         log.info("run %s not claimed: %s", run_id, exc)
         return "not_claimed"
@@ -107,6 +110,7 @@ def _train_claimed(
             webhooks=webhooks,
             callbacks=HttpCallbackSource(settings.api_url, claim.lease_token, run_id),
             gateway=session_gateway(api, run_id, settings),
+            walls=settings.sandbox_walls(),  # deployed: bubblewrap or no tenant code
         )
         # Everything reported must be stored before the run may be called finished.
         sink.flush(timeout_s=settings.api_retry_seconds)

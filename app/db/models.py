@@ -277,6 +277,19 @@ class EnvCallback(Base):
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class WorkerReport(Base):
+    """A worker's last word about itself: its queue and the sandbox wall it runs tenant
+    code behind (sent at its start-up and with each claim; listed on ``/readyz``)."""
+
+    __tablename__ = "worker_reports"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str | None] = mapped_column(String(200))
+    sandbox_wall: Mapped[str] = mapped_column(String(16))
+    tenant_code: Mapped[str] = mapped_column(String(24))
+    reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class Dataset(Base):
     """An uploaded dataset (JSONL rows). Its content is a file in the data folder named by
     its SHA-256 (``app.services.datasets``); a run pins that hash at submit, so replacing

@@ -1,8 +1,8 @@
 """datasets: uploaded JSONL datasets, their content named by SHA-256 in the data folder
 
-Revision ID: 0008
-Revises: 0007
-Create Date: 2026-12-05 15:00:00.000000
+Revision ID: 0009
+Revises: 0008
+Create Date: 2026-12-05 15:10:00.000000
 
 See docs/datasets.md.
 """
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0008"
-down_revision: str | None = "0007"
+revision: str = "0009"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
