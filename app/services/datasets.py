@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -76,6 +77,7 @@ async def upload(
     )
     tmp_dir = root(settings) / "tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
+    _sweep_parts(tmp_dir)
     tmp = tmp_dir / f"{uuid.uuid4().hex}.part"
     try:
         with tmp.open("wb") as out:
@@ -123,6 +125,16 @@ async def upload(
             f"a dataset named {name!r} was made meanwhile; retry", field="name"
         ) from None
     return dataset, True
+
+
+def _sweep_parts(tmp_dir: Path, older_than_s: float = 24 * 3600) -> None:
+    """Remove uploads' temporary files an API process that died mid-upload left behind
+    (a live upload's file is younger: no upload streams for a day)."""
+    cutoff = time.time() - older_than_s
+    for part in tmp_dir.glob("*.part"):
+        with contextlib.suppress(FileNotFoundError):
+            if part.stat().st_mtime < cutoff:
+                part.unlink()
 
 
 async def _check_quota(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,11 @@ async def upload(
 
 async def test_upload_streamed_list_get_delete(dapi: Api, tmp_path: Path) -> None:
     auth = await dapi.tenant()
+    # A day-old temporary file of an API process that died mid-upload: swept.
+    stale = tmp_path / "datasets" / "tmp" / "dead.part"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"half")
+    os.utime(stale, (0, 0))
     data = jsonl(rows(15_000))  # ~0.75 MB in 4 KiB chunks
     r = await upload(dapi, auth, data, required="question,answer")
     assert r.status_code == 201, r.text
