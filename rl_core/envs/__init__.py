@@ -9,12 +9,14 @@ from rl_core.envs.base import Action, Environment, Message, Reset, Step, ToolCal
 from rl_core.envs.calculator import Calculator
 from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
 from rl_core.envs.code_exec import CodeExec
+from rl_core.envs.dataset import DatasetEnv
 from rl_core.envs.guess_number import GuessNumber
 from rl_core.envs.next_number import NextNumber
 from rl_core.envs.openenv import OpenEnvEnvironment
 from rl_core.envs.reasoning_gym import ReasoningGym
 from rl_core.envs.scored import Scored
 from rl_core.envs.simulated import SimulatedLatency
+from rl_core.envs.walls import SINGLE_USER, WallPolicy
 from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
 from rl_core.errors import EnvironmentFailure, UnknownEnvironment
 from rl_core.protocol.ecosystem import OPENENV, ConfigProblem, OpenEnvConfig, parse_config
@@ -29,6 +31,7 @@ BUILTINS: dict[str, Callable[[], Environment]] = {
     "calculator": Calculator,
     "code_exec": CodeExec,
     "sim_latency": SimulatedLatency,
+    "dataset": DatasetEnv,
     # A dataset of reasoning-gym, named in environment.config (docs/ecosystem.md).
     "reasoning_gym": ReasoningGym,
 }
@@ -51,11 +54,14 @@ def build_environment(
     *,
     webhooks: Mapping[str, WebhookTarget] | None = None,
     callbacks: CallbackSource | None = None,
+    walls: WallPolicy | None = None,
 ) -> Environment:
     """The environment a run's spec names: a built-in, ``env_<id>`` found in
     ``webhooks`` (the worker gets it from the claim answer), or ``openenv``, whose
     ``config.environment`` is found there; wrapped in `Scored` when the spec
-    attaches reward functions by name."""
+    attaches reward functions by name. ``walls``: whether the
+    host lets tenant code (``code_exec``) run behind a wall weaker than bubblewrap
+    (`rl_core.envs.walls`; None: a single-user machine's policy)."""
     name = env_spec.name
     env: Environment
     if name == OPENENV:
@@ -70,6 +76,8 @@ def build_environment(
                 "(run it through the control plane, or pass webhooks={id: WebhookTarget(...)})",
             )
         env = WebhookEnvironment(target, callbacks=callbacks, policy=env_spec.webhook)
+    elif name == CodeExec.name:
+        env = CodeExec(walls or SINGLE_USER)
     else:
         env = get_environment(name)
         if isinstance(env, ReasoningGym):
