@@ -20,7 +20,6 @@ import pytest
 import verifiers as vf
 from datasets import Dataset
 
-from rl_core.errors import NoTrajectories
 from rl_core.models.tokenizer import _SPECIALS as SPECIALS
 from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.pipeline import build
@@ -122,20 +121,28 @@ def answered_seven(completion: Any, **kwargs: Any) -> float:
     return 1.0 if (completion[-1]["content"] or "").strip() == "7" else 0.25
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NoTrajectories,
-    reason="verifiers' ToolEnv sends strict tools, refused until sessions serve them "
-    "(issue #30 item 1); its refused rollouts are cancelled, and cancelled sessions fail "
-    "the run (item 2)",
-)
+class GrammarTakingPolicy(ToolCallingPolicy):
+    """The tool-calling scripted policy, taking (and recording) the grammars a session
+    passes for verifiers' strict tools; its scripted call is one the grammar accepts."""
+
+    def __init__(self, tok: BuiltinTokenizer) -> None:
+        super().__init__(tok)
+        self.grammars: list[Any] = []
+
+    async def generate(  # type: ignore[override]
+        self, prompts: Any, *, grammars: Any = None, top_logprobs: int = 0, **options: Any
+    ) -> Any:
+        self.grammars.append(grammars)
+        return await super().generate(prompts, **options)
+
+
 @pytest.mark.timeout(600)
 def test_a_verifiers_tool_env_plays_its_multi_turn_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A random-init model never writes a tool call: the policy here is scripted (a call
     # to add, then "7" once the tool has spoken); the trainer and gateway are real.
-    policy = ToolCallingPolicy(BuiltinTokenizer())
+    policy = GrammarTakingPolicy(BuiltinTokenizer())
     monkeypatch.setattr(build, "build_engine", lambda *args, **kwargs: policy)
     rows = [{"question": "What is 3 + 4?", "answer": "7"}]
     env = vf.ToolEnv(
@@ -166,6 +173,8 @@ def test_a_verifiers_tool_env_plays_its_multi_turn_loop(
     assert result.steps_completed == 2
     ended = [p for p in played if p.reward is not None]
     assert ended and all(p.reward == 1.0 for p in ended), played[:3]
+    # verifiers' tools are strict: the session sampled them under a grammar.
+    assert any(g is not None for call in policy.grammars for g in (call or []))
     records = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
     stored = [r for r in records if r["end_state"] == "done"]
     assert stored
