@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
-from rl_core.agent.ledger import Trajectory
+from rl_core.agent.ledger import Trajectory, segments
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.pipeline.queue import Group, fresh_mask
 from rl_core.records import TrajectoryRecord
@@ -34,7 +34,7 @@ def trained_records(
     records = []
     for group, traj in itertools.islice(_round_robin(ordered, members), n):
         masks = [fresh_mask(s, traj.turn_versions, group.fresh_from) for s in traj.samples]
-        records.append(_as_trained(traj, masks).to_record(tokenizer, step=step))
+        records.append(_record(traj, masks, tokenizer, step=step))
     return records
 
 
@@ -45,7 +45,7 @@ def untrained_records(
     read; reported at step 0 (no step consumed them), none of their text trained."""
     readable = [t for t in finished if not t.kept and (t.total_tokens or t.error)]
     return [
-        _as_trained(t, [[0] * len(s.tokens) for s in t.samples]).to_record(tokenizer, step=0)
+        _record(t, [[0] * len(s.tokens) for s in t.samples], tokenizer, step=0)
         for t in readable[:n]
     ]
 
@@ -57,13 +57,19 @@ def _round_robin(
     return [(groups[i], traj) for row in rounds for i, traj in enumerate(row) if traj is not None]
 
 
-def _as_trained(traj: Trajectory, masks: list[list[int]]) -> Trajectory:
-    """``traj`` whose loss masks are what the trainer trained on (for its record only)."""
-    samples = [
-        dataclasses.replace(s, loss_mask=m) if m is not s.loss_mask else s
-        for s, m in zip(traj.samples, masks, strict=True)
+def _record(
+    traj: Trajectory, masks: list[list[int]], tokenizer: Tokenizer, *, step: int
+) -> TrajectoryRecord:
+    """``traj``'s record, its segments split by ``masks`` (what the trainer trained on)."""
+    record = traj.to_record(tokenizer, step=step)
+    if all(m is s.loss_mask for s, m in zip(traj.samples, masks, strict=True)):
+        return record  # trained as sampled: the record's own segments say so
+    trained = [
+        dataclasses.replace(s, loss_mask=m) for s, m in zip(traj.samples, masks, strict=True)
     ]
-    return dataclasses.replace(traj, samples=samples)
+    return dataclasses.replace(
+        record, segments=tuple(seg for s in trained for seg in segments(s, tokenizer))
+    )
 
 
 __all__ = ["trained_records", "untrained_records"]

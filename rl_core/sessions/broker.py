@@ -250,11 +250,21 @@ class SessionBroker:
                     self._set_fill_deadline(slot)
                 return await slot.claimed
         except TimeoutError:
+            if slot.claimed.done():
+                return slot.claimed.result()  # claimed as the deadline passed
             # Its group's name never sent this many sessions: the member ends unplayed and
             # the group trains without it (as with a failed episode), freeing its place.
             self._counted["unfilled"] += 1
             traj.end("cancelled", "group_not_filled")
             return None
+        except asyncio.CancelledError:
+            if slot.claimed.done() and not slot.claimed.cancelled():
+                # Claimed as the run stopped, before this task woke: never played.
+                session = slot.claimed.result()
+                session.ended.cancel()
+                self._sessions.pop(session.session_id, None)
+                self._groups[slot.group].playing -= 1
+            raise
         finally:
             members = self._waiting.get(slot.group)
             if members is not None and members.get(slot.member) is slot:
@@ -435,13 +445,13 @@ class SessionBroker:
         """The open session ``session_id`` if ``key`` is its key; 404 otherwise (a wrong key
         and an unknown session look the same, so keys cannot be probed for ids), or 410
         for a session's real key once the run has ended."""
-        session = self._sessions.get(session_id)
-        if session is not None and hmac.compare_digest(session.key.encode(), key.encode()):
-            return session
         if self._closed is not None and hmac.compare_digest(
             self.session_key(session_id).encode(), key.encode()
         ):
             raise _run_ended(self._closed)
+        session = self._sessions.get(session_id)
+        if session is not None and hmac.compare_digest(session.key.encode(), key.encode()):
+            return session
         raise ChatCompletionError(
             f"no open session {session_id!r} for this key: it ended, timed out, or the "
             "key is another session's. Open a new session",
