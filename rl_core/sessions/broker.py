@@ -24,14 +24,16 @@ only opens that session.
 Client faults (a session cancelled or timed out) are the client's, not the run's: the
 session is recorded as it ended (never trained on, counted in ``sessions/client_faults``)
 and its slot is **offered again** under a new session id (``<episode>-o<n>``, counted
-in ``sessions/reoffered``), so its group still fills: the next session of the group's
-name takes it (or, in an unnamed group, the next unnamed session), within the fill
-timeout of a named group. A slot is offered at most ``REOFFERS_PER_SLOT`` times again;
-past that its last session's end is the episode's, and the group trains without it (the
-collector's group rule). The run fails only when ``rollout.client_fault_budget``
-sessions in a row (in the order they ended) ended without a reward: `ClientFaults`,
-whose message says so. A run's end closes the broker: from then on opening, and any
-call with a session's real key, answers 410 naming how the run ended.
+in ``sessions/reoffered``), so its group still fills: the next unnamed session takes it
+in an unnamed group, the next session of the group's name in a named one, within
+``REOFFER_FILL_TIMEOUT_S`` (the name's client retries at once, or not at all; the group
+holds its places meanwhile), after which it ends unfilled. A slot is offered at most
+``REOFFERS_PER_SLOT`` times again; past that its last session's end is the episode's,
+and the group trains without it (the collector's group rule). The run fails only when
+``rollout.client_fault_budget`` sessions in a row (in the order they ended) ended
+without a reward: `ClientFaults`, whose message says so. A run's end closes the
+broker: from then on opening, and any call with a session's real key, answers 410
+naming how the run ended.
 
 Session keys are HMAC-SHA256 of the session id under the gateway's token (`sign_keys`),
 URL-safe base64 without padding: whoever holds the token (the control plane) can tell a
@@ -67,6 +69,9 @@ from rl_core.sessions.session import ChatSession, SessionConfig
 RETRY_AFTER_S = 1
 # How long a named group's unclaimed members wait for the rest of its name's sessions.
 GROUP_FILL_TIMEOUT_S = 120.0
+# How long a named group's slot offered again waits for its name's next session: a client
+# that retries does so at once, and until the slot ends its group holds its places.
+REOFFER_FILL_TIMEOUT_S = 10.0
 # How many more sessions a slot whose sessions keep failing is offered to. Bounded so a
 # group whose task makes every client fail still ends (without that member).
 REOFFERS_PER_SLOT = 8
@@ -95,6 +100,7 @@ class _Slot:
     group: int
     member: int
     claimed: asyncio.Future[OpenSession]
+    reoffered: bool = False  # offered again after a client fault
     # The wait for a client; given a deadline once the slot's group belongs to a name.
     wait: asyncio.Timeout | None = None
 
@@ -135,6 +141,7 @@ class SessionBroker:
         config: SessionConfig,
         group_size: int,
         fill_timeout_s: float = GROUP_FILL_TIMEOUT_S,
+        reoffer_timeout_s: float = REOFFER_FILL_TIMEOUT_S,
         client_fault_budget: int = DEFAULT_CLIENT_FAULT_BUDGET,
         episode_timeout_s: float | None = None,
         recorder: SpanRecorder | None = None,
@@ -145,6 +152,7 @@ class SessionBroker:
         self.config = config
         self.group_size = group_size
         self.fill_timeout_s = fill_timeout_s
+        self.reoffer_timeout_s = reoffer_timeout_s
         self.client_fault_budget = client_fault_budget
         self.episode_timeout_s = episode_timeout_s  # only named in the budget's message
         self._waiting: dict[int, collections.OrderedDict[int, _Slot]] = {}  # group -> members
@@ -212,7 +220,7 @@ class SessionBroker:
         try:
             for offer in range(REOFFERS_PER_SLOT + 1):
                 traj.episode_id = f"{first_id}-o{offer}" if offer else first_id
-                session = await self._offer(traj)
+                session = await self._offer(traj, reoffered=offer > 0)
                 if session is None:
                     return  # unfilled: ended by `_offer`
                 traj.started = session.opened
@@ -234,11 +242,11 @@ class SessionBroker:
         finally:
             self._slot_ended(traj.group)
 
-    async def _offer(self, traj: Trajectory) -> OpenSession | None:
+    async def _offer(self, traj: Trajectory, *, reoffered: bool) -> OpenSession | None:
         """Wait for a client to open a session as ``traj.episode_id``; None (``traj``
         ended) when its group's name never sent the session."""
         loop = asyncio.get_running_loop()
-        slot = _Slot(traj.episode_id, traj.group, traj.member, loop.create_future())
+        slot = _Slot(traj.episode_id, traj.group, traj.member, loop.create_future(), reoffered)
         self._waiting.setdefault(slot.group, collections.OrderedDict())[slot.member] = slot
         self._slot_offered.set()
         self._slot_offered = asyncio.Event()
@@ -250,7 +258,7 @@ class SessionBroker:
                     self._set_fill_deadline(slot)
                 return await slot.claimed
         except TimeoutError:
-            if slot.claimed.done():
+            if slot.claimed.done() and not slot.claimed.cancelled():
                 return slot.claimed.result()  # claimed as the deadline passed
             # Its group's name never sent this many sessions: the member ends unplayed and
             # the group trains without it (as with a failed episode), freeing its place.
@@ -362,7 +370,8 @@ class SessionBroker:
 
     def _set_fill_deadline(self, slot: _Slot) -> None:
         if slot.wait is not None:
-            slot.wait.reschedule(asyncio.get_running_loop().time() + self.fill_timeout_s)
+            wait_s = self.reoffer_timeout_s if slot.reoffered else self.fill_timeout_s
+            slot.wait.reschedule(asyncio.get_running_loop().time() + wait_s)
 
     def _needs_sessions(self, group: int) -> bool:
         """Members of the taken ``group`` still to be played: waiting, or not offered yet."""
@@ -428,18 +437,24 @@ class SessionBroker:
             # still needs sessions, never a new group.
             held = self._named[group]
             for g in held:
-                if members := self._waiting.get(g):
-                    return next(iter(members.values()))
+                if slot := self._offered_in(g):
+                    return slot
             if any(self._needs_sessions(g) for g in held):
                 return None
         if group is None:
             # Unnamed sessions first fill the unnamed groups already begun.
             for g, state in self._groups.items():
-                if state.name is None and (members := self._waiting.get(g)):
-                    return next(iter(members.values()))
+                if state.name is None and (slot := self._offered_in(g)):
+                    return slot
         # A group no one has opened a session in yet.
-        fresh = [g for g, members in self._waiting.items() if members and g not in self._groups]
-        return next(iter(self._waiting[fresh[0]].values())) if fresh else None
+        fresh = (self._offered_in(g) for g in self._waiting if g not in self._groups)
+        return next((slot for slot in fresh if slot is not None), None)
+
+    def _offered_in(self, group: int) -> _Slot | None:
+        """A slot of ``group`` waiting for a client (not one whose wait just ended, its
+        task not yet woken to take it back)."""
+        members = self._waiting.get(group, {})
+        return next((s for s in members.values() if not s.claimed.done()), None)
 
     def session(self, session_id: str, key: str) -> OpenSession:
         """The open session ``session_id`` if ``key`` is its key; 404 otherwise (a wrong key

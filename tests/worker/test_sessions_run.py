@@ -180,7 +180,7 @@ def tool_agent(base: str, token: str, game: int, kind: str) -> dict[str, Any]:
     a prefix break); ``abandons`` (never ends the session: it must time out)."""
     opened = httpx.post(
         f"{base}/v1/sessions",
-        json={"group": f"game-{game}", "wait_s": 20},
+        json={"group": f"game-{game}", "wait_s": 45},
         headers={"Authorization": f"Bearer {token}"},
         timeout=60,
     )

@@ -25,7 +25,10 @@ from rl_core.sessions.session import SessionConfig
 
 
 def broker(
-    group_size: int, fill_timeout_s: float = 60.0, client_fault_budget: int = 64
+    group_size: int,
+    fill_timeout_s: float = 60.0,
+    client_fault_budget: int = 64,
+    reoffer_timeout_s: float = 10.0,
 ) -> SessionBroker:
     tok = BuiltinTokenizer()
     return SessionBroker(
@@ -35,6 +38,7 @@ def broker(
         group_size=group_size,
         fill_timeout_s=fill_timeout_s,
         client_fault_budget=client_fault_budget,
+        reoffer_timeout_s=reoffer_timeout_s,
     )
 
 
@@ -120,6 +124,24 @@ def test_a_cancelled_sessions_slot_is_offered_again_and_its_group_still_fills() 
         metrics = b.step_metrics()
         assert metrics["sessions/reoffered"] == metrics["sessions/client_faults"] == 1
         assert metrics["sessions/fault_streak"] == 0  # a reward since
+
+    asyncio.run(main())
+
+
+def test_a_named_groups_slot_offered_again_waits_briefly_for_its_names_next_session() -> None:
+    async def main() -> None:
+        b = broker(group_size=2, reoffer_timeout_s=0.1)
+        (traj0, task0), (traj1, task1) = offer(b, 0, 0), offer(b, 0, 1)
+        await asyncio.sleep(0)
+        first, second = await b.open("task-a"), await b.open("task-a")
+        await _call(b, second.session_id, second.key)
+        b.end(second.session_id, second.key, 1.0)
+        b.cancel(first.session_id, first.key)  # and the client never retries
+        await asyncio.wait_for(asyncio.gather(task0, task1), 2)
+        assert (traj0.end_state, traj0.end_reason) == ("cancelled", "group_not_filled")
+        assert traj0.episode_id == "g0-e0-o1" and traj1.end_state == "done"
+        metrics = b.step_metrics()
+        assert metrics["sessions/reoffered"] == metrics["sessions/unfilled"] == 1
 
     asyncio.run(main())
 
