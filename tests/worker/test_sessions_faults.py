@@ -108,7 +108,7 @@ def test_a_run_whose_client_cancels_half_its_sessions_still_succeeds(
     assert all(r["episode/trained"] == GROUPS * GROUP for r in rows)
     assert sum(r["sessions/reoffered"] for r in rows) >= 1
     assert sum(r["sessions/client_faults"] for r in rows) >= 1
-    assert sum(r["failures/client_cancelled"] for r in rows) >= 1
+    assert sum(r.get("failures/client_cancelled", 0) for r in rows) >= 1
 
     records = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
     assert records and all(r["segments"] for r in records)  # no row for a slot never played
@@ -140,5 +140,6 @@ def test_clients_that_fail_every_session_fail_the_run_on_the_client_fault_budget
     records = [
         json.loads(x) for x in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
     ]
-    assert records and all(r["end_reason"] == "client_cancelled" for r in records)
+    assert sum(r["end_reason"] == "client_cancelled" for r in records) >= 4
+    assert all(r["end_state"] == "cancelled" for r in records)  # the rest: the run's end
     assert not any(s["trained"] for r in records for s in r["segments"])
