@@ -453,7 +453,9 @@ class SessionBroker:
     def _offered_in(self, group: int) -> _Slot | None:
         """A slot of ``group`` waiting for a client (not one whose wait just ended, its
         task not yet woken to take it back)."""
-        members = self._waiting.get(group, {})
+        members = self._waiting.get(group)
+        if not members:
+            return None
         return next((s for s in members.values() if not s.claimed.done()), None)
 
     def session(self, session_id: str, key: str) -> OpenSession:
