@@ -9,11 +9,9 @@ a session takes a waiting slot; when there is none it is told to come back
 
 Groups: the collector starts ``group_size`` slots per task, and GRPO takes the
 advantages of one group's episodes against each other. A client names the group a
-session belongs to (any string, e.g. its task id): the first session of a name takes
-a task whose slots are all waiting, the next ``group_size - 1`` sessions of that name
-take its other slots, and a name whose group is full starts another group. Sessions
-opened without a name fill groups in the order they open, so their advantages are
-taken against unrelated tasks' (``algorithm.baseline: batch`` then says more).
+session belongs to (any string, e.g. its task id); which slot a session takes is
+`rl_core.sessions.slots.SlotBoard`'s to say. Unnamed sessions' advantages are taken
+against unrelated tasks' (``algorithm.baseline: batch`` then says more).
 
 A session ends when the client reports its reward (`end`), as ``cancelled`` when the
 client gives it up (`cancel`: its agent failed), as ``timeout`` after
@@ -65,6 +63,7 @@ from rl_core.protocol.chat_completions import (
 from rl_core.protocol.completions import CompletionRequest, TextCompletion
 from rl_core.rollout.base import RolloutEngine
 from rl_core.sessions.session import ChatSession, SessionConfig
+from rl_core.sessions.slots import Slot, SlotBoard
 
 RETRY_AFTER_S = 1
 # How long a named group's unclaimed members wait for the rest of its name's sessions.
@@ -90,28 +89,6 @@ class NoRoom(ChatCompletionError):
             type="rate_limit_error",
         )
         self.retry_after_s = retry_after_s
-
-
-@dataclasses.dataclass(eq=False)
-class _Slot:
-    """One offer of a collector's episode, waiting for a client."""
-
-    session_id: str
-    group: int
-    member: int
-    claimed: asyncio.Future[OpenSession]
-    reoffered: bool = False  # offered again after a client fault
-    # The wait for a client; given a deadline once the slot's group belongs to a name.
-    wait: asyncio.Timeout | None = None
-
-
-@dataclasses.dataclass
-class _Group:
-    """A collector group some client has opened a session in."""
-
-    name: str | None  # the clients' group name; None: filled by unnamed sessions
-    playing: int = 0  # members a client holds now
-    ended: int = 0  # members whose episode ended for good (at group_size: forgotten)
 
 
 @dataclasses.dataclass(eq=False)
@@ -151,13 +128,13 @@ class SessionBroker:
         self.tokenizer = tokenizer
         self.config = config
         self.group_size = group_size
-        self.fill_timeout_s = fill_timeout_s
-        self.reoffer_timeout_s = reoffer_timeout_s
         self.client_fault_budget = client_fault_budget
         self.episode_timeout_s = episode_timeout_s  # only named in the budget's message
-        self._waiting: dict[int, collections.OrderedDict[int, _Slot]] = {}  # group -> members
-        self._groups: dict[int, _Group] = {}  # groups some client has opened a session in
-        self._named: dict[str, list[int]] = {}  # client group name -> its groups, oldest first
+        self.slots = SlotBoard(
+            group_size=group_size,
+            fill_timeout_s=fill_timeout_s,
+            reoffer_timeout_s=reoffer_timeout_s,
+        )
         self._sessions: dict[str, OpenSession] = {}
         self._counted: dict[str, int] = {
             "opened": 0,
@@ -225,7 +202,6 @@ class SessionBroker:
                     return  # unfilled: ended by `_offer`
                 traj.started = session.opened
                 traj.enter("client")
-                group = self._groups[traj.group]
                 try:
                     outcome = await self._outcome(session, timeout_s)
                 except asyncio.CancelledError:  # the run stops: keep what the session did
@@ -233,33 +209,32 @@ class SessionBroker:
                     self._record_span(session, "cancelled", traj.turns)
                     raise
                 finally:
-                    group.playing -= 1
+                    self.slots.session_over(traj.group)
                 again = isinstance(outcome, str) and offer < REOFFERS_PER_SLOT
                 self._settle(traj, session, outcome, reoffer=again)
                 if not again:
                     return
                 self._counted["reoffered"] += 1  # its group needs a session again
         finally:
-            self._slot_ended(traj.group)
+            self.slots.member_ended(traj.group)
 
     async def _offer(self, traj: Trajectory, *, reoffered: bool) -> OpenSession | None:
         """Wait for a client to open a session as ``traj.episode_id``; None (``traj``
         ended) when its group's name never sent the session."""
         loop = asyncio.get_running_loop()
-        slot = _Slot(traj.episode_id, traj.group, traj.member, loop.create_future(), reoffered)
-        self._waiting.setdefault(slot.group, collections.OrderedDict())[slot.member] = slot
-        self._slot_offered.set()
-        self._slot_offered = asyncio.Event()
+        slot = Slot(traj.episode_id, traj.group, traj.member, loop.create_future(), reoffered)
         traj.enter("waiting_client")
         try:
             async with asyncio.timeout(None) as slot.wait:
-                group = self._groups.get(slot.group)
-                if group is not None and group.name is not None:
-                    self._set_fill_deadline(slot)
-                return await slot.claimed
+                self.slots.add(slot)
+                self._slot_offered.set()
+                self._slot_offered = asyncio.Event()
+                session: OpenSession = await slot.claimed
+                return session
         except TimeoutError:
             if slot.claimed.done() and not slot.claimed.cancelled():
-                return slot.claimed.result()  # claimed as the deadline passed
+                claimed: OpenSession = slot.claimed.result()  # as the deadline passed
+                return claimed
             # Its group's name never sent this many sessions: the member ends unplayed and
             # the group trains without it (as with a failed episode), freeing its place.
             self._counted["unfilled"] += 1
@@ -268,17 +243,13 @@ class SessionBroker:
         except asyncio.CancelledError:
             if slot.claimed.done() and not slot.claimed.cancelled():
                 # Claimed as the run stopped, before this task woke: never played.
-                session = slot.claimed.result()
-                session.ended.cancel()
-                self._sessions.pop(session.session_id, None)
-                self._groups[slot.group].playing -= 1
+                lost: OpenSession = slot.claimed.result()
+                lost.ended.cancel()
+                self._sessions.pop(lost.session_id, None)
+                self.slots.session_over(slot.group)
             raise
         finally:
-            members = self._waiting.get(slot.group)
-            if members is not None and members.get(slot.member) is slot:
-                del members[slot.member]
-                if not members:
-                    del self._waiting[slot.group]
+            self.slots.remove(slot)
 
     async def _outcome(self, session: OpenSession, timeout_s: float | None) -> Outcome:
         """How the client ended ``session``: its reward, ``cancelled`` or ``timeout``."""
@@ -348,35 +319,10 @@ class SessionBroker:
             args={"end_state": end_state, "turns": turns or len(session.chat.ledger.calls)},
         )
 
-    def _slot_ended(self, group: int) -> None:
-        """A member of ``group`` ended for good; with all of them, the group is forgotten
-        (its name may start a new group)."""
-        state = self._groups.get(group)
-        if state is None:
-            return
-        state.ended += 1
-        if state.ended < self.group_size:
-            return
-        del self._groups[group]
-        if state.name is not None:
-            self._named[state.name].remove(group)
-            if not self._named[state.name]:
-                del self._named[state.name]
-
     def drain_faulted(self) -> list[Trajectory]:
         """Sessions a client fault ended whose slot was offered again, since the last call."""
         out, self._faulted = self._faulted, []
         return out
-
-    def _set_fill_deadline(self, slot: _Slot) -> None:
-        if slot.wait is not None:
-            wait_s = self.reoffer_timeout_s if slot.reoffered else self.fill_timeout_s
-            slot.wait.reschedule(asyncio.get_running_loop().time() + wait_s)
-
-    def _needs_sessions(self, group: int) -> bool:
-        """Members of the taken ``group`` still to be played: waiting, or not offered yet."""
-        state = self._groups[group]
-        return state.playing + state.ended < self.group_size
 
     # -- the clients' side ---------------------------------------------------------------
 
@@ -393,7 +339,7 @@ class SessionBroker:
         while True:
             if self._closed is not None:
                 raise _run_ended(self._closed)
-            slot = self._free_slot(group)
+            slot = self.slots.take(group)
             if slot is not None:
                 break
             offered = self._slot_offered
@@ -403,20 +349,6 @@ class SessionBroker:
             except TimeoutError:
                 self._counted["refused"] += 1
                 raise NoRoom() from None
-        members = self._waiting[slot.group]
-        del members[slot.member]
-        if not members:
-            del self._waiting[slot.group]
-        state = self._groups.get(slot.group)
-        if state is None:
-            state = self._groups[slot.group] = _Group(name=group)
-            if group is not None:
-                # The name holds the group until it needs no more sessions: the rest may
-                # not be offered yet (the collector starts episodes as places free up).
-                self._named.setdefault(group, []).append(slot.group)
-                for waiting in self._waiting.get(slot.group, {}).values():
-                    self._set_fill_deadline(waiting)
-        state.playing += 1
         chat = ChatSession(
             slot.session_id, engine=self.engine, tokenizer=self.tokenizer, config=self.config
         )
@@ -430,33 +362,6 @@ class SessionBroker:
         slot.claimed.set_result(session)
         self._counted["opened"] += 1
         return session
-
-    def _free_slot(self, group: str | None) -> _Slot | None:
-        if group is not None and group in self._named:
-            # A member (maybe offered again) of a group the name holds; while one of them
-            # still needs sessions, never a new group.
-            held = self._named[group]
-            for g in held:
-                if slot := self._offered_in(g):
-                    return slot
-            if any(self._needs_sessions(g) for g in held):
-                return None
-        if group is None:
-            # Unnamed sessions first fill the unnamed groups already begun.
-            for g, state in self._groups.items():
-                if state.name is None and (slot := self._offered_in(g)):
-                    return slot
-        # A group no one has opened a session in yet.
-        fresh = (self._offered_in(g) for g in self._waiting if g not in self._groups)
-        return next((slot for slot in fresh if slot is not None), None)
-
-    def _offered_in(self, group: int) -> _Slot | None:
-        """A slot of ``group`` waiting for a client (not one whose wait just ended, its
-        task not yet woken to take it back)."""
-        members = self._waiting.get(group)
-        if not members:
-            return None
-        return next((s for s in members.values() if not s.claimed.done()), None)
 
     def session(self, session_id: str, key: str) -> OpenSession:
         """The open session ``session_id`` if ``key`` is its key; 404 otherwise (a wrong key
@@ -558,7 +463,7 @@ class SessionBroker:
         return {
             **{f"sessions/{k}": v for k, v in since.items()},
             "sessions/open": float(len(self._sessions)),
-            "sessions/waiting": float(sum(len(m) for m in self._waiting.values())),
+            "sessions/waiting": float(self.slots.waiting),
             "sessions/fault_streak": float(self._streak.total()),
         }
 
