@@ -64,14 +64,7 @@ class ScriptedEngine:
             logprob = -0.1 * (n + 1)
             top = None
             if top_logprobs:
-                others = [t for t in range(top_logprobs + 1)]
-                top = [
-                    [(t, logprob)]
-                    + [(o, logprob - 1 - j) for j, o in enumerate(x for x in others if x != t)][
-                        : top_logprobs - 1
-                    ]
-                    for t in tokens
-                ]
+                top = [_alternatives(t, logprob, top_logprobs) for t in tokens]
             out.append(
                 Completion(
                     tokens=tokens,
@@ -85,3 +78,9 @@ class ScriptedEngine:
 
     def update_weights(self, params: Any, version: int) -> None:
         self.params, self.version = params, version
+
+
+def _alternatives(token: int, logprob: float, k: int) -> list[tuple[int, float]]:
+    """The sampled token first, then ids 0, 1, ... (itself left out), each 1 less likely."""
+    others = [o for o in range(k + 1) if o != token][: k - 1]
+    return [(token, logprob), *((o, logprob - 1 - j) for j, o in enumerate(others))]
