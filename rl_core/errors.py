@@ -13,7 +13,8 @@ failure, so the class names are part of what a user reads.
     ├── EnvironmentFailure       an environment's reset/step raised or broke the protocol
     ├── SandboxRefused           this host has no wall strong enough for tenant code: the run fails
     ├── RolloutError             the rollout engine was asked for something it cannot do
-    └── NoTrajectories           a whole step produced nothing to train on
+    ├── NoTrajectories           a whole step produced nothing to train on
+    └── ClientFaults             a sessions run's clients failed past rollout.client_fault_budget
 """
 
 from __future__ import annotations
@@ -64,3 +65,8 @@ class RolloutError(RlCoreError):
 
 class NoTrajectories(RlCoreError):
     """Every episode of a step timed out or failed, so there is nothing to learn from."""
+
+
+class ClientFaults(RlCoreError):
+    """``rollout.client_fault_budget`` sessions in a row ended without a reward (cancelled
+    or timed out by their clients): the clients are broken, not the run."""

@@ -197,6 +197,8 @@ def build_sessions(
         tokenizer=tokenizer,
         config=config,
         group_size=spec.rollout.group_size,
+        client_fault_budget=spec.rollout.client_fault_budget,
+        episode_timeout_s=spec.rollout.episode_timeout_s,
         recorder=recorder,
     )
 
