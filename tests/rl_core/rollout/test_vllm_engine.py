@@ -30,7 +30,7 @@ from flax import nnx
 from rl_core.errors import RolloutError
 from rl_core.models import Model, ModelConfig
 from rl_core.pretrained.export import export_hf, logprob_scorer, weights_writer
-from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
+from rl_core.rollout.base import Completion, Grammar, RolloutEngine, SamplingParams
 from rl_core.rollout.vllm_engine import VllmEngine, WeightCheck
 from rl_core.rollout.vllm_server import VllmServer, VllmServerConfig
 from tests.rl_core.models.hf_reference import our_logits
@@ -163,6 +163,62 @@ def test_greedy_continues_with_the_argmax_and_logprob_zero(served: Served) -> No
         assert c.tokens == [
             int(np.argmax(logits[len(prompt) - 1 + i])) for i in range(len(c.tokens))
         ]
+
+
+def penalised_logprobs(
+    model: Model, prompt: Sequence[int], tokens: Sequence[int], sampling: SamplingParams
+) -> np.ndarray:  # [N, V]: each step's distribution under OpenAI's penalties and temperature
+    ids = [*prompt, *tokens]
+    logits = our_logits(model, [ids], pad=MAX_LEN)[0][len(prompt) - 1 : len(ids) - 1]
+    counts = np.zeros(logits.shape[-1])
+    out = []
+    for i, t in enumerate(tokens):
+        x = logits[i] - sampling.frequency_penalty * counts
+        x = (x - sampling.presence_penalty * (counts > 0)) / sampling.temperature
+        out.append(np.asarray(jax.nn.log_softmax(jnp.asarray(x))))
+        counts[t] += 1
+    return np.stack(out)
+
+
+def test_penalties_and_top_logprobs_are_served_as_openai_defines_them(served: Served) -> None:
+    """vLLM's penalties over the tokens generated so far, its processed logprobs under them,
+    and the top 5 alternatives of the same distribution, most likely first."""
+    sampling = SamplingParams(temperature=0.9, frequency_penalty=0.8, presence_penalty=0.5)
+    out = run(
+        served.engine,
+        served.engine.generate(
+            PROMPTS, max_new_tokens=16, sampling=sampling, seeds=[21, 22, 23, 24], top_logprobs=5
+        ),
+    )
+    for prompt, c in zip(PROMPTS, out, strict=True):
+        dist = penalised_logprobs(served.model, prompt, c.tokens, sampling)
+        np.testing.assert_allclose(c.logprobs, dist[np.arange(len(c.tokens)), c.tokens], atol=TOL)
+        assert c.top_logprobs is not None and len(c.top_logprobs) == len(c.tokens)
+        for top, row in zip(c.top_logprobs, dist, strict=True):
+            assert len(top) == 5
+            np.testing.assert_allclose([v for _, v in top], np.sort(row)[::-1][:5], atol=TOL)
+            np.testing.assert_allclose([v for _, v in top], row[[i for i, _ in top]], atol=TOL)
+    plain = generate(served.engine, SamplingParams(temperature=0.9), seeds=[21, 22, 23, 24], n=16)
+    assert [c.logprobs for c in plain] != [c.logprobs for c in out]
+
+
+def test_a_grammar_on_a_server_without_tokenizer_is_refused_with_the_reason(
+    served: Served,
+) -> None:
+    """The test model has no tokenizer.json, so vLLM runs with --skip-tokenizer-init and
+    cannot compile grammars: the request fails with vLLM's own reason."""
+    assert not served.server.has_tokenizer
+    with pytest.raises(RolloutError, match=r"(?i)tokenizer"):
+        run(
+            served.engine,
+            served.engine.generate(
+                PROMPTS[:1],
+                max_new_tokens=4,
+                sampling=SamplingParams(),
+                seeds=[0],
+                grammars=[Grammar('start: "a" | "b"')],
+            ),
+        )
 
 
 def test_many_requests_in_flight_each_get_their_own_budget(served: Served) -> None:
