@@ -24,6 +24,7 @@ from rl_core.rollout.sampling import (
     sample,
     unpack_bitmask,
 )
+from rl_core.rollout.sampling import top_k as blocked_top_k
 
 N = 40_000  # draws per row: a frequency's standard error is under 0.0025
 
@@ -162,3 +163,15 @@ def test_top_alternatives_are_sorted_and_greedy_starts_with_its_token() -> None:
     plain = jax.jit(sample)(logits, keys, controls._replace(top=jnp.zeros(b, bool)))
     np.testing.assert_array_equal(plain.token, s.token)
     assert np.isneginf(np.asarray(plain.top_logprobs)).all()
+
+
+@pytest.mark.parametrize("vocab", [30, 49_152])
+def test_blocked_top_k_is_lax_top_k(vocab: int) -> None:
+    """The blocked top-k of large vocabularies against the plain sort, ties included."""
+    x = jax.random.normal(jax.random.key(vocab), (4, vocab))
+    x = x.at[1, 7].set(9.0).at[1, vocab - 3].set(9.0)  # a tie at the top, far apart
+    x = jnp.round(x * 4) / 4  # many ties everywhere
+    values, ids = jax.jit(blocked_top_k, static_argnums=1)(x, 20)
+    want_values, want_ids = jax.lax.top_k(x, 20)
+    np.testing.assert_array_equal(values, want_values)
+    np.testing.assert_array_equal(ids, want_ids)
