@@ -12,6 +12,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 
+import jax
 import jax.numpy as jnp
 import jsonschema
 import llguidance
@@ -107,6 +108,19 @@ def replay_masks(
     return masks
 
 
+@nnx.jit
+def _logits(model: Model, tokens: jax.Array) -> jax.Array:  # [1, T] -> [1, T, V]
+    out, _ = model(tokens, jnp.arange(tokens.shape[1])[None])
+    return out
+
+
+def full_logits(model: Model, ids: list[int], pad: int = 128) -> np.ndarray:  # [T, V]
+    """One causal forward pass over ``ids``, padded at the end to one compiled length."""
+    assert len(ids) <= pad
+    tokens = jnp.asarray([ids + [0] * (pad - len(ids))], jnp.int32)
+    return np.asarray(_logits(model, tokens)[0, : len(ids)], np.float64)
+
+
 def recompute(
     model: Model,
     prompt_ids: list[int],
@@ -116,9 +130,7 @@ def recompute(
 ) -> tuple[np.ndarray, list[np.ndarray]]:  # logprobs [T], each step's distribution [T, V]
     """Each sampled token's logprob under penalties, mask and temperature, from one forward
     pass over the whole sequence (no cache, no engine)."""
-    seq = jnp.asarray([prompt_ids + c.tokens], jnp.int32)
-    logits, _ = model(seq, jnp.arange(seq.shape[1])[None])
-    steps = np.asarray(logits[0, len(prompt_ids) - 1 : -1], np.float64)  # [T, V]
+    steps = full_logits(model, prompt_ids + c.tokens)[len(prompt_ids) - 1 : -1]  # [T, V]
     counts = np.zeros(steps.shape[1])
     out, dists = [], []
     for i, t in enumerate(c.tokens):
@@ -355,8 +367,7 @@ def test_greedy_constrained_decoding_is_the_masked_argmax(
         {tokenizer.eos_id, tokenizer.end_of_turn_id},
         tokenizer.vocab_size,
     )
-    seq = jnp.asarray([p + c.tokens], jnp.int32)
-    logits = np.asarray(engine_model(seq, jnp.arange(seq.shape[1])[None])[0][0])
+    logits = full_logits(engine_model, p + c.tokens)
     for i, t in enumerate(c.tokens):
         row = np.where(masks[i], logits[len(p) - 1 + i], -np.inf)
         assert t == int(np.argmax(row))
