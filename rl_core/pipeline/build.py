@@ -20,6 +20,7 @@ import jax
 from rl_core.agent.agent import Agent
 from rl_core.envs import build_environment
 from rl_core.envs.base import Environment
+from rl_core.envs.walls import WallPolicy
 from rl_core.errors import UnsupportedSpec
 from rl_core.host.control import RunControl
 from rl_core.host.sinks import RunSink
@@ -38,6 +39,7 @@ from rl_core.records import CheckpointRecord
 from rl_core.rollout.base import RolloutEngine
 from rl_core.rollout.jax_engine import JaxEngine
 from rl_core.sessions.broker import SessionBroker
+from rl_core.sessions.sampling import ClientSampling
 from rl_core.sessions.session import SessionConfig
 from rl_core.spec import SESSIONS, JobSpec
 from rl_core.training.trainer import Trainer
@@ -190,12 +192,15 @@ def build_sessions(
         sampling=configs.sampling_params(spec),
         max_new_tokens=spec.agent.max_new_tokens,
         max_context=spec.agent.max_context,
+        client_sampling=ClientSampling(**spec.rollout.client_sampling.model_dump()),
     )
     return SessionBroker(
         engine=engine,
         tokenizer=tokenizer,
         config=config,
         group_size=spec.rollout.group_size,
+        client_fault_budget=spec.rollout.client_fault_budget,
+        episode_timeout_s=spec.rollout.episode_timeout_s,
         recorder=recorder,
     )
 
@@ -247,6 +252,7 @@ def build_pipeline(
     episode_prefix: str,
     webhooks: Mapping[str, Any] | None,
     callbacks: Any,
+    walls: WallPolicy | None = None,
 ) -> tuple[Pipeline, Callable[[], None]]:
     """The pipeline and a ``close`` to call when it has run (it stops the device thread and,
     with engine vllm, the server rlaas started)."""
@@ -255,7 +261,9 @@ def build_pipeline(
     env = (
         None
         if clients_play
-        else build_environment(spec.environment, webhooks=webhooks or {}, callbacks=callbacks)
+        else build_environment(
+            spec.environment, webhooks=webhooks or {}, callbacks=callbacks, walls=walls
+        )
     )
     model, tokenizer = load_model(spec.model, seed=spec.train.seed)
     recorder = SpanRecorder()

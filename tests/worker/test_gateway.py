@@ -103,9 +103,12 @@ class Served:
         self.loop.call_soon_threadsafe(start)
 
     def wait_finished(self, n: int, timeout_s: float = 10) -> list[Trajectory]:
+        """Episodes that ended, and sessions a client fault ended (their slots offered
+        again), once there are ``n``."""
         for _ in range(int(timeout_s * 20)):
-            if len(self.finished) >= n:
-                return self.finished
+            ended = self.finished + list(self.broker._faulted)
+            if len(ended) >= n:
+                return ended
             threading.Event().wait(0.05)
         raise AssertionError(f"{len(self.finished)} of {n} episodes finished")
 
@@ -194,9 +197,9 @@ def test_a_field_that_is_not_served_is_refused_naming_it(served: Served) -> None
     client = SessionGateway(served.url, TOKEN).open().openai()
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": "hi"}], frequency_penalty=1.0
+            model="policy", messages=[{"role": "user", "content": "hi"}], logit_bias={"1": 5}
         )
-    assert caught.value.body["param"] == "frequency_penalty"  # type: ignore[index]
+    assert caught.value.body["param"] == "logit_bias"  # type: ignore[index]
     assert "sampl" in caught.value.message
 
 
