@@ -40,6 +40,13 @@ class Grammar:
     lark: str
 
 
+class GrammarError(RolloutError):
+    """A grammar the engine cannot compile: the client's to fix (a 400), not a server fault.
+
+    The message is the grammar library's reason (llguidance's, in both engines).
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class Completion:
     """One sampled continuation.

@@ -63,6 +63,7 @@ from rl_core.host.telemetry import SpanRecorder, now_us
 from rl_core.rollout.base import (
     Completion,
     Grammar,
+    GrammarError,
     SamplingParams,
     token_limits,
 )
@@ -289,6 +290,14 @@ class VllmEngine:
         body = {"token_ids": prompt, "sampling_params": params}
         async with slots:
             response = await self._post("/inference/v1/generate", body)
+        if response.status_code == 400 and grammar is not None:
+            if "tokenizer" in response.text:
+                raise RolloutError(
+                    f"the vLLM server at {self.base_url} does not serve grammars: it runs "
+                    "without the model's tokenizer (--skip-tokenizer-init; serve a model "
+                    f"folder with tokenizer.json): {response.text[:300]}"
+                )
+            raise GrammarError(f"the grammar does not compile: {response.text[:500]}")
         if response.status_code != 200:
             raise RolloutError(
                 f"vLLM refused a generate request ({response.status_code}): "

@@ -23,7 +23,7 @@ from flax import nnx
 from rl_core.errors import RolloutError
 from rl_core.models import Model, ModelConfig
 from rl_core.models.tokenizer import BuiltinTokenizer
-from rl_core.rollout.base import Completion, Grammar, SamplingParams
+from rl_core.rollout.base import Completion, Grammar, GrammarError, SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
 
 SCHEMA = {
@@ -317,7 +317,7 @@ def test_concurrent_callers_mix_grammars_and_free_text(
 def test_a_grammar_that_does_not_compile_names_the_reason(
     served: JaxEngine, tokenizer: BuiltinTokenizer
 ) -> None:
-    with pytest.raises(RolloutError, match=r"does not compile.*unknown name"):
+    with pytest.raises(GrammarError, match=r"does not compile.*unknown name"):
         served.generate_batch(
             [prompt(tokenizer)],
             max_new_tokens=4,

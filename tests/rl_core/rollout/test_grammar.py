@@ -16,7 +16,7 @@ from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.pretrained import resolve_package_gguf
 from rl_core.pretrained.gguf import GGUFFile
 from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
-from rl_core.rollout.base import Grammar
+from rl_core.rollout.base import Grammar, GrammarError
 from rl_core.rollout.grammar import Constraint, GrammarTokenizer, words
 
 SCHEMA = {
@@ -116,7 +116,7 @@ def test_bad_grammars_and_unknown_tokenizers_are_rollout_errors(
     tokenizer: BuiltinTokenizer,
 ) -> None:
     tok = GrammarTokenizer(tokenizer, vocab=tokenizer.vocab_size, stop_ids=(1,))
-    with pytest.raises(RolloutError, match="does not compile"):
+    with pytest.raises(GrammarError, match="does not compile"):
         tok.compile(Grammar('start: %json {"type": "nonsense"'))
     with pytest.raises(RolloutError, match="llguidance can read"):
         GrammarTokenizer(object(), vocab=10, stop_ids=())
