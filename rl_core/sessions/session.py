@@ -42,6 +42,7 @@ from rl_core.protocol.chat_completions import (
     Usage,
 )
 from rl_core.protocol.completions import CompletionChoice, CompletionRequest, TextCompletion
+from rl_core.protocol.responses import Response, ResponsesRequest
 from rl_core.records import EpisodeEnd
 from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
 from rl_core.sessions.ledger import SessionLedger
@@ -54,6 +55,7 @@ from rl_core.sessions.reply import (
     text_logprobs,
     token_logprobs,
 )
+from rl_core.sessions.responses import ResponseStore
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,6 +88,7 @@ class ChatSession:
         self._replies: dict[ReplyKey, str] = {}  # each answer -> the text the model sampled
         self._finished = False
         self.spliced = 0  # calls whose history came back as other tokens, spliced (render.py)
+        self.responses = ResponseStore(session_id)  # Responses API calls, by id
 
     async def complete(self, request: ChatCompletionRequest) -> ChatCompletion:
         """Answer one call and record it; `ChatCompletionError` for what cannot be served."""
@@ -129,6 +132,11 @@ class ChatSession:
             ],
             usage=_usage(prompt, sampled),
         )
+
+    async def respond(self, request: ResponsesRequest) -> Response:
+        """A Responses API call, answered as the chat call it stands for and kept by id
+        for ``previous_response_id`` (`rl_core.sessions.responses`)."""
+        return await self.responses.respond(request, self.complete)
 
     async def complete_text(self, request: CompletionRequest) -> TextCompletion:
         """Answer one legacy completions call and record it in the same ledger.
