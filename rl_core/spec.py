@@ -247,12 +247,37 @@ class SamplingSpec(_Section):
     top_k: Annotated[int, Field(ge=0)] = 0  # 0 means no top-k filter
 
 
+class ClientSamplingSpec(_Section):
+    """What of the sampler a sessions client may choose (docs/sessions.md).
+
+    ``allow``: a call's ``temperature``, ``top_p``, penalties and ``top_k`` are sampled
+    as the client asks, within these bounds, and recorded as sampled (the loss's
+    importance weight corrects for the difference from ``rollout.sampling``);
+    ``pin``: every call is sampled with ``rollout.sampling`` and a request asking for
+    anything else is refused.
+    """
+
+    mode: Literal["allow", "pin"] = "allow"
+    min_temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.0
+    max_temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 2.0
+    min_top_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    max_penalty: Annotated[float, Field(ge=0.0, le=2.0)] = 2.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ClientSamplingSpec:
+        if self.min_temperature > self.max_temperature:
+            raise ValueError("min_temperature must not exceed max_temperature")
+        return self
+
+
 class RolloutSpec(_Section):
     engine: Literal["jax", "vllm"] = "jax"
     vllm_url: Annotated[str, Field(max_length=2048)] | None = None
     group_size: Annotated[int, Field(ge=1, le=1024)] = 8
     concurrency: Annotated[int, Field(ge=1, le=100_000)] = 64
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    # Sessions runs: a client's own sampling fields (ClientSamplingSpec).
+    client_sampling: ClientSamplingSpec = Field(default_factory=ClientSamplingSpec)
     episode_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
     # The JAX engine keeps an episode's keys and values between its turns, so a turn
     # prefills only what is new (its last answer's end and the observation). Off by

@@ -38,6 +38,7 @@ from rl_core.records import CheckpointRecord
 from rl_core.rollout.base import RolloutEngine
 from rl_core.rollout.jax_engine import JaxEngine
 from rl_core.sessions.broker import SessionBroker
+from rl_core.sessions.sampling import ClientSampling
 from rl_core.sessions.session import SessionConfig
 from rl_core.spec import SESSIONS, JobSpec
 from rl_core.training.trainer import Trainer
@@ -188,6 +189,7 @@ def build_sessions(
         sampling=configs.sampling_params(spec),
         max_new_tokens=spec.agent.max_new_tokens,
         max_context=spec.agent.max_context,
+        client_sampling=ClientSampling(**spec.rollout.client_sampling.model_dump()),
     )
     return SessionBroker(
         engine=engine,

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from rl_core.agent.ledger import Sample, Trajectory
 from rl_core.records import EpisodeEnd
-from rl_core.rollout.base import Completion
+from rl_core.rollout.base import Completion, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +46,10 @@ class CallRecord:
     logprobs: tuple[float, ...]
     policy_version: int
     finish_reason: Literal["stop", "length"]  # stop: on a stop token (its last) or a stop string
+    # The sampler the completion was drawn with (None: the run's), and whether under a
+    # grammar's mask: the logprobs are under that distribution.
+    sampling: SamplingParams | None = None
+    constrained: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +72,14 @@ class SessionLedger:
     def prefix_breaks(self) -> int:
         return len(self.breaks)
 
-    def record(self, prompt: Sequence[int], completion: Completion) -> int:
+    def record(
+        self,
+        prompt: Sequence[int],
+        completion: Completion,
+        *,
+        sampling: SamplingParams | None = None,
+        constrained: bool = False,
+    ) -> int:
         """Add one call; returns its index (its turn)."""
         if not prompt:
             raise ValueError("a call's prompt cannot be empty")
@@ -83,6 +94,8 @@ class SessionLedger:
             logprobs=tuple(completion.logprobs),
             policy_version=completion.policy_version,
             finish_reason=completion.finish_reason,
+            sampling=sampling,
+            constrained=constrained,
         )
         turn = len(self.calls)
         if self.samples and _starts_with(call.prompt, self.samples[-1].tokens):

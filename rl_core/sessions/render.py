@@ -7,12 +7,17 @@ sees for the same conversation. Three choices make it fit a client that echoes t
 session's own answers back:
 
 - **An assistant message this session produced is rendered from the text the model
-  sampled** (``replies``: the message's content and tool calls -> that text). The
-  answer split the text into content and tool calls, and joining them again would
-  lose what lay between (a newline before a ``<tool_call>``, the JSON's spacing);
-  the sampled text re-renders to the sampled tokens wherever the tokenizer reads it
-  back the same way. Any other assistant message (written or edited by the client)
-  is rendered canonically (`assistant_text`).
+  sampled** (`SampledReplies`: the message's content and tool calls -> that text).
+  The answer split the text into content and tool calls, and joining them again
+  would lose what lay between (a newline before a ``<tool_call>``, the JSON's
+  spacing); the sampled text re-renders to the sampled tokens wherever the tokenizer
+  reads it back the same way. A message is this session's when it comes back as
+  sent, or when its tool calls carry this session's call ids with the same names and
+  the same arguments *as JSON values* and its content is the same: LangChain echoes
+  an answer's arguments re-serialised (``json.dumps`` of the parsed object), which
+  is still the model's answer. Any other assistant message (written or edited by the
+  client) is rendered canonically (`assistant_text`). Echoed fields that are not the
+  model's text (``reasoning_content``, ``refusal``, ...) are not rendered.
 - **Tools are described in the system message** in the Hermes/Qwen text
   (`rl_core.agent.toolcalls.describe_tools`), appended to the first system message
   or as a new one. The `Tokenizer` protocol renders messages only, and small
@@ -37,7 +42,7 @@ prefix break (`rl_core.sessions.ledger`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rl_core.agent.toolcalls import CLOSE, OPEN, describe_tools
@@ -63,6 +68,44 @@ def reply_key(message: AssistantMessage | ReplyMessage) -> ReplyKey:
     return message.content, calls
 
 
+class SampledReplies:
+    """This session's answers -> the text the model sampled for each."""
+
+    def __init__(self) -> None:
+        self._exact: dict[ReplyKey, str] = {}
+        self._by_ids: dict[tuple[str, ...], tuple[ReplyKey, str]] = {}
+
+    def add(self, message: ReplyMessage, text: str) -> None:
+        key = reply_key(message)
+        self._exact[key] = text
+        if key[1]:
+            self._by_ids[tuple(call[0] for call in key[1])] = (key, text)
+
+    def text_of(self, message: AssistantMessage) -> str | None:
+        """The sampled text of ``message`` if it is one of this session's answers."""
+        key = reply_key(message)
+        if key in self._exact:
+            return self._exact[key]
+        found = self._by_ids.get(tuple(call[0] for call in key[1])) if key[1] else None
+        if found is None:
+            return None
+        (content, calls), text = found
+        same = (key[0] or "").strip() == (content or "").strip() and all(
+            name == other_name and _same_json(arguments, other_arguments)
+            for (_, name, arguments), (_, other_name, other_arguments) in zip(
+                key[1], calls, strict=True
+            )
+        )
+        return text if same else None
+
+
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except json.JSONDecodeError:
+        return False
+
+
 def assistant_text(message: AssistantMessage) -> str:
     """A client-written assistant message as the model would have written it: the content,
     then each call as ``<tool_call>{"name": ..., "arguments": <the arguments text>}</tool_call>``.
@@ -76,10 +119,10 @@ def assistant_text(message: AssistantMessage) -> str:
 
 
 def template_messages(
-    request: ChatCompletionRequest, replies: Mapping[ReplyKey, str] | None = None
+    request: ChatCompletionRequest, replies: SampledReplies | None = None
 ) -> list[dict[str, Any]]:
     """The request's messages as the chat template takes them (see the module docstring)."""
-    replies = replies or {}
+    replies = SampledReplies() if replies is None else replies
     out: list[dict[str, Any]] = []
     for message in request.messages:
         if isinstance(message, SystemMessage):
@@ -91,7 +134,7 @@ def template_messages(
                 {"role": "tool", "content": message.content, "tool_call_id": message.tool_call_id}
             )
         else:
-            text = replies.get(reply_key(message))
+            text = replies.text_of(message)
             out.append(
                 {"role": "assistant", "content": assistant_text(message) if text is None else text}
             )
@@ -104,7 +147,7 @@ def template_messages(
 def render_prompt(
     request: ChatCompletionRequest,
     tokenizer: Tokenizer,
-    replies: Mapping[ReplyKey, str] | None = None,
+    replies: SampledReplies | None = None,
 ) -> list[int]:
     """The prompt token ids: the rendered messages, then the assistant's opening.
 
@@ -183,6 +226,7 @@ def _with_tools(messages: Sequence[dict[str, Any]], description: str) -> list[di
 
 __all__ = [
     "ReplyKey",
+    "SampledReplies",
     "assistant_text",
     "render_prompt",
     "reply_key",

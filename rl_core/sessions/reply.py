@@ -34,6 +34,7 @@ from rl_core.protocol.chat_completions import (
     ReplyMessage,
     TokenLogprob,
     ToolCallOut,
+    TopLogprob,
 )
 from rl_core.protocol.completions import CompletionLogprobs
 from rl_core.rollout.base import Completion
@@ -114,42 +115,74 @@ def recorded(completion: Completion, sampled: SampledText) -> Completion:
     )
 
 
+# Per token of a completion, its most likely alternatives: (token id, logprob), best first.
+TopCandidates = Sequence[Sequence[tuple[int, float]]]
+
+
 def token_logprobs(
-    tokens: Sequence[int], logprobs: Sequence[float], tokenizer: Tokenizer
+    tokens: Sequence[int],
+    logprobs: Sequence[float],
+    tokenizer: Tokenizer,
+    *,
+    top: TopCandidates | None = None,
 ) -> ChoiceLogprobs:
-    """OpenAI's ``logprobs.content``: each token (special ones spelled out) and its logprob."""
+    """OpenAI's ``logprobs.content``: each token (special ones spelled out) with its logprob,
+    its UTF-8 bytes, and with ``top`` (the engine's ``Completion.top_logprobs``) its most
+    likely alternatives, as OpenAI lists them."""
     content = []
-    for token, logprob in zip(tokens, logprobs, strict=True):
-        piece = tokenizer.decode([token], skip_special=False)
+    for i, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
+        piece = _piece(token, tokenizer)
+        alternatives = [
+            TopLogprob(token=p, logprob=float(lp), bytes=list(p.encode()))
+            for p, lp in ((_piece(t, tokenizer), lp) for t, lp in (top[i] if top else ()))
+        ]
         content.append(
-            TokenLogprob(token=piece, logprob=float(logprob), bytes=list(piece.encode()))
+            TokenLogprob(
+                token=piece,
+                logprob=float(logprob),
+                bytes=list(piece.encode()),
+                top_logprobs=alternatives,
+            )
         )
     return ChoiceLogprobs(content=content)
 
 
 def text_logprobs(
-    tokens: Sequence[int], logprobs: Sequence[float], tokenizer: Tokenizer, *, start: int
+    tokens: Sequence[int],
+    logprobs: Sequence[float],
+    tokenizer: Tokenizer,
+    *,
+    start: int,
+    top: TopCandidates | None = None,
 ) -> CompletionLogprobs:
-    """The legacy ``logprobs`` (asked for with 0): each token, its logprob, itself as its one
-    ``top_logprobs`` entry, and its offset from the prompt's start (the prompt ``start``
+    """The legacy ``logprobs``: each token, its logprob, its ``top_logprobs`` entry (the
+    ``top`` alternatives, then the sampled token: OpenAI always adds it; with ``logprobs:
+    0`` it is alone) and its offset from the prompt's start (the prompt ``start``
     characters long; the tokens' texts counted as ``tokens`` spells them)."""
-    pieces = [tokenizer.decode([token], skip_special=False) for token in tokens]
+    pieces = [_piece(token, tokenizer) for token in tokens]
     offsets, at = [], start
     for piece in pieces:
         offsets.append(at)
         at += len(piece)
     values = [float(lp) for lp in logprobs]
+    entries = []
+    for i, (piece, value) in enumerate(zip(pieces, values, strict=True)):
+        entry = {_piece(t, tokenizer): float(lp) for t, lp in (top[i] if top else ())}
+        entry.setdefault(piece, value)
+        entries.append(entry)
     return CompletionLogprobs(
-        tokens=pieces,
-        token_logprobs=values,
-        top_logprobs=[{piece: lp} for piece, lp in zip(pieces, values, strict=True)],
-        text_offset=offsets,
+        tokens=pieces, token_logprobs=values, top_logprobs=entries, text_offset=offsets
     )
+
+
+def _piece(token: int, tokenizer: Tokenizer) -> str:
+    return tokenizer.decode([token], skip_special=False)
 
 
 __all__ = [
     "Reply",
     "SampledText",
+    "TopCandidates",
     "read_reply",
     "read_text",
     "recorded",

@@ -10,13 +10,18 @@
     ...
     trajectory = session.finish(reward=1.0)  # for the trainer
 
-Every call is sampled with the run's sampler (`SessionConfig.sampling`): the trainer
-scores the recorded tokens under it (the logprobs at the run's temperature), so a
-request whose ``temperature`` or ``top_p`` differ is refused, naming the field,
-rather than sampled another way or silently overridden. ``max_tokens`` is an upper
-bound under the session's own ``max_new_tokens`` and ``max_context``. ``stop``
-strings are applied to the sampled tokens (`rl_core.sessions.stop`): what is recorded,
-counted in ``usage`` and given logprobs for is the tokens the answer stands for.
+Each call is sampled with the run's sampler (`SessionConfig.sampling`), or with the
+client's ``temperature``, ``top_p``, penalties and ``top_k`` within the run's bounds
+(`SessionConfig.client_sampling`, `rl_core.sessions.sampling`), and under a grammar
+when the request asks for strict tools, a forced tool choice, one call at most or a
+JSON answer (`rl_core.sessions.grammar`). The logprobs recorded are those of the
+distribution each token was drawn from (the client's sampler, the grammar's mask),
+and each call's sampler is kept with it (`CallRecord`, and ``call_samplers`` in the
+trajectory's info). ``max_tokens`` is an upper bound under the session's own
+``max_new_tokens`` and ``max_context``. ``stop`` strings are applied to the sampled
+tokens (`rl_core.sessions.stop`): what is recorded, counted in ``usage`` and given
+logprobs for is the tokens the answer stands for. A refused call names every problem
+of the request in one error.
 
 Calls are recorded in the order they finish. A session is meant for one
 conversation at a time; concurrent calls are answered, but each can only extend
@@ -26,27 +31,30 @@ the one recorded before it, so branches show up as prefix breaks.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from rl_core.agent.ledger import Trajectory
-from rl_core.errors import RlCoreError
+from rl_core.errors import RlCoreError, RolloutError
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.protocol.chat_completions import (
     ChatCompletion,
     ChatCompletionError,
     ChatCompletionRequest,
     Choice,
+    Problem,
     Usage,
+    refusal,
 )
 from rl_core.protocol.completions import CompletionChoice, CompletionRequest, TextCompletion
 from rl_core.protocol.responses import Response, ResponsesRequest
 from rl_core.records import EpisodeEnd
-from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
+from rl_core.rollout.base import Completion, Grammar, RolloutEngine, SamplingParams
+from rl_core.sessions.grammar import output_grammar, schema_problems
 from rl_core.sessions.ledger import SessionLedger
-from rl_core.sessions.render import ReplyKey, render_prompt, reply_key, splice
+from rl_core.sessions.render import SampledReplies, render_prompt, splice
 from rl_core.sessions.reply import (
     SampledText,
     read_reply,
@@ -56,6 +64,7 @@ from rl_core.sessions.reply import (
     token_logprobs,
 )
 from rl_core.sessions.responses import ResponseStore
+from rl_core.sessions.sampling import Asked, ClientSampling, call_sampler, is_run_sampler
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,6 +72,8 @@ class SessionConfig:
     sampling: SamplingParams  # the run's sampler
     max_new_tokens: int = 512  # per call
     max_context: int = 4096  # prompt + completion tokens of one call
+    # What of the sampler a client may choose (the spec's rollout.client_sampling).
+    client_sampling: ClientSampling = dataclasses.field(default_factory=ClientSampling)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or self.max_context < 2:
@@ -85,7 +96,7 @@ class ChatSession:
         self.config = config
         self.ledger = SessionLedger()
         self._clock = clock
-        self._replies: dict[ReplyKey, str] = {}  # each answer -> the text the model sampled
+        self._replies = SampledReplies()  # each answer -> the text the model sampled
         self._finished = False
         self.spliced = 0  # calls whose history came back as other tokens, spliced (render.py)
         self.responses = ResponseStore(session_id)  # Responses API calls, by id
@@ -93,7 +104,11 @@ class ChatSession:
     async def complete(self, request: ChatCompletionRequest) -> ChatCompletion:
         """Answer one call and record it; `ChatCompletionError` for what cannot be served."""
         self._check_open()
-        self._check_sampling(request.temperature, request.top_p)
+        sampling, problems = self._sampler(request)
+        problems += schema_problems(request)
+        if problems:
+            raise refusal(problems)
+        grammar = output_grammar(request)
         try:
             prompt = render_prompt(request, self.tokenizer, self._replies)
         except (ValueError, RlCoreError) as exc:
@@ -103,7 +118,11 @@ class ChatSession:
                 code="invalid_value",
             ) from exc
         prompt = self._spliced(prompt)
-        completion = await self._generate(prompt, request.token_limit, request.seed, "messages")
+        top = request.top_logprobs_asked
+        call = _Call(sampling, grammar, top)
+        completion = await self._generate(
+            prompt, request.token_limit, request.seed, "messages", call
+        )
         # Read and recorded with no await between: ``turn`` is the index the ledger gives
         # (concurrent calls are recorded in the order they end).
         turn = len(self.ledger.calls)
@@ -115,13 +134,16 @@ class ChatSession:
             stop=request.stop or (),
         )
         sampled = reply.sampled
-        self.ledger.record(prompt, recorded(completion, sampled))
-        self._replies[reply_key(reply.message)] = sampled.text
+        self._record(prompt, recorded(completion, sampled), call)
+        self._replies.add(reply.message, sampled.text)
         logprobs = None
         if request.logprobs:
             n = sampled.text_tokens
             logprobs = token_logprobs(
-                completion.tokens[:n], completion.logprobs[:n], self.tokenizer
+                completion.tokens[:n],
+                completion.logprobs[:n],
+                self.tokenizer,
+                top=_top(completion, n, top),
             )
         return ChatCompletion(
             id=f"chatcmpl-{self.session_id}-{turn}",
@@ -148,7 +170,9 @@ class ChatSession:
         break. So a session may mix the two kinds of call.
         """
         self._check_open()
-        self._check_sampling(request.temperature, request.top_p)
+        sampling, problems = self._sampler(request)
+        if problems:
+            raise refusal(problems)
         prompt = self.tokenizer.encode(request.prompt)
         if not prompt:
             raise ChatCompletionError(
@@ -157,10 +181,12 @@ class ChatSession:
                 code="invalid_value",
             )
         prompt = self._spliced(prompt)
-        completion = await self._generate(prompt, request.token_limit, request.seed, "prompt")
+        top = request.logprobs or 0
+        call = _Call(sampling, None, top)
+        completion = await self._generate(prompt, request.token_limit, request.seed, "prompt", call)
         turn = len(self.ledger.calls)  # no await from here to the record, as in `complete`
         sampled = read_text(completion, self.tokenizer, request.stop or ())
-        self.ledger.record(prompt, recorded(completion, sampled))
+        self._record(prompt, recorded(completion, sampled), call)
         logprobs = None
         if request.logprobs is not None:
             n = sampled.text_tokens
@@ -169,6 +195,7 @@ class ChatSession:
                 completion.logprobs[:n],
                 self.tokenizer,
                 start=len(request.prompt),
+                top=_top(completion, n, top),
             )
         choice = CompletionChoice(
             text=sampled.shown, logprobs=logprobs, finish_reason=sampled.finish_reason
@@ -202,7 +229,12 @@ class ChatSession:
                 "top_p": sampling.top_p,
                 "top_k": sampling.top_k,
             },
-            info={"session_id": self.session_id, "spliced": self.spliced},
+            info={
+                "session_id": self.session_id,
+                "spliced": self.spliced,
+                "constrained": sum(c.constrained for c in self.ledger.calls),
+                "call_samplers": self._call_samplers(),
+            },
         )
         self._finished = True
         return trajectory
@@ -215,20 +247,32 @@ class ChatSession:
                 status=409,
             )
 
-    def _check_sampling(self, temperature: float | None, top_p: float | None) -> None:
+    def _sampler(
+        self, request: ChatCompletionRequest | CompletionRequest
+    ) -> tuple[SamplingParams, list[Problem]]:
+        asked = Asked(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
+        )
+        return call_sampler(self.config.sampling, self.config.client_sampling, asked)
+
+    def _record(self, prompt: list[int], completion: Completion, call: _Call) -> None:
         run = self.config.sampling
-        for field, asked, used in (
-            ("temperature", temperature, run.temperature),
-            ("top_p", top_p, run.top_p),
-        ):
-            if asked is not None and not math.isclose(asked, used, abs_tol=1e-6):
-                raise ChatCompletionError(
-                    f"{field} {asked} is not this run's sampler ({field} {used}): the trainer "
-                    f"scores the sampled tokens under the run's sampler. Omit {field}, or "
-                    f"send {used}",
-                    param=field,
-                    code="unsupported_value",
-                )
+        sampling = None if is_run_sampler(run, call.sampling) else call.sampling
+        self.ledger.record(
+            prompt, completion, sampling=sampling, constrained=call.grammar is not None
+        )
+
+    def _call_samplers(self) -> list[dict[str, Any]]:
+        """Each call sampled with other than the run's sampler: its index and sampler."""
+        return [
+            {"call": i, **dataclasses.asdict(c.sampling)}
+            for i, c in enumerate(self.ledger.calls)
+            if c.sampling is not None
+        ]
 
     def _spliced(self, prompt: list[int]) -> list[int]:
         """``prompt`` with the session's own tokens spliced back where its text holds them."""
@@ -242,9 +286,14 @@ class ChatSession:
         return spliced
 
     async def _generate(
-        self, prompt: list[int], token_limit: int | None, seed: int | None, param: str
+        self, prompt: list[int], token_limit: int | None, seed: int | None, param: str, call: _Call
     ) -> Completion:
-        """One engine call under the run's sampler and the tightest of the limits."""
+        """One engine call under the call's sampler and grammar and the tightest of the limits.
+
+        An engine that does not serve what the call asks for (a grammar, alternatives,
+        penalties: `rl_core.rollout.base.refuse_unserved`) refuses it; the client reads
+        that reason, as a 400, rather than a server failure.
+        """
         room = self.config.max_context - len(prompt)
         if room < 1:
             raise ChatCompletionError(
@@ -256,14 +305,49 @@ class ChatSession:
         limit = min(self.config.max_new_tokens, room, token_limit or room)
         if seed is None:
             seed = self._seed(len(self.ledger.calls))
-        (completion,) = await self.engine.generate(
-            [prompt], max_new_tokens=limit, sampling=self.config.sampling, seeds=[seed]
-        )
+        try:
+            (completion,) = await self.engine.generate(
+                [prompt],
+                max_new_tokens=limit,
+                sampling=call.sampling,
+                seeds=[seed],
+                grammars=None if call.grammar is None else [call.grammar],
+                top_logprobs=call.top_logprobs,
+            )
+        except RolloutError as exc:
+            if not (call.asks_engine_features and "does not serve" in str(exc)):
+                raise
+            raise ChatCompletionError(
+                f"this run's engine cannot serve this call: {exc}. Leave out what it names",
+                code="unsupported_value",
+            ) from exc
         return completion
 
     def _seed(self, turn: int) -> int:
         # Distinct per session and call, the same on a replay of the session.
         return zlib.crc32(f"{self.session_id}/{turn}".encode()) & 0x7FFFFFFF
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """How one call is sampled."""
+
+    sampling: SamplingParams
+    grammar: Grammar | None
+    top_logprobs: int
+
+    @property
+    def asks_engine_features(self) -> bool:
+        s = self.sampling
+        penalties = bool(s.frequency_penalty or s.presence_penalty)
+        return self.grammar is not None or self.top_logprobs > 0 or penalties
+
+
+def _top(completion: Completion, n: int, k: int) -> list[list[tuple[int, float]]] | None:
+    """The first ``n`` tokens' ``k`` alternatives (None when none were asked for)."""
+    if not k or completion.top_logprobs is None:
+        return None
+    return [list(alternatives[:k]) for alternatives in completion.top_logprobs[:n]]
 
 
 def _usage(prompt: Sequence[int], sampled: SampledText) -> Usage:

@@ -3,9 +3,10 @@
 A client runs its own agent loop with the official ``openai`` client pointed at a
 session URL (`rl_core.sessions`, docs/sessions.md); these are the wire half:
 
-- `request`: ``ChatCompletionRequest``, `parse_request`, and `ChatCompletionError`,
-  OpenAI's error body naming the field a request gets wrong or that is not served
-  (what is served is listed there);
+- `request`: ``ChatCompletionRequest`` and `parse_request` (what is served, accepted
+  or refused is listed there); `messages`: the messages, and the echoed fields that
+  are accepted; `errors`: `ChatCompletionError`, OpenAI's error body, naming every
+  field a request gets wrong or that is not served;
 - `answer`: ``chat.completion`` (`ChatCompletion`);
 - `stream`: a finished answer as ``chat.completion.chunk`` server-sent events.
 
@@ -24,13 +25,17 @@ from rl_core.protocol.chat_completions.answer import (
     ReplyMessage,
     TokenLogprob,
     ToolCallOut,
+    TopLogprob,
     Usage,
 )
+from rl_core.protocol.chat_completions.errors import ChatCompletionError, Problem, refusal
 from rl_core.protocol.chat_completions.request import (
     AssistantMessage,
-    ChatCompletionError,
     ChatCompletionRequest,
+    JsonObjectFormat,
+    JsonSchemaFormat,
     Message,
+    NamedToolChoice,
     SystemMessage,
     Tool,
     ToolMessage,
@@ -54,17 +59,23 @@ __all__ = [
     "ChoiceLogprobs",
     "FinishReason",
     "FunctionCallOut",
+    "JsonObjectFormat",
+    "JsonSchemaFormat",
     "Message",
+    "NamedToolChoice",
+    "Problem",
     "ReplyMessage",
     "SystemMessage",
     "TokenLogprob",
     "Tool",
     "ToolCallOut",
     "ToolMessage",
+    "TopLogprob",
     "Usage",
     "UserMessage",
     "completion_chunks",
     "parse_request",
+    "refusal",
     "sse_events",
     "stream_completion",
 ]

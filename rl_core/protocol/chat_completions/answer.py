@@ -48,11 +48,19 @@ class ReplyMessage(SparseModel):
         return self.model_dump(mode="json")
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
 class TokenLogprob(BaseModel):
     token: str
     logprob: float
     bytes: list[int] | None
-    top_logprobs: list[Any] = Field(default_factory=list)
+    # With ``top_logprobs: k``: the k most likely tokens of the distribution this token
+    # was drawn from (the run's or the client's sampler, under the grammar's mask).
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
 class ChoiceLogprobs(BaseModel):
@@ -100,5 +108,6 @@ __all__ = [
     "SparseModel",
     "TokenLogprob",
     "ToolCallOut",
+    "TopLogprob",
     "Usage",
 ]

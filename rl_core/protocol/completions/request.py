@@ -2,30 +2,29 @@
 
 The client owns the formatting: the prompt is text, encoded with the run's tokenizer
 as it is, with no chat template (`rl_core.sessions.session.ChatSession.complete_text`).
-Refusals are OpenAI's error body, as for chat completions (`ChatCompletionError`,
-named by field, ``code`` saying which kind):
+Refusals are OpenAI's error body, as for chat completions (`ChatCompletionError`, every
+problem named by its field, ``code`` the first's kind):
 
-- ``unsupported_parameter``: a field this server does not take (``frequency_penalty``,
-  ``presence_penalty``, ``logit_bias``, ``user``, ...);
+- ``unsupported_parameter``: a field this server does not know (refused, not ignored);
 - ``unsupported_value``: ``prompt`` as token ids, or as several prompts (a session is
-  one conversation, and it encodes text itself); ``logprobs`` above 0 (the engine
-  returns only the sampled token's logprob, not the most likely ones); ``echo: true``
-  (the prompt's logprobs are not computed); ``suffix`` (insertion needs a model trained
-  to fill in the middle); ``n`` or ``best_of`` other than 1 (a session is one
-  trajectory); ``stream_options`` without ``stream``;
+  one conversation, and it encodes text itself); ``echo: true`` (the prompt's logprobs
+  are not computed); ``suffix`` (insertion needs a model trained to fill in the
+  middle); ``n`` or ``best_of`` other than 1 (a session is one member of its group:
+  open that many sessions with one group name); ``logit_bias`` with entries;
+  ``stream_options`` without ``stream``;
 - ``missing_required_parameter`` and ``invalid_value`` for the rest.
 
 Taken as OpenAI documents them: ``model`` (echoed back), ``prompt`` (a non-empty
 string, or a list of one), ``max_tokens`` (16 when left out, OpenAI's default for this
 route; the run's own limits may end the answer sooner, with ``finish_reason:
-"length"``), ``temperature`` and ``top_p`` (they must equal the run's sampler: checked
-by the session), ``stop`` (as in chat completions: the sampled tokens are cut at the
-one that completes the string, `rl_core.sessions.stop`), ``n: 1``, ``best_of: 1``,
-``echo: false``, ``logprobs: 0`` (each returned token, its logprob under the run's
-sampler, and as its ``top_logprobs`` entry the sampled token alone: OpenAI returns
-the sampled token's logprob besides the ``logprobs`` most likely, so with 0 it is the
-only one), ``stream`` with ``stream_options.include_usage``, ``seed``. Types are
-strict, as in chat completions.
+"length"``), ``temperature``, ``top_p``, ``frequency_penalty``, ``presence_penalty``
+and vLLM's ``top_k`` (within the run's bounds: checked by the session), ``stop`` (as
+in chat completions: the sampled tokens are cut at the one that completes the string,
+`rl_core.sessions.stop`), ``n: 1``, ``best_of: 1``, ``echo: false``, ``logprobs`` 0
+to 5 (each returned token, its logprob as sampled, and as its ``top_logprobs`` entry
+the ``logprobs`` most likely tokens and the sampled one: OpenAI always adds the
+sampled token), ``stream`` with ``stream_options.include_usage``, ``seed``. Accepted
+and ignored: ``user``, ``logit_bias: {}``. Types are strict, as in chat completions.
 """
 
 from __future__ import annotations
@@ -47,7 +46,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from rl_core.protocol.chat_completions.request import Stop, StreamOptions, request_error
+from rl_core.protocol.chat_completions.request import (
+    Penalty,
+    Stop,
+    StreamOptions,
+    request_error,
+)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's, for this route
 
@@ -88,7 +92,10 @@ class CompletionRequest(BaseModel):
     prompt: Prompt
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # vLLM's; -1 and 0 are off
+    frequency_penalty: Penalty = None
+    presence_penalty: Penalty = None
     stop: Stop = None
     n: StrictInt | None = None
     best_of: StrictInt | None = None
@@ -98,21 +105,27 @@ class CompletionRequest(BaseModel):
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     seed: StrictInt | None = None
+    user: StrictStr | None = None  # accepted, no effect here
+    logit_bias: dict[str, Any] | None = None
 
     @field_validator("n", "best_of")
     @classmethod
     def _one_choice(cls, value: int | None) -> int | None:
         if value is not None and value != 1:
-            raise _unsupported("a session is one trajectory: it must be 1")
+            raise _unsupported(
+                "a session is one member of its GRPO group, so it answers one choice; for "
+                "several samples of one prompt open that many sessions with the same group "
+                "name (POST /v1/sessions with {'group': ...}); send 1"
+            )
         return value
 
-    @field_validator("logprobs")
+    @field_validator("logit_bias")
     @classmethod
-    def _sampled_only(cls, value: int | None) -> int | None:
+    def _no_bias(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value:
             raise _unsupported(
-                "the engine returns only the sampled token's logprob, not the most likely "
-                "tokens'; send 0 to get the sampled tokens' logprobs"
+                "it changes the sampling distribution, which the engines do not serve; send "
+                "an empty object or leave it out"
             )
         return value
 
@@ -144,7 +157,7 @@ class CompletionRequest(BaseModel):
 
 
 def parse_completion_request(body: bytes | str | Mapping[str, Any]) -> CompletionRequest:
-    """The request, or `ChatCompletionError` naming the first field that is wrong."""
+    """The request, or `ChatCompletionError` naming every field that is wrong."""
     try:
         if isinstance(body, bytes | str):
             return CompletionRequest.model_validate_json(body)

@@ -153,21 +153,24 @@ _RENAMES = (
 
 
 def chat_error(exc: ChatCompletionError, request: ResponsesRequest) -> ChatCompletionError:
-    """The chat core's refusal, naming the Responses field it came from."""
-    param = exc.param
-    if param is None:
+    """The chat core's refusal, each field it names renamed to the Responses field it came
+    from (the chat request's message indices are not the input's item indices, so a
+    message is named ``input``)."""
+    if exc.param is None:
         return exc
-    renamed = param
-    for pattern, replacement in _RENAMES:
-        renamed = pattern.sub(replacement, renamed)
-    message = exc.message.replace(f"'{param}'", f"'{renamed}'")
-    if renamed == "input" and param != "input":
-        # A message index of the chat request is not an item index of the input.
-        message = f"{message} (in the conversation from instructions, history and input)"
-    error = ChatCompletionError(
-        message, param=renamed, code=exc.code, status=exc.status, type=exc.type
+    message = _QUOTED.sub(lambda m: f"'{_renamed(m.group(1))}'", exc.message)
+    return ChatCompletionError(
+        message, param=_renamed(exc.param), code=exc.code, status=exc.status, type=exc.type
     )
-    return error
+
+
+_QUOTED = re.compile(r"'([A-Za-z_][\w.\[\]]*)'")
+
+
+def _renamed(param: str) -> str:
+    for pattern, replacement in _RENAMES:
+        param = pattern.sub(replacement, param)
+    return param
 
 
 def from_chat(

@@ -30,6 +30,7 @@ TOOL: dict[str, Any] = {
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
     },
 }
+TOOL_RESULT = {"role": "tool", "tool_call_id": "call_0_0", "content": "84"}
 CALL = {
     "id": "call_0_0",
     "type": "function",
@@ -98,30 +99,100 @@ def test_everything_served_parses() -> None:
     assert parse_request(body()).token_limit is None
 
 
+def test_what_frameworks_send_is_served_or_accepted() -> None:
+    """The fields openai-agents, LangChain and verifiers send, each taken (the session and
+    the grammar act on the served ones; the rest are accepted with no effect here)."""
+    strict_tool = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+    request = parse_request(
+        body(
+            tools=[strict_tool],
+            tool_choice={"type": "function", "function": {"name": "calculator"}},
+            parallel_tool_calls=False,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "final_output", "strict": True, "schema": {}},
+            },
+            temperature=0,
+            top_p=0.9,
+            top_k=-1,
+            frequency_penalty=0.5,
+            presence_penalty=-0.5,
+            logprobs=True,
+            top_logprobs=20,
+            n=1,
+            store=True,
+            metadata={"run": "a"},
+            user="someone",
+            safety_identifier="hashed",
+            service_tier="auto",
+            prompt_cache_key="k",
+            prompt_cache_retention="24h",
+            reasoning_effort="low",
+            verbosity="low",
+            modalities=["text"],
+            logit_bias={},
+            min_p=0.0,
+            repetition_penalty=1.0,
+            stream=True,
+            stream_options={"include_usage": True, "include_obfuscation": False},
+        )
+    )
+    assert request.tools is not None and request.tools[0].function.strict
+    assert request.top_logprobs_asked == 20 and request.temperature == 0
+    assert parse_request(body(top_logprobs=3)).top_logprobs_asked == 0  # needs logprobs
+    json_object = parse_request(body(response_format={"type": "json_object"}))
+    assert json_object.response_format is not None
+
+
+def test_echoed_assistant_fields_are_accepted() -> None:
+    """What verifiers, openai-agents and LangChain send back with an answer."""
+    echoed = {
+        "role": "assistant",
+        "content": "",
+        "name": "agent",
+        "reasoning_content": "I should add.",
+        "reasoning": None,
+        "reasoning_details": [{"type": "reasoning.text", "text": "..."}],
+        "refusal": None,
+        "annotations": [],
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [{**CALL, "index": 0}],
+    }
+    request = parse_request(
+        {
+            "model": "m",
+            "messages": [{**USER, "name": "alice"}, echoed, {**TOOL_RESULT, "name": "c"}],
+        }
+    )
+    assistant = request.messages[1]
+    assert isinstance(assistant, AssistantMessage) and assistant.reasoning_content
+    error = refusal({"model": "m", "messages": [USER, {**echoed, "function_call": {"name": "f"}}]})
+    assert (error["param"], error["code"]) == ("messages[1].function_call", "unsupported_value")
+
+
 @pytest.mark.parametrize(
-    ("field", "value"),
+    ("field", "value", "code"),
     [
-        ("frequency_penalty", 0.5),
-        ("presence_penalty", 0.5),
-        ("logit_bias", {"42": 10}),
-        ("response_format", {"type": "json_object"}),
-        ("user", "someone"),
-        ("metadata", {"a": "b"}),
-        ("functions", []),
-        ("reasoning_effort", "low"),
+        ("logit_bias", {"42": 10}, "unsupported_value"),
+        ("functions", [], "unsupported_parameter"),
+        ("prediction", {"type": "content", "content": "x"}, "unsupported_parameter"),
+        ("guided_json", {}, "unsupported_parameter"),  # vLLM's, or any unknown field
+        ("min_p", 0.1, "unsupported_value"),
+        ("repetition_penalty", 1.1, "unsupported_value"),
+        ("modalities", ["text", "audio"], "unsupported_value"),
     ],
 )
-def test_a_field_not_served_is_refused_by_name(field: str, value: Any) -> None:
+def test_a_field_not_served_is_refused_by_name(field: str, value: Any, code: str) -> None:
     error = refusal(body(**{field: value}))
-    assert error["param"] == field
-    assert error["code"] == "unsupported_parameter"
+    assert (error["param"], error["code"]) == (field, code)
     assert f"'{field}'" in error["message"]
 
 
 def test_a_field_not_served_inside_a_message_or_tool_is_refused_by_its_path() -> None:
-    named = {**USER, "name": "alice"}
-    error = refusal({"model": "m", "messages": [USER, named]})
-    assert (error["param"], error["code"]) == ("messages[1].name", "unsupported_parameter")
+    odd = {**USER, "cache_control": {"type": "ephemeral"}}
+    error = refusal({"model": "m", "messages": [USER, odd]})
+    assert (error["param"], error["code"]) == ("messages[1].cache_control", "unsupported_parameter")
     tool = {"type": "function", "function": {**TOOL["function"], "examples": []}}
     error = refusal(body(tools=[tool]))
     assert (error["param"], error["code"]) == (
@@ -134,18 +205,9 @@ def test_a_field_not_served_inside_a_message_or_tool_is_refused_by_its_path() ->
     ("fields", "param"),
     [
         ({"n": 2}, "n"),
-        ({"logprobs": True, "top_logprobs": 5}, "top_logprobs"),
-        ({"tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
-        (
-            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
-            "tool_choice",
-        ),
-        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        (
-            {"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
-            "tools[0].function.strict",
-        ),
+        ({"tool_choice": {"type": "allowed_tools", "allowed_tools": {}}}, "tool_choice"),
+        ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
         (
             {
                 "messages": [
@@ -159,6 +221,33 @@ def test_a_field_not_served_inside_a_message_or_tool_is_refused_by_its_path() ->
 def test_a_value_not_served_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
     error = refusal(body(**fields))
     assert (error["param"], error["code"]) == (param, "unsupported_value")
+
+
+def test_n_above_one_says_what_to_do_instead() -> None:
+    message = refusal(body(n=2))["message"]
+    assert "2 sessions with the same group name" in message and "/v1/sessions" in message
+
+
+def test_every_problem_is_named_in_the_one_error() -> None:
+    """LangChain's with_structured_output(method="function_calling") once met "(1 more
+    problem after this one)": every problem is named now, ``param`` the first's."""
+    error = refusal(
+        body(n=3, logit_bias={"1": 5}, guided_json={}, temperature=9, messages=[USER, {}])
+    )
+    message = error["message"]
+    assert message.startswith("This request has 5 problems: (1) ")
+    for named in ("'messages[1].role'", "'temperature'", "'n'", "'logit_bias'", "'guided_json'"):
+        assert named in message
+    assert error["param"] == "messages[1].role"  # the first, in the body's order
+    assert "more problem" not in message
+
+
+def test_a_forcing_choice_must_name_one_of_the_tools() -> None:
+    error = refusal(body(tool_choice="required"))
+    assert (error["param"], error["code"]) == ("tool_choice", "invalid_value")
+    named = {"type": "function", "function": {"name": "weather"}}
+    error = refusal(body(tools=[TOOL], tool_choice=named))
+    assert error["param"] == "tool_choice.function.name" and "calculator" in error["message"]
 
 
 @pytest.mark.parametrize(
@@ -183,10 +272,18 @@ def test_a_value_not_served_is_refused_by_name(fields: dict[str, Any], param: st
             "invalid_value",
         ),
         (
-            {"model": "m", "messages": [{"role": "assistant", "content": "x", "refusal": "no"}]},
+            {"model": "m", "messages": [{"role": "assistant", "content": "x", "refusal": 3}]},
             "messages[0].refusal",
             "invalid_value",
         ),
+        (
+            body(response_format={"type": "json_schema", "json_schema": {"schema": {}}}),
+            "response_format.json_schema.name",
+            "missing_required_parameter",
+        ),
+        (body(response_format={"type": "xml"}), "response_format", "invalid_value"),
+        (body(top_logprobs=21, logprobs=True), "top_logprobs", "invalid_value"),
+        (body(frequency_penalty=-2.5), "frequency_penalty", "invalid_value"),
         (body(temperature="0.7"), "temperature", "invalid_value"),
         (body(temperature=2.5), "temperature", "invalid_value"),
         (body(max_tokens=0), "max_tokens", "invalid_value"),

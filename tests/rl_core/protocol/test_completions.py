@@ -48,11 +48,18 @@ def test_everything_served_parses() -> None:
                 stream=True,
                 stream_options={"include_usage": True},
                 seed=3,
+                frequency_penalty=0.5,
+                presence_penalty=-0.5,
+                top_k=-1,
+                user="someone",
+                logit_bias={},
             )
         )
     )
     assert request.prompt == "Once upon a time" and request.stop == ("\n\n", "The end")
     assert request.token_limit == 32 and request.logprobs == 0
+    assert (request.frequency_penalty, request.presence_penalty) == (0.5, -0.5)
+    assert parse_completion_request(body(logprobs=5)).logprobs == 5
     assert parse_completion_request(body()).token_limit == 16  # OpenAI's default
 
 
@@ -64,7 +71,6 @@ def test_everything_served_parses() -> None:
         ({"prompt": ["a", "b"]}, "prompt", "unsupported_value"),
         ({"prompt": ""}, "prompt", "invalid_value"),
         ({"prompt": []}, "prompt", "invalid_value"),
-        ({"logprobs": 1}, "logprobs", "unsupported_value"),
         ({"logprobs": 6}, "logprobs", "invalid_value"),
         ({"echo": True}, "echo", "unsupported_value"),
         ({"suffix": "and they lived"}, "suffix", "unsupported_value"),
@@ -72,9 +78,9 @@ def test_everything_served_parses() -> None:
         ({"best_of": 3}, "best_of", "unsupported_value"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "unsupported_value"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
-        ({"logit_bias": {"1": 2}}, "logit_bias", "unsupported_parameter"),
-        ({"user": "me"}, "user", "unsupported_parameter"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty", "invalid_value"),
+        ({"logit_bias": {"1": 2}}, "logit_bias", "unsupported_value"),
+        ({"guided_json": {}}, "guided_json", "unsupported_parameter"),
         ({"max_tokens": "8"}, "max_tokens", "invalid_value"),
     ],
 )
@@ -84,6 +90,15 @@ def test_what_is_not_served_is_refused_by_name(
     error = refusal(body(**fields))
     assert (error["param"], error["code"]) == (param, code)
     assert f"'{param}'" in error["message"]
+
+
+def test_every_problem_is_named_in_the_one_error() -> None:
+    error = refusal(body(n=2, echo=True, guided_json={}))
+    assert error["param"] == "n" and error["code"] == "unsupported_value"
+    assert error["message"].startswith("This request has 3 problems: (1) ")
+    for field in ("'n'", "'echo'", "'guided_json'"):
+        assert field in error["message"]
+    assert "more problem" not in error["message"]
 
 
 def test_the_answer_has_openais_shape_and_streams_back_to_it() -> None:

@@ -17,6 +17,7 @@ from rl_core.protocol.chat_completions import ChatCompletionError, parse_request
 from rl_core.protocol.completions import TextCompletion, parse_completion_request
 from rl_core.rollout.base import SamplingParams
 from rl_core.rollout.fake import ScriptedEngine
+from rl_core.sessions.sampling import ClientSampling
 from rl_core.sessions.session import ChatSession, SessionConfig
 
 TOK = BuiltinTokenizer()
@@ -103,17 +104,33 @@ def test_chat_and_text_calls_share_one_ledger(chat_tokenizer: Tokenizer) -> None
     assert engine.prompts[2] == tok.encode("Something else entirely.")
 
 
-def test_openais_default_limit_and_the_runs_sampler() -> None:
-    session, engine = session_of(TOK, [*TOK.encode("x" * 40), EOT])
+def test_openais_default_limit_and_the_clients_sampler() -> None:
+    session, engine = session_of(
+        TOK, [*TOK.encode("x" * 40), EOT], client_sampling=ClientSampling(max_temperature=1.0)
+    )
     answer = complete(session, "Count:")
     assert answer.choices[0].finish_reason == "length"  # 16 tokens, OpenAI's default
     assert answer.choices[0].text == "x" * 16 and answer.choices[0].logprobs is None
     with pytest.raises(ChatCompletionError) as caught:
-        complete(session, "Count:", temperature=1.0)
+        complete(session, "Count:", temperature=1.5)
     assert (caught.value.param, caught.value.code) == ("temperature", "unsupported_value")
+    assert "rollout.client_sampling" in caught.value.message
     assert len(engine.prompts) == 1  # refused before the engine
-    complete(session, "Count:", temperature=0.7, max_tokens=3)
-    assert len(session.ledger.calls) == 2
+    complete(session, "Count:", temperature=0.2, frequency_penalty=0.5, max_tokens=3)
+    assert engine.calls[-1]["sampling"] == SamplingParams(temperature=0.2, frequency_penalty=0.5)
+    assert len(session.ledger.calls) == 2 and session.ledger.calls[1].sampling is not None
+
+
+def test_logprobs_list_the_most_likely_tokens_and_the_sampled_one() -> None:
+    reply = [*TOK.encode("ab"), EOT]
+    session, engine = session_of(TOK, reply)
+    answer = complete(session, "Go:", logprobs=2)
+    assert engine.calls[0]["top_logprobs"] == 2
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens == ["a", "b"]
+    # The fake's alternatives for each token: itself, then id 0 (the engine's order).
+    other = TOK.decode([0], skip_special=False)
+    assert logprobs.top_logprobs == [{"a": -0.1, other: -1.1}, {"b": -0.1, other: -1.1}]
 
 
 def test_a_text_prompt_over_the_context_names_the_prompt() -> None:
