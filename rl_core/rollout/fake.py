@@ -64,14 +64,7 @@ class ScriptedEngine:
             logprob = -0.1 * (n + 1)
             top = None
             if top_logprobs:
-                others = [t for t in range(top_logprobs + 1)]
-                top = [
-                    [(t, logprob)]
-                    + [(o, logprob - 1 - j) for j, o in enumerate(x for x in others if x != t)][
-                        : top_logprobs - 1
-                    ]
-                    for t in tokens
-                ]
+                top = [[(t, logprob), *_others(t, logprob, top_logprobs - 1)] for t in tokens]
             out.append(
                 Completion(
                     tokens=tokens,
@@ -85,3 +78,9 @@ class ScriptedEngine:
 
     def update_weights(self, params: Any, version: int) -> None:
         self.params, self.version = params, version
+
+
+def _others(token: int, logprob: float, n: int) -> list[tuple[int, float]]:
+    """The n alternatives the fake reports beside ``token``: ids 0.., each less likely."""
+    ids = (i for i in range(n + 1) if i != token)
+    return [(o, logprob - 1 - j) for j, o in zip(range(n), ids, strict=False)]

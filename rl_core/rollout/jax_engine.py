@@ -6,6 +6,12 @@ holds short ones back and a new request never waits for a whole batch to end. Sh
 bucketed (`rl_core.rollout.steps`), so a run compiles a handful of programs, not one per
 request; sampling parameters and seeds are traced arrays.
 
+Each request may carry OpenAI's frequency and presence penalties, ask for its tokens' top
+alternatives (`Completion.top_logprobs`), and follow a grammar (`rl_core.rollout.grammar`:
+llguidance, compiled on the host, applied as a token mask on the device). A token's recorded
+logprob is always under the distribution it was drawn from: penalised, masked, then shaped by
+temperature, top-k and top-p.
+
 All device work runs in one thread (the engine's own, or an executor shared with the
 trainer). The driver gives that thread back every ``steps_per_turn`` decode steps, so a
 train step queued on a shared executor runs between two decode steps instead of after the
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import threading
 import time
 from collections import deque
@@ -30,14 +37,16 @@ from flax import nnx
 
 from rl_core.errors import RolloutError
 from rl_core.models import Model
+from rl_core.models.tokenizer import Tokenizer
 from rl_core.rollout import steps
 from rl_core.rollout.base import (
     Completion,
     Grammar,
     SamplingParams,
-    refuse_unserved,
     token_limits,
 )
+from rl_core.rollout.grammar import Constraint, GrammarTokenizer
+from rl_core.rollout.sampling import TOP_LOGPROBS
 from rl_core.rollout.scheduler import Request, Scheduler, SchedulerStats
 
 __all__ = ["EngineConfig", "JaxEngine"]
@@ -69,7 +78,11 @@ class EngineConfig:
 
 
 class JaxEngine:
-    """`RolloutEngine` over an NNX `Model`, with its own device thread unless given one."""
+    """`RolloutEngine` over an NNX `Model`, with its own device thread unless given one.
+
+    ``tokenizer`` (the run's) is needed for grammars only: llguidance reads it once, at the
+    first grammar, to know which tokens spell what.
+    """
 
     def __init__(
         self,
@@ -78,6 +91,7 @@ class JaxEngine:
         config: EngineConfig,
         executor: Executor | None = None,
         policy_version: int = 0,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         graphdef, state = nnx.split(model)
         self._treedef: Any = jax.tree.structure(state)
@@ -92,6 +106,9 @@ class JaxEngine:
         )
         self._driver: _Driver | None = None
         self.stats = SchedulerStats()
+        self._tokenizer = tokenizer
+        self._grammar_tokenizer: GrammarTokenizer | None = None
+        self._grammar_lock = threading.Lock()
 
     @property
     def policy_version(self) -> int:
@@ -137,8 +154,15 @@ class JaxEngine:
         grammars: Sequence[Grammar | None] | None = None,
         top_logprobs: int = 0,
     ) -> list[Completion]:
-        refuse_unserved("JAX", sampling, grammars, top_logprobs)
-        requests = self._requests(prompts, max_new_tokens, sampling, seeds)
+        constraints: list[Constraint | None] | None = None
+        if grammars is not None and len(grammars) != len(prompts):
+            raise RolloutError(f"{len(grammars)} grammars for {len(prompts)} prompts")
+        if grammars is not None and any(g is not None for g in grammars):
+            # Compiling a grammar takes milliseconds to a second: off the event loop.
+            constraints = await asyncio.to_thread(self._compile, grammars, len(prompts))
+        requests = self._requests(
+            prompts, max_new_tokens, sampling, seeds, constraints, top_logprobs
+        )
         if self._driver is not None:
             return await self._driver.submit(requests)
         loop = asyncio.get_running_loop()
@@ -151,9 +175,36 @@ class JaxEngine:
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams,
         seeds: Sequence[int],
+        grammars: Sequence[Grammar | None] | None = None,
+        top_logprobs: int = 0,
     ) -> list[Completion]:
         """Synchronous `generate`, on the calling thread (tests, scripts)."""
-        return self._run_to_end(self._requests(prompts, max_new_tokens, sampling, seeds))
+        constraints = None if grammars is None else self._compile(grammars, len(prompts))
+        return self._run_to_end(
+            self._requests(prompts, max_new_tokens, sampling, seeds, constraints, top_logprobs)
+        )
+
+    def _compile(
+        self, grammars: Sequence[Grammar | None], n: int
+    ) -> list[Constraint | None] | None:
+        """A matcher per grammar; `RolloutError` with llguidance's reason for a bad one."""
+        if len(grammars) != n:
+            raise RolloutError(f"{len(grammars)} grammars for {n} prompts")
+        if all(g is None for g in grammars):
+            return None
+        with self._grammar_lock:
+            if self._grammar_tokenizer is None:
+                if self._tokenizer is None:
+                    raise RolloutError(
+                        "this JAX engine was built without the run's tokenizer; grammars need it"
+                    )
+                self._grammar_tokenizer = GrammarTokenizer(
+                    self._tokenizer,
+                    vocab=self._model_config.vocab_size,
+                    stop_ids=self.config.stop_ids,
+                )
+        tok = self._grammar_tokenizer
+        return [None if g is None else tok.compile(g) for g in grammars]
 
     def close(self) -> None:
         if self._own_executor:
@@ -196,8 +247,16 @@ class JaxEngine:
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams,
         seeds: Sequence[int],
+        constraints: Sequence[Constraint | None] | None = None,
+        top_logprobs: int = 0,
     ) -> list[Request]:
         limits = token_limits(prompts, max_new_tokens, seeds)
+        if not 0 <= top_logprobs <= TOP_LOGPROBS:
+            raise RolloutError(f"top_logprobs must be between 0 and {TOP_LOGPROBS}")
+        penalties = (sampling.frequency_penalty, sampling.presence_penalty)
+        if not all(math.isfinite(p) for p in penalties):
+            raise RolloutError("frequency_penalty and presence_penalty must be finite numbers")
+        constraints = constraints or [None] * len(prompts)
         for p, m in zip(prompts, limits, strict=True):
             if len(p) + m - 1 > self.max_cache_len:
                 raise RolloutError(
@@ -206,8 +265,15 @@ class JaxEngine:
                     f"agent.max_new_tokens"
                 )
         return [
-            Request(prompt=list(p), max_new_tokens=int(m), sampling=sampling, seed=int(s))
-            for p, m, s in zip(prompts, limits, seeds, strict=True)
+            Request(
+                prompt=list(p),
+                max_new_tokens=int(m),
+                sampling=sampling,
+                seed=int(s),
+                constraint=c,
+                top_logprobs=top_logprobs,
+            )
+            for p, m, s, c in zip(prompts, limits, seeds, constraints, strict=True)
         ]
 
 

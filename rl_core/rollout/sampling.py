@@ -1,11 +1,44 @@
-"""Token sampling as a pure function: temperature, top-k, top-p, and the sampled logprob."""
+"""Token sampling as a pure function: penalties, a grammar's mask, temperature, top-k, top-p,
+the sampled logprob and the most likely alternatives.
+
+The order is the one OpenAI-compatible servers apply (vLLM among them): the penalties change
+the logits, the grammar's mask cuts what it forbids, then temperature, top-k and top-p shape
+what is left. The logprob recorded for a token is under that final distribution, the one it
+was drawn from: the behaviour policy the trainer's importance weight divides by.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+# The alternatives computed per token when any row asks for them; OpenAI caps
+# ``top_logprobs`` at 20, and one compiled width serves every request (the host slices).
+TOP_LOGPROBS = 20
+
+
+class Controls(NamedTuple):
+    """Each row's sampling controls, traced: a new value never recompiles."""
+
+    temperature: jax.Array  # [B] float32; <= 0 means greedy
+    top_k: jax.Array  # [B] int32; 0 means off
+    top_p: jax.Array  # [B] float32 in (0, 1]
+    frequency: jax.Array  # [B] float32: OpenAI's frequency_penalty (0: off)
+    presence: jax.Array  # [B] float32: OpenAI's presence_penalty (0: off)
+    constrained: jax.Array  # [B] bool: the row's grammar mask applies
+    allowed: jax.Array  # [B, ceil(V / 32)] int32: bit v % 32 of word v // 32 allows token v
+    top: jax.Array  # [B] bool: the row wants its top alternatives
+
+
+class Sampled(NamedTuple):
+    token: jax.Array  # [B] int32
+    logprob: jax.Array  # [B] float32; 0 where greedy
+    # [B, min(TOP_LOGPROBS, V)], most likely first; zeros and -inf when no row asked.
+    top_ids: jax.Array  # int32
+    top_logprobs: jax.Array  # float32; -inf for tokens that cannot be drawn
 
 
 def filter_logits(
@@ -84,36 +117,117 @@ def argmax(logits: jax.Array) -> jax.Array:  # [B, V] -> [B] int32, the first ma
     return jnp.min(jnp.where(logits == top, index, logits.shape[-1]), axis=-1)
 
 
+def penalise(
+    logits: jax.Array,  # [B, V]
+    seen: jax.Array,  # [B, V] int32: times each token was sampled so far in the row's completion
+    frequency: jax.Array,  # [B]
+    presence: jax.Array,  # [B]
+) -> jax.Array:  # [B, V]
+    """OpenAI's penalties: ``logit - frequency * count - presence * (count > 0)``.
+
+    Skipped at run time when no row has one: a batch without penalties pays one test.
+    """
+
+    def apply(x: jax.Array) -> jax.Array:
+        count = seen.astype(x.dtype)
+        return x - frequency[:, None] * count - presence[:, None] * (count > 0)
+
+    out: jax.Array = jax.lax.cond(
+        jnp.any((frequency != 0) | (presence != 0)), apply, lambda x: x, logits
+    )
+    return out
+
+
+def unpack_bitmask(allowed: jax.Array, vocab: int) -> jax.Array:  # [B, W] int32 -> [B, V] bool
+    """llguidance's token bitmask as booleans; tokens past its words are not allowed."""
+    bits = (allowed[:, :, None] >> jnp.arange(32, dtype=allowed.dtype)) & 1  # [B, W, 32]
+    flat = bits.reshape(allowed.shape[0], -1).astype(bool)
+    if flat.shape[1] >= vocab:
+        return flat[:, :vocab]
+    return jnp.pad(flat, ((0, 0), (0, vocab - flat.shape[1])))
+
+
+def constrain(
+    logits: jax.Array,  # [B, V]
+    constrained: jax.Array,  # [B] bool
+    allowed: jax.Array,  # [B, W] int32 bitmask
+) -> jax.Array:  # [B, V], -inf where a grammar forbids the token
+    """Cut what each constrained row's grammar forbids; skipped when no row is constrained."""
+
+    def apply(x: jax.Array) -> jax.Array:
+        ok = unpack_bitmask(allowed, x.shape[-1]) | ~constrained[:, None]
+        return jnp.where(ok, x, -jnp.inf)
+
+    out: jax.Array = jax.lax.cond(jnp.any(constrained), apply, lambda x: x, logits)
+    return out
+
+
 def sample(
     logits: jax.Array,  # [B, V]
     keys: jax.Array,  # [B] PRNG keys
-    temperature: jax.Array,  # [B]
-    top_k: jax.Array,  # [B]
-    top_p: jax.Array,  # [B]
-) -> tuple[jax.Array, jax.Array]:  # tokens [B] int32, logprobs [B] float32 (0 where greedy)
+    controls: Controls,
+    seen: jax.Array | None = None,  # [B, V] int32 token counts; None: no token sampled yet
+) -> Sampled:
     """Greedy rows take the argmax, the others a draw from the filtered distribution.
 
     A batch that is all greedy (evaluation) skips the distribution: each pass over the
-    vocabulary costs about a millisecond of a decode step on a CPU.
+    vocabulary costs about a millisecond of a decode step on a CPU. The top alternatives
+    are computed only when a row asks for them; a greedy row's are those of its
+    penalised, masked distribution at temperature 1 (its own is a point mass), so the
+    first is the token taken.
     """
-    greedy = temperature <= 0
-    tokens, logprobs = jax.lax.cond(
+    c = controls
+    if seen is not None:
+        logits = penalise(logits, seen, c.frequency, c.presence)
+    logits = constrain(logits, c.constrained, c.allowed)
+    greedy = c.temperature <= 0
+    token, logprob, dist = jax.lax.cond(
         jnp.all(greedy),
-        lambda: (argmax(logits), jnp.zeros(greedy.shape, jnp.float32)),
-        lambda: _sample_mixed(logits, keys, temperature, top_k, top_p),
+        lambda: (argmax(logits), jnp.zeros(greedy.shape, jnp.float32), logits),
+        lambda: _sample_mixed(logits, keys, c),
     )
-    return tokens, logprobs
+    top_ids, top_lps = jax.lax.cond(jnp.any(c.top), _top, _no_top, dist, greedy, logits)
+    return Sampled(token, logprob, top_ids, top_lps)
 
 
 def _sample_mixed(
-    logits: jax.Array,  # [B, V]
+    logits: jax.Array,  # [B, V] penalised and masked
     keys: jax.Array,  # [B]
-    temperature: jax.Array,  # [B]
-    top_k: jax.Array,  # [B]
-    top_p: jax.Array,  # [B]
-) -> tuple[jax.Array, jax.Array]:
-    logp = filter_logits(logits, temperature, top_k, top_p)
-    greedy = temperature <= 0
+    c: Controls,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # tokens [B], logprobs [B], the distribution
+    logp = filter_logits(logits, c.temperature, c.top_k, c.top_p)
+    greedy = c.temperature <= 0
     tokens = jnp.where(greedy, argmax(logits), draw(keys, logp))
     chosen = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-    return tokens, jnp.where(greedy, 0.0, chosen)
+    return tokens, jnp.where(greedy, 0.0, chosen).astype(jnp.float32), logp
+
+
+def _top(
+    dist: jax.Array,  # [B, V] the sampled rows' log-probabilities (greedy rows: ignored)
+    greedy: jax.Array,  # [B]
+    logits: jax.Array,  # [B, V] penalised and masked
+) -> tuple[jax.Array, jax.Array]:
+    logp = jnp.where(greedy[:, None], jax.nn.log_softmax(logits, axis=-1), dist)
+    # lax.top_k puts the lower index first among equals, as `argmax` does.
+    values, ids = jax.lax.top_k(logp, min(TOP_LOGPROBS, logp.shape[-1]))
+    return ids.astype(jnp.int32), values.astype(jnp.float32)
+
+
+def _no_top(dist: jax.Array, greedy: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    shape = (dist.shape[0], min(TOP_LOGPROBS, dist.shape[-1]))
+    return jnp.zeros(shape, jnp.int32), jnp.full(shape, -jnp.inf, jnp.float32)
+
+
+def no_controls(temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, vocab: int) -> Controls:
+    """Controls of plain sampling (no penalties, grammar or alternatives): tests, scripts."""
+    b = temperature.shape[0]
+    return Controls(
+        temperature=jnp.asarray(temperature, jnp.float32),
+        top_k=jnp.asarray(top_k, jnp.int32),
+        top_p=jnp.asarray(top_p, jnp.float32),
+        frequency=jnp.zeros((b,), jnp.float32),
+        presence=jnp.zeros((b,), jnp.float32),
+        constrained=jnp.zeros((b,), bool),
+        allowed=jnp.zeros((b, -(-vocab // 32)), jnp.int32),
+        top=jnp.zeros((b,), bool),
+    )

@@ -11,7 +11,10 @@ Decoding runs one step ahead of the host: step n+1 is dispatched with step n's t
 still on the device, and only then are step n's tokens read and recorded, so the host's
 bookkeeping overlaps the device's next step instead of leaving it idle. A row that stopped
 at step n gets one token too many at n+1, which is dropped; a step that admits or resizes
-reads everything first, as it needs to know which slots are free.
+reads everything first, as it needs to know which slots are free. So does a step with a
+row under a grammar: its next token mask depends on the token just sampled, which the host
+must read and feed to the row's matcher (`rl_core.rollout.grammar`) before dispatching.
+Batches without grammars keep the pipelining (``SchedulerStats.pipelined_steps``).
 
 A request that finishes leaves its keys and values behind in a row of the prefix pool
 (`rl_core.rollout.prefix_pool`): a joining prompt that continues a parked sequence (an
@@ -28,7 +31,6 @@ import dataclasses
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +41,9 @@ from rl_core.models.config import ModelConfig
 from rl_core.models.kv_cache import KVCache
 from rl_core.rollout import steps
 from rl_core.rollout.base import Completion, SamplingParams
+from rl_core.rollout.grammar import Constraint, words
 from rl_core.rollout.prefix_pool import Hit, PrefixIndex
+from rl_core.rollout.sampling import Controls, Sampled
 
 
 def packed_bucket(n: int, minimum: int) -> int:
@@ -66,6 +70,8 @@ class Request:
     sampling: SamplingParams
     seed: int
     future: asyncio.Future[Completion] | None = None
+    constraint: Constraint | None = None  # the compiled grammar its tokens must follow
+    top_logprobs: int = 0  # alternatives to report per token (<= sampling.TOP_LOGPROBS)
 
 
 @dataclasses.dataclass
@@ -74,14 +80,14 @@ class _Running:
     version: int  # the policy that sampled its first token
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
 class _InFlight:
     """A decode step dispatched but not read yet: its tokens are still on the device."""
 
-    token: jax.Array  # [R]
-    logprob: jax.Array  # [R]
+    sampled: Sampled  # [R] rows
     rows: dict[int, _Running]  # slot -> the request it decoded for
 
 
@@ -95,6 +101,8 @@ class SchedulerStats:
     prefilled_tokens: int = 0  # prompt tokens computed (padding not counted)
     reused_tokens: int = 0  # prompt tokens whose keys and values came from the prefix pool
     prefix_hits: int = 0  # prompts that continued a parked sequence
+    pipelined_steps: int = 0  # decode steps dispatched before the previous one was read
+    constrained_steps: int = 0  # decode steps with a row under a grammar (never pipelined)
 
 
 class Scheduler:
@@ -124,6 +132,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.slots: list[_Running | None] = []
         self.cache: KVCache | None = None
+        self.seen: jax.Array | None = None  # [rows, V] int32: each slot's sampled tokens, counted
+        self._vocab = model_config.vocab_size
+        self._no_mask: dict[int, jax.Array] = {}  # rows -> an all-zero bitmask on the device
         self._inflight: _InFlight | None = None
         self.stats = stats if stats is not None else SchedulerStats()
         # Finished sequences kept for the prompts that continue them (`prefix_pool`).
@@ -154,7 +165,8 @@ class Scheduler:
         """
         self._drop_abandoned()
         finished: list[tuple[Request, Completion]] = []
-        if self.waiting or self._shape([]) != self._current_shape():
+        constrained = any(s is not None and s.request.constraint for s in self.slots)
+        if self.waiting or constrained or self._shape([]) != self._current_shape():
             finished += self._settle()
             finished += self._admit()
         previous = self._inflight
@@ -165,7 +177,7 @@ class Scheduler:
         """Empty the scheduler (after a device error); return every request it held."""
         held = [s.request for s in self.slots if s is not None] + list(self.waiting)
         self.waiting.clear()
-        self.slots, self.cache, self._inflight = [], None, None
+        self.slots, self.cache, self._inflight, self.seen = [], None, None, None
         self.prefixes.clear()
         self._pool = None
         return held
@@ -243,8 +255,8 @@ class Scheduler:
             self.stats.reused_tokens += h.start
             self.stats.prefix_hits += 1
         requests = [r for r, _ in hits]
-        sampling, seeds = _sampling_arrays(requests, k)
-        self.cache, first, logprob = self._programs.extend(
+        controls, seeds = self._controls(requests, k)
+        self.cache, sampled = self._programs.extend(
             leaves,
             self.cache,
             self._pool,
@@ -254,16 +266,13 @@ class Scheduler:
             tokens,
             valid,
             last,
-            sampling,
+            controls,
             seeds,
         )
         self._version_seen = max(self._version_seen, version)
         self.stats.extend_calls += 1
         self.stats.admitted += len(hits)
-        first_h, logprob_h = jax.device_get((first, logprob))
-        for j, r in enumerate(requests):
-            self.slots[free[j]] = _Running(r, version)
-        return self._record([(free[j], first_h[j], logprob_h[j]) for j in range(len(hits))])
+        return self._seat(requests, free, slots, sampled, version)
 
     def _prefill(self, joining: list[Request], free: list[int]) -> list[tuple[Request, Completion]]:
         """Prefill the joining prompts packed end to end in one row, then move them to slots.
@@ -293,9 +302,9 @@ class Scheduler:
             token_slots[at:end] = free[j]
             last[j], slots[j], lengths[j] = end - 1, free[j], len(r.prompt)
             at = end
-        sampling, seeds = _sampling_arrays(joining, k)
-        packed, first, logprob = self._programs.prefill(
-            leaves, tokens, positions, segments, last, sampling, seeds
+        controls, seeds = self._controls(joining, k)
+        packed, sampled = self._programs.prefill(
+            leaves, tokens, positions, segments, last, controls, seeds
         )
         self.cache = steps.insert_packed(
             self.cache, packed, token_slots, positions[0], slots, lengths
@@ -303,10 +312,22 @@ class Scheduler:
         self.stats.prefill_calls += 1
         self.stats.admitted += len(joining)
         self.stats.prefilled_tokens += sum(len(r.prompt) for r in joining)
-        first_h, logprob_h = jax.device_get((first, logprob))
-        for j, r in enumerate(joining):
+        return self._seat(joining, free, slots, sampled, version)
+
+    def _seat(
+        self,
+        requests: list[Request],
+        free: list[int],
+        slots: np.ndarray,  # [K] the slot of each row of ``sampled`` (out of range: padding)
+        sampled: Sampled,
+        version: int,
+    ) -> list[tuple[Request, Completion]]:
+        """Put admitted requests in their slots with their first token, on both sides."""
+        assert self.seen is not None
+        self.seen = steps.seat(self.seen, slots, sampled.token)
+        for j, r in enumerate(requests):
             self.slots[free[j]] = _Running(r, version)
-        return self._record([(free[j], first_h[j], logprob_h[j]) for j in range(len(joining))])
+        return self._record(_rows(sampled, list(range(len(requests))), free, requests))
 
     # decoding ------------------------------------------------------------------------
 
@@ -340,43 +361,53 @@ class Scheduler:
             return None
         leaves, version = self._policy()
         self._version_seen = max(self._version_seen, version)
-        sampling, seeds = _sampling_arrays(requests, rows)
-        self.cache, token, logprob = self._programs.decode(
+        controls, seeds = self._controls(requests, rows)
+        assert self.seen is not None
+        self.cache, self.seen, sampled = self._programs.decode(
             leaves,
             self.cache,
+            self.seen,
             last,
-            previous.token if previous is not None else np.zeros((rows,), np.int32),
+            previous.sampled.token if previous is not None else np.zeros((rows,), np.int32),
             on_device,
             active,
-            sampling,
+            controls,
             seeds,
             counts,
         )
         self.stats.decode_steps += 1
-        return _InFlight(token, logprob, decoding)
+        self.stats.pipelined_steps += previous is not None
+        self.stats.constrained_steps += any(r is not None and r.constraint for r in requests)
+        return _InFlight(sampled, decoding)
 
     def _read(self, inflight: _InFlight | None) -> list[tuple[Request, Completion]]:
         """Record a dispatched step's tokens, for the rows still running the same request
         (a row that stopped, or whose caller gave up, has had its slot emptied since)."""
         if inflight is None:
             return []
-        token_h, logprob_h = jax.device_get((inflight.token, inflight.logprob))
-        return self._record(
-            [(i, token_h[i], logprob_h[i]) for i, s in inflight.rows.items() if self.slots[i] is s]
-        )
+        live = [i for i, s in inflight.rows.items() if self.slots[i] is s]
+        requests = [inflight.rows[i].request for i in live]
+        return self._record(_rows(inflight.sampled, live, live, requests))
 
     def _settle(self) -> list[tuple[Request, Completion]]:
         inflight, self._inflight = self._inflight, None
         return self._read(inflight)
 
-    def _record(self, sampled: list[tuple[int, Any, Any]]) -> list[tuple[Request, Completion]]:
+    def _record(self, sampled: list[_Row]) -> list[tuple[Request, Completion]]:
         done = []
-        for slot, token, logprob in sampled:
+        for slot, token, logprob, top in sampled:
             s = self.slots[slot]
             assert s is not None
-            s.tokens.append(int(token))
-            s.logprobs.append(float(logprob))
-            stopped = int(token) in self._stop
+            s.tokens.append(token)
+            s.logprobs.append(logprob)
+            if top is not None:
+                s.top.append(top)
+            stopped = token in self._stop
+            constraint = s.request.constraint
+            if constraint is not None and not stopped:
+                # A finished grammar ends the completion here when no stop token can
+                # (an engine without stop ids); otherwise its mask now allows only those.
+                stopped = constraint.advance(token) and not self._stop
             if stopped or len(s.tokens) >= s.request.max_new_tokens:
                 self._park(slot, s)
                 self.slots[slot] = None
@@ -388,6 +419,7 @@ class Scheduler:
                             logprobs=s.logprobs,
                             finish_reason="stop" if stopped else "length",
                             policy_version=s.version,
+                            top_logprobs=s.top if s.request.top_logprobs else None,
                         ),
                     )
                 )
@@ -419,6 +451,43 @@ class Scheduler:
         grown: KVCache = steps.insert(fresh, self._pool, every)
         return grown
 
+    def _controls(
+        self, requests: Sequence[Request | None], rows: int
+    ) -> tuple[Controls, np.ndarray]:  # [rows] controls, seeds [rows] uint32
+        """Each row's sampling controls, with the next-token bitmask of the rows under a
+        grammar (their matchers have taken every token recorded so far)."""
+        temperature = np.ones((rows,), np.float32)
+        top_k = np.zeros((rows,), np.int32)
+        top_p = np.ones((rows,), np.float32)
+        frequency = np.zeros((rows,), np.float32)
+        presence = np.zeros((rows,), np.float32)
+        constrained = np.zeros((rows,), bool)
+        top = np.zeros((rows,), bool)
+        seeds = np.zeros((rows,), np.uint32)
+        allowed: np.ndarray | jax.Array | None = None
+        for i, r in enumerate(requests):
+            if r is None:
+                continue
+            p = r.sampling
+            temperature[i], top_k[i], top_p[i] = p.temperature, p.top_k, p.top_p
+            frequency[i], presence[i] = p.frequency_penalty, p.presence_penalty
+            top[i] = r.top_logprobs > 0
+            seeds[i] = r.seed % (1 << 32)
+            if r.constraint is not None:
+                if allowed is None:
+                    allowed = np.zeros((rows, words(self._vocab)), np.int32)
+                r.constraint.mask_into(allowed[i])
+                constrained[i] = True
+        if allowed is None:
+            # Nothing is constrained: the same zeros on the device every step, no transfer.
+            if rows not in self._no_mask:
+                self._no_mask[rows] = jnp.zeros((rows, words(self._vocab)), jnp.int32)
+            allowed = self._no_mask[rows]
+        controls = Controls(
+            temperature, top_k, top_p, frequency, presence, constrained, allowed, top
+        )
+        return controls, seeds
+
     def _drop_abandoned(self) -> None:
         # A caller that timed out no longer waits: free its slot instead of decoding on.
         for i, s in enumerate(self.slots):
@@ -445,7 +514,11 @@ class Scheduler:
                 ),
                 jnp.arange(len(old), dtype=jnp.int32),
             )
-        self.cache = fresh
+        seen = jnp.zeros((rows, self._vocab), jnp.int32)
+        if self.seen is not None and running:
+            old = [i for i, s in enumerate(self.slots) if s is not None]
+            seen = steps.move_seen(seen, self.seen, jnp.asarray(old, jnp.int32))
+        self.cache, self.seen = fresh, seen
         self.slots = [*running, *([None] * (rows - len(running)))]
         self.stats.resizes += 1
 
@@ -477,17 +550,29 @@ def _need(request: Request) -> int:
     return len(request.prompt) + request.max_new_tokens - 1
 
 
-def _sampling_arrays(
-    requests: list[Request] | list[Request | None], rows: int
-) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-    temperature = np.ones((rows,), np.float32)
-    top_k = np.zeros((rows,), np.int32)
-    top_p = np.ones((rows,), np.float32)
-    seeds = np.zeros((rows,), np.uint32)
-    for i, r in enumerate(requests):
-        if r is not None:
-            temperature[i] = r.sampling.temperature
-            top_k[i] = r.sampling.top_k
-            top_p[i] = r.sampling.top_p
-            seeds[i] = r.seed % (1 << 32)
-    return (temperature, top_k, top_p), seeds
+_Row = tuple[int, int, float, list[tuple[int, float]] | None]  # slot, token, logprob, top
+
+
+def _rows(
+    sampled: Sampled, rows: list[int], slots: list[int], requests: list[Request]
+) -> list[_Row]:
+    """Read rows of a device call's tokens to the host (the alternatives only if asked)."""
+    want_top = any(r.top_logprobs for r in requests)
+    if want_top:
+        token, logprob, ids, values = jax.device_get(sampled)
+    else:
+        token, logprob = jax.device_get((sampled.token, sampled.logprob))
+    out: list[_Row] = []
+    for row, slot, r in zip(rows, slots, requests, strict=True):
+        top = None
+        if r.top_logprobs:
+            # Tokens that cannot be drawn (-inf: cut by a filter or the grammar) are left out.
+            top = [
+                (int(i), float(v))
+                for i, v in zip(
+                    ids[row, : r.top_logprobs], values[row, : r.top_logprobs], strict=True
+                )
+                if v > -np.inf
+            ]
+        out.append((slot, int(token[row]), float(logprob[row]), top))
+    return out

@@ -9,6 +9,10 @@ keys and values before them copied from the prefix pool; `stash` puts them there
 Programs are cached per model structure (`programs`), so engines of the same structure
 share them: a second run in the process compiles nothing.
 
+Penalties need the tokens each request sampled so far: the scheduler keeps them on the device
+as counts per slot and token (``seen``, [R, V]), set by `seat` when a request takes a slot and
+updated by `_decode` as it samples, so no host copy crosses per step.
+
 Randomness is per request and per token: token ``i`` of a request with seed ``s`` is drawn
 with ``fold_in(key(s), i)``, so a request samples the same tokens whichever slot it lands
 in and whoever shares the batch.
@@ -24,9 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_core.models.kv_cache import KVCache
-from rl_core.rollout.sampling import sample
-
-Sampling = tuple[jax.Array, jax.Array, jax.Array]  # temperature [B], top_k [B], top_p [B]
+from rl_core.rollout.sampling import Controls, Sampled, sample
 
 
 def _keys(seeds: jax.Array, counts: jax.Array) -> jax.Array:  # [B] uint32, [B] int32 -> [B]
@@ -95,14 +97,35 @@ def stash(
     )
 
 
+@functools.partial(jax.jit, donate_argnums=(0,))
+def seat(
+    seen: jax.Array,  # [R, V] int32: token counts per slot
+    slots: jax.Array,  # [K] int32: slots taken by new requests; R (out of range) for padding
+    first: jax.Array,  # [K] int32: each one's first sampled token
+) -> jax.Array:  # [R, V]
+    """Start the counts of slots taken by new requests: their first token, once."""
+    seen = seen.at[slots].set(0, mode="drop")
+    return seen.at[slots, first].add(1, mode="drop")
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def move_seen(
+    fresh: jax.Array,  # [R', V] zeros
+    seen: jax.Array,  # [R, V]
+    old: jax.Array,  # [N] int32: the running slots, in their new order
+) -> jax.Array:  # [R', V]: row j is ``seen[old[j]]``
+    """A resize's compaction of the counts, as `insert` does it for the cache."""
+    return fresh.at[: old.shape[0]].set(seen[old])
+
+
 class Programs(NamedTuple):
     """The jitted prefill and decode of one model structure; weights go in as flat leaves."""
 
-    prefill: Any  # (leaves, tokens, positions, segments, last, sampling, seeds) -> (cache, ..)
-    extend: Any  # (leaves, cache, pool, rows, slots, starts, tokens, valid, last, sampling,
-    #   seeds) -> (cache, first token, logprob)
-    decode: Any  # (leaves, cache, last, previous, on_device, active, sampling, seeds, counts)
-    #   -> (cache, token, logprob)
+    prefill: Any  # (leaves, tokens, positions, segments, last, controls, seeds) -> (cache, ..)
+    extend: Any  # (leaves, cache, pool, rows, slots, starts, tokens, valid, last, controls,
+    #   seeds) -> (cache, Sampled)
+    decode: Any  # (leaves, cache, seen, last, previous, on_device, active, controls, seeds,
+    #   counts) -> (cache, seen, Sampled)
 
 
 @functools.lru_cache(maxsize=8)  # a long-lived worker may serve many model structures
@@ -120,7 +143,7 @@ def programs(graphdef: Any, treedef: Any) -> Programs:
     return Programs(
         prefill=jax.jit(functools.partial(_prefill, model_of)),
         extend=jax.jit(functools.partial(_extend, model_of), donate_argnums=(1,)),
-        decode=jax.jit(functools.partial(_decode, model_of), donate_argnums=(1,)),
+        decode=jax.jit(functools.partial(_decode, model_of), donate_argnums=(1, 2)),
     )
 
 
@@ -131,16 +154,15 @@ def _prefill(
     positions: jax.Array,  # [1, N] int32: each token's position in its own prompt
     segments: jax.Array,  # [1, N] int32: the prompt a token belongs to (-1 for padding)
     last: jax.Array,  # [K] int32: where each prompt's last token is in the row
-    sampling: Sampling,
+    controls: Controls,  # [K] rows
     seeds: jax.Array,  # [K] uint32
-) -> tuple[KVCache, jax.Array, jax.Array]:  # packed cache [1, N], first token [K], logprob [K]
+) -> tuple[KVCache, Sampled]:  # packed cache [1, N], each prompt's first token [K]
     model = model_of(leaves)
     n = tokens.shape[1]
     h, cache = model.hidden(tokens, positions, segments=segments, cache=model.init_cache(1, n))
     assert cache is not None
     logits = model.logits(h[:, last])[0]  # [K, V]: the head runs at each prompt's end only
-    token, logprob = sample(logits, _keys(seeds, jnp.zeros_like(last)), *sampling)
-    return cache, token, logprob
+    return cache, sample(logits, _keys(seeds, jnp.zeros_like(last)), controls)
 
 
 def _extend(
@@ -154,9 +176,9 @@ def _extend(
     tokens: jax.Array,  # [K, T] int32: each prompt's tokens after its prefix, then padding
     valid: jax.Array,  # [K, T] bool: real tokens
     last: jax.Array,  # [K] int32: each prompt's last new token in its row
-    sampling: Sampling,
+    controls: Controls,  # [K] rows
     seeds: jax.Array,  # [K] uint32
-) -> tuple[KVCache, jax.Array, jax.Array]:  # cache, first token [K], logprob [K]
+) -> tuple[KVCache, Sampled]:  # cache, each prompt's first token [K]
     """Prefill only what follows a parked prefix: the prefix's keys and values come from
     the pool row, the new tokens attend to them and to each other, and the whole row goes
     to its slot. Cost per prompt: T new tokens, instead of start + T."""
@@ -182,7 +204,7 @@ def _extend(
     assert held_new is not None
     at_end = h[jnp.arange(h.shape[0]), last][:, None]  # [K, 1, D]: the head at each end only
     logits = model.logits(at_end)[:, 0]
-    token, logprob = sample(logits, _keys(seeds, jnp.zeros_like(last)), *sampling)
+    sampled = sample(logits, _keys(seeds, jnp.zeros_like(last)), controls)
 
     def put(big: jax.Array, small: jax.Array) -> jax.Array:  # [R, .., S, ..] <- [K, .., S + T, ..]
         return big.at[slots].set(small[:, :, :s], mode="drop")
@@ -192,26 +214,29 @@ def _extend(
         tuple(put(b, v) for b, v in zip(cache.values, held_new.values, strict=True)),
         cache.lengths.at[slots].set(held_new.lengths, mode="drop"),
     )
-    return cache, token, logprob
+    return cache, sampled
 
 
 def _decode(
     model_of: Any,
     leaves: list[jax.Array],
     cache: KVCache,  # [R, S]
+    seen: jax.Array,  # [R, V] int32: the tokens each slot's request sampled so far, counted
     last: jax.Array,  # [R] int32: each slot's newest token, not yet in the cache
     previous: jax.Array,  # [R] int32: the previous decode step's tokens, still on the device
     on_device: jax.Array,  # [R] bool: take the slot's newest token from ``previous``
     active: jax.Array,  # [R] bool: the slot holds a running request
-    sampling: Sampling,
+    controls: Controls,  # [R] rows
     seeds: jax.Array,  # [R] uint32
     counts: jax.Array,  # [R] int32: tokens the slot's request has sampled so far
-) -> tuple[KVCache, jax.Array, jax.Array]:  # cache, next token [R], logprob [R]
+) -> tuple[KVCache, jax.Array, Sampled]:  # cache, seen, the next token [R]
     """One token for every slot: feed its newest token at the row's own position, sample the
     next. Taking it from ``previous`` lets the host dispatch this step before reading that one."""
     model = model_of(leaves)
     last = jnp.where(on_device, previous, last)
     logits, cache = model(last[:, None], cache.lengths[:, None], valid=active[:, None], cache=cache)
     assert cache is not None
-    token, logprob = sample(logits[:, 0], _keys(seeds, counts), *sampling)
-    return cache, token, logprob
+    sampled = sample(logits[:, 0], _keys(seeds, counts), controls, seen)
+    rows = jnp.arange(seen.shape[0])
+    seen = seen.at[rows, sampled.token].add(active.astype(seen.dtype), mode="drop")
+    return cache, seen, sampled

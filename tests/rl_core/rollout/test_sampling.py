@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rl_core.rollout.sampling import draw, filter_logits, sample
+from rl_core.rollout.sampling import draw, filter_logits, no_controls, sample
 
 N = 40_000  # draws per row: a frequency's standard error is under 0.0025
 
@@ -55,7 +55,9 @@ def test_sample_reports_the_logprob_of_the_drawn_token() -> None:
     logits = jax.random.normal(jax.random.key(3), (4, 100))
     keys = jax.random.split(jax.random.key(4), 4)
     temperature = jnp.array([0.0, 0.7, 1.0, 1.3])
-    tokens, logprobs = sample(logits, keys, temperature, jnp.zeros(4, jnp.int32), jnp.ones(4))
+    tokens, logprobs, _, _ = sample(
+        logits, keys, no_controls(temperature, jnp.zeros(4, jnp.int32), jnp.ones(4), 100)
+    )
     assert int(tokens[0]) == int(jnp.argmax(logits[0])) and float(logprobs[0]) == 0.0
     for row in range(1, 4):
         expected = jax.nn.log_softmax(logits[row] / temperature[row])[tokens[row]]
