@@ -136,6 +136,11 @@ class SessionGateway:
         _checked(self._http.post(self._named(name, "cancel"), headers=self._auth))
 
     @property
+    def token(self) -> str:
+        """The key of the run's shared URL (the run's gateway token, or the tenant's key)."""
+        return self._token
+
+    @property
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"}
 

@@ -94,7 +94,9 @@ def build_engine(
         return build_vllm_engine(
             spec, model, tokenizer, cleanup, log_dir=log_dir, recorder=recorder
         )
-    return JaxEngine(model, config=configs.engine_config(spec, tokenizer), executor=device)
+    return JaxEngine(
+        model, config=configs.engine_config(spec, tokenizer), executor=device, tokenizer=tokenizer
+    )
 
 
 def build_vllm_engine(
