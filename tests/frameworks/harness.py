@@ -106,11 +106,14 @@ def trained_text(record: dict[str, Any]) -> str:
     return "".join(s["text"] for s in record["segments"] if s["trained"])
 
 
-def assert_trained_on_tool_calls(outcome: RunOutcome, calls: list[tuple[str, str]]) -> None:
+def assert_trained_on_tool_calls(
+    outcome: RunOutcome, calls: list[tuple[str, Any]], *, parsed: bool = False
+) -> None:
     """The run trained its steps on played sessions, and the tool calls in the stored
     trajectories' trained text (as the session reads them: Hermes blocks) are calls a
     framework received, name and arguments byte for byte: what the model sampled is
-    what the client got and what the trainer was given."""
+    what the client got and what the trainer was given. ``parsed``: the framework keeps
+    the arguments only as parsed JSON (LangChain, verifiers), compared as such."""
     assert not outcome.errors, outcome.errors[0]
     assert outcome.steps_completed == SPEC["train"]["steps"]
     assert [r["step"] for r in outcome.metrics] == [1, 2]
@@ -125,4 +128,6 @@ def assert_trained_on_tool_calls(outcome: RunOutcome, calls: list[tuple[str, str
     ]
     # The run stores a sample of its trajectories: each call stored was received.
     assert stored, [trained_text(r) for r in played_back]
-    assert set(stored) <= set(calls), (stored, calls)
+    if parsed:
+        stored = [(name, json.loads(arguments)) for name, arguments in stored]
+    assert all(call in calls for call in stored), (stored, calls)
