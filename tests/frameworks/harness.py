@@ -107,13 +107,18 @@ def trained_text(record: dict[str, Any]) -> str:
 
 
 def assert_trained_on_tool_calls(
-    outcome: RunOutcome, calls: list[tuple[str, Any]], *, parsed: bool = False
+    outcome: RunOutcome,
+    calls: list[tuple[str, Any]],
+    *,
+    parsed: bool = False,
+    every: bool = True,
 ) -> None:
     """The run trained its steps on played sessions, and the tool calls in the stored
     trajectories' trained text (as the session reads them: Hermes blocks) are calls a
     framework received, name and arguments byte for byte: what the model sampled is
     what the client got and what the trainer was given. ``parsed``: the framework keeps
-    the arguments only as parsed JSON (LangChain, verifiers), compared as such."""
+    the arguments only as parsed JSON (LangChain), compared as such. ``every=False``:
+    at least one stored call was received (verifiers: see its test)."""
     assert not outcome.errors, outcome.errors[0]
     assert outcome.steps_completed == SPEC["train"]["steps"]
     assert [r["step"] for r in outcome.metrics] == [1, 2]
@@ -130,4 +135,7 @@ def assert_trained_on_tool_calls(
     assert stored, [trained_text(r) for r in played_back]
     if parsed:
         stored = [(name, json.loads(arguments)) for name, arguments in stored]
-    assert all(call in calls for call in stored), (stored, calls)
+    if every:
+        assert all(call in calls for call in stored), (stored, calls)
+    else:
+        assert any(call in calls for call in stored), (stored, calls)
