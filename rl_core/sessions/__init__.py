@@ -14,7 +14,11 @@ assembled into a `rl_core.agent.ledger.Trajectory` for the trainer
 - `ledger`: the calls of one session and their assembly into a trajectory by token
   prefix (a call whose prompt does not extend the previous call starts a new sample
   and is counted as a prefix break).
-- `session`: `ChatSession`, the three together over a `RolloutEngine`; it also answers
+- `grammar`: the llguidance grammar a call's answer is sampled under when it asks for
+  strict tools, a forced tool choice, one call at most or a JSON answer;
+  `sampling`: the sampler of a call, the client's within the run's bounds
+  (``rollout.client_sampling``).
+- `session`: `ChatSession`, these together over a `RolloutEngine`; it also answers
   legacy text completions (`ChatSession.complete_text`: the client's text as the
   prompt, no chat template) into the same ledger.
 

@@ -306,13 +306,15 @@ class ChatSession:
         if seed is None:
             seed = self._seed(len(self.ledger.calls))
         try:
+            # Asked for only when used, so an engine written before the seam had them
+            # still serves every call that needs neither.
+            extra: dict[str, Any] = {}
+            if call.grammar is not None:
+                extra["grammars"] = [call.grammar]
+            if call.top_logprobs:
+                extra["top_logprobs"] = call.top_logprobs
             (completion,) = await self.engine.generate(
-                [prompt],
-                max_new_tokens=limit,
-                sampling=call.sampling,
-                seeds=[seed],
-                grammars=None if call.grammar is None else [call.grammar],
-                top_logprobs=call.top_logprobs,
+                [prompt], max_new_tokens=limit, sampling=call.sampling, seeds=[seed], **extra
             )
         except RolloutError as exc:
             if not (call.asks_engine_features and "does not serve" in str(exc)):

@@ -115,11 +115,11 @@ async def test_what_the_gateway_refuses_comes_back_as_it_said_it(api: Api, gatew
     base = f"/v1/runs/{run_id}/sessions/{session['session_id']}"
     refused = await api.client.post(
         f"{base}/chat/completions",
-        json={**QUESTION, "frequency_penalty": 1},
+        json={**QUESTION, "logit_bias": {"1": 5}},
         headers={"Authorization": f"Bearer {session['api_key']}"},
     )
     assert refused.status_code == 400
-    assert refused.json()["error"]["param"] == "frequency_penalty"
+    assert refused.json()["error"]["param"] == "logit_bias"
     # The tenant's key is not a session's key.
     assert (
         await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=auth)

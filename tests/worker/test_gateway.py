@@ -194,9 +194,9 @@ def test_a_field_that_is_not_served_is_refused_naming_it(served: Served) -> None
     client = SessionGateway(served.url, TOKEN).open().openai()
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": "hi"}], frequency_penalty=1.0
+            model="policy", messages=[{"role": "user", "content": "hi"}], logit_bias={"1": 5}
         )
-    assert caught.value.body["param"] == "frequency_penalty"  # type: ignore[index]
+    assert caught.value.body["param"] == "logit_bias"  # type: ignore[index]
     assert "sampl" in caught.value.message
 
 

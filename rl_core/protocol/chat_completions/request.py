@@ -3,15 +3,15 @@
 Every problem of a refused request is named in the one error (`errors.refusal`),
 each by its JSON path, ``code`` the first's kind:
 
-- ``unsupported_parameter``: a field this server does not take (``logit_bias`` with
-  entries, ``prediction``, ``audio``, the deprecated ``functions``, any field it does
+- ``unsupported_parameter``: a field this server does not take (``prediction``,
+  ``audio``, ``web_search_options``, the deprecated ``functions``, any field it does
   not know: unknown fields are refused, not ignored, because an ignored sampling or
   format option would quietly change the answer);
 - ``unsupported_value``: a field it takes with a value it cannot honour: ``n`` other
   than 1 (a session is one member of its group: open ``n`` sessions with one group
-  name), ``min_p`` other than 0, ``repetition_penalty`` other than 1, ``modalities``
-  other than text, ``stream_options`` without ``stream``, a content part that is not
-  text, a ``custom`` tool;
+  name), ``logit_bias`` with entries, ``min_p`` other than 0, ``repetition_penalty``
+  other than 1, ``modalities`` other than text, ``stream_options`` without ``stream``,
+  a content part that is not text, a ``custom`` tool;
 - ``missing_required_parameter`` and ``invalid_value`` for the rest.
 
 **Served** as OpenAI documents them: ``model`` (echoed back), ``messages``

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from rl_core.errors import RolloutError
 from rl_core.models.tokenizer import BuiltinTokenizer
+from rl_core.pipeline.build import build_sessions
 from rl_core.protocol.chat_completions import (
     ChatCompletion,
     ChatCompletionError,
@@ -26,6 +28,7 @@ from rl_core.rollout.fake import ScriptedEngine
 from rl_core.sessions.grammar import output_grammar
 from rl_core.sessions.sampling import ClientSampling
 from rl_core.sessions.session import ChatSession, SessionConfig
+from rl_core.spec import JobSpec
 from tests.rl_core.protocol.test_chat_completions_stream import accumulate
 
 TOK = BuiltinTokenizer()
@@ -213,3 +216,26 @@ def test_what_the_engine_does_not_serve_is_a_400_with_its_reason() -> None:
     assert "the test engine does not serve grammars" in error.message
     ask(session)  # what it serves is served
     assert session.ledger.calls and len(session.ledger.calls) == 1
+
+
+def test_the_spec_sets_the_bounds_of_a_sessions_run() -> None:
+    spec = JobSpec.model_validate(
+        {
+            "environment": {"name": "sessions"},
+            "rollout": {"client_sampling": {"mode": "pin", "max_temperature": 1.0}},
+        }
+    )
+    scripted = ScriptedEngine([[TOK.end_of_turn_id]], stop_ids=[TOK.end_of_turn_id])
+    broker = build_sessions(spec, scripted, TOK)
+    assert broker.config.client_sampling == ClientSampling(mode="pin", max_temperature=1.0)
+    assert (
+        JobSpec.model_validate({"environment": {"name": "sessions"}}).rollout.client_sampling.mode
+        == "allow"
+    )
+    with pytest.raises(ValidationError, match="min_temperature"):
+        JobSpec.model_validate(
+            {
+                "environment": {"name": "sessions"},
+                "rollout": {"client_sampling": {"min_temperature": 1.5, "max_temperature": 1.0}},
+            }
+        )

@@ -15,6 +15,7 @@ import llguidance
 import pytest
 
 from rl_core.agent.toolcalls import scan_tool_calls
+from rl_core.pretrained.chat_tokenizer import ChatTokenizer
 from rl_core.protocol.chat_completions import parse_request
 from rl_core.sessions.grammar import constrained, output_grammar, schema_problems
 
@@ -177,3 +178,24 @@ def test_a_schema_llguidance_cannot_compile_is_refused_by_its_field() -> None:
     ]
     assert all(p.code == "invalid_value" for p in problems)
     assert schema_problems(parse_request({**body, "tools": [ADD]})) == []
+
+
+def test_with_a_real_tokenizer_the_sampled_call_and_its_end_of_turn_pass_the_mask(
+    smollm2_chat: ChatTokenizer,
+) -> None:
+    """SmolLM2's BPE tokens of a forced call, then its end-of-turn token, are what the
+    grammar lets through (the engines build their masks from the tokenizer the same way);
+    text before a forced call is not."""
+    tokenizer = llguidance.LLTokenizer(
+        smollm2_chat.tokenizer.backend.to_str(), eos_token=smollm2_chat.end_of_turn_id
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "3+4?"}], "tools": [ADD]}
+    grammar = output_grammar(parse_request({**body, "tool_choice": "required"}))
+    assert grammar is not None
+    compiled = llguidance.LLMatcher.grammar_from_lark(grammar.lark)
+
+    matcher = llguidance.LLMatcher(tokenizer, compiled, log_level=0)
+    sampled = [*smollm2_chat.encode(HERMES), smollm2_chat.end_of_turn_id]
+    assert matcher.consume_tokens(sampled) and matcher.is_stopped(), matcher.get_error()
+    chatty = llguidance.LLMatcher(tokenizer, compiled, log_level=0)
+    assert not chatty.consume_tokens(smollm2_chat.encode(f"Sure: {HERMES}"))
