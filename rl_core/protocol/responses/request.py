@@ -250,10 +250,16 @@ TextFormat = Annotated[
 
 class TextConfig(_Strict):
     format: TextFormat | None = None
-    verbosity: None = Field(
-        default=None,
-        description="refused when set: the answer's length is the model's own",
-    )
+    verbosity: StrictStr | None = None
+
+    @field_validator("verbosity")
+    @classmethod
+    def _no_verbosity(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise _unsupported(
+                "the answer's length is the model's own; bound it with max_output_tokens"
+            )
+        return value
 
 
 class StreamOptions(_Strict):
