@@ -10,6 +10,7 @@
     ├── Conflict (409)          the resource's state forbids the request (says the state)
     ├── Gone (410)              the request came too late: nothing waits for it any more
     ├── PayloadTooLarge (413)   the body is over the caller's limit (names it)
+    ├── UnsupportedMediaType (415) a body format the route does not take (says which it does)
     ├── Unprocessable (422)     the body is well-formed JSON but invalid
     └── TooManyRequests (429)   over a quota: ``Retry-After`` and the quota in the body
 
@@ -75,6 +76,11 @@ class PayloadTooLarge(AppError):
     def __init__(self, message: str, *, limit_bytes: int) -> None:
         super().__init__(message, field="body")
         self.extra = {"limit_bytes": limit_bytes}
+
+
+class UnsupportedMediaType(AppError):
+    status_code = 415
+    code = "unsupported_media_type"
 
 
 class Unavailable(AppError):

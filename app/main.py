@@ -21,6 +21,7 @@ from app import openapi
 from app.api import (
     callbacks,
     dashboard,
+    datasets,
     environments,
     health,
     ingest,
@@ -32,6 +33,7 @@ from app.api import (
     runs,
     sessions,
     stream,
+    workers,
 )
 from app.api.body_limit import BodyLimitMiddleware
 from app.api.deps import AppState
@@ -131,10 +133,13 @@ def create_app(
     app.include_router(sessions.router)
     app.include_router(internal.claim_router)
     app.include_router(internal.router)
+    app.include_router(workers.router)
     app.include_router(ingest.router)
     app.include_router(results.router)
     app.include_router(stream.router)
     app.include_router(environments.router)
+    app.include_router(datasets.router)
+    app.include_router(datasets.internal_router)
     app.include_router(callbacks.router)
     app.include_router(callbacks.internal_router)
     app.include_router(limits.router)

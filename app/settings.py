@@ -79,6 +79,13 @@ class Settings(BaseSettings):
     # a reverse proxy, run uvicorn with --proxy-headers and --forwarded-allow-ips so that
     # the address is the client's, not the proxy's.
     callback_requests_per_minute: int = 1200
+    # Uploaded datasets (POST /v1/datasets, app.services.datasets): the largest file, the
+    # most rows and the longest line one upload may have, and the bytes of datasets a
+    # tenant may keep (tenants share the data folder's disk).
+    dataset_max_bytes: int = 256 * 1_048_576
+    dataset_max_rows: int = 1_000_000
+    dataset_max_line_bytes: int = 1_048_576
+    quota_dataset_bytes: int = 1_073_741_824
     log_json: bool = True
 
     @property

@@ -11,8 +11,10 @@ failure, so the class names are part of what a user reads.
     ├── UnknownEnvironment       environment.name is not a built-in (or not supported yet)
     ├── UnsupportedSpec          a valid spec asks for a feature rl_core does not have yet
     ├── EnvironmentFailure       an environment's reset/step raised or broke the protocol
+    ├── SandboxRefused           this host has no wall strong enough for tenant code: the run fails
     ├── RolloutError             the rollout engine was asked for something it cannot do
-    └── NoTrajectories           a whole step produced nothing to train on
+    ├── NoTrajectories           a whole step produced nothing to train on
+    └── ClientFaults             a sessions run's clients failed past rollout.client_fault_budget
 """
 
 from __future__ import annotations
@@ -51,9 +53,20 @@ class EnvironmentFailure(RlCoreError):
     """An environment call failed; the episode ends as ``env_error``, the run goes on."""
 
 
+class SandboxRefused(RlCoreError):
+    """The host cannot build the sandbox wall that tenant code needs (bubblewrap) and its
+    operator accepts no weaker one. Not an `EnvironmentFailure`: no episode could run here,
+    so the run fails at once with this reason instead of retrying episode after episode."""
+
+
 class RolloutError(RlCoreError):
     pass
 
 
 class NoTrajectories(RlCoreError):
     """Every episode of a step timed out or failed, so there is nothing to learn from."""
+
+
+class ClientFaults(RlCoreError):
+    """``rollout.client_fault_budget`` sessions in a row ended without a reward (cancelled
+    or timed out by their clients): the clients are broken, not the run."""

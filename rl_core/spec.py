@@ -279,6 +279,10 @@ class RolloutSpec(_Section):
     # Sessions runs: a client's own sampling fields (ClientSamplingSpec).
     client_sampling: ClientSamplingSpec = Field(default_factory=ClientSamplingSpec)
     episode_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 600.0
+    # Sessions runs: a session its client cancels or leaves to time out is offered again
+    # (docs/sessions.md); the run fails only when this many sessions in a row (in the
+    # order they ended) ended without a reward.
+    client_fault_budget: Annotated[int, Field(ge=1, le=1_000_000)] = 64
     # The JAX engine keeps an episode's keys and values between its turns, so a turn
     # prefills only what is new (its last answer's end and the observation). Off by
     # default: on CPU it did not pay (docs/lifecycle.md has the figures: its extend step

@@ -12,6 +12,9 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 [ -x /usr/lib/postgresql/15/bin/initdb ] || need+=(postgresql-15)
 [ -x /usr/bin/chromium ] || need+=(chromium)  # the dashboard's browser test (tests/web)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)  # the code_exec sandbox's walls
+# A stranger's environment server in Node (tests/e2e/node_env) and the README's curl lines.
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 # Only to check docker/compose.yaml (`docker-compose config` needs no daemon).
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 
 from rl_core.spec import SpecError, load_spec
+from sdk.cli_datasets import datasets as datasets_cli
 
 if TYPE_CHECKING:
     from sdk.client import Client
@@ -32,10 +33,14 @@ secrets_cli = typer.Typer(
 )
 cli.add_typer(secrets_cli, name="secrets")
 cli.add_typer(runs, name="runs")
-envs = typer.Typer(help="Environments: serve your own as a webhook.", no_args_is_help=True)
+envs = typer.Typer(
+    help="Webhook environments: serve one, register it, list, check, delete.",
+    no_args_is_help=True,
+)
 cli.add_typer(envs, name="env")
 keys = typer.Typer(help="Your API keys over the HTTP API: rotate, revoke.", no_args_is_help=True)
 cli.add_typer(keys, name="keys")
+cli.add_typer(datasets_cli, name="datasets")
 
 ApiUrl = Annotated[str, typer.Option(envvar="RLAAS_API_URL", help="Control plane base URL.")]
 ApiKey = Annotated[str, typer.Option(envvar="RLAAS_API_KEY", help="Your API key.")]
@@ -116,13 +121,20 @@ def secrets_reseal() -> None:
 
 @tenants.command("create")
 def tenants_create(name: str) -> None:
-    """Create a tenant and print its API key (shown once: keep it)."""
+    """Create a tenant and print its API key (shown once: keep it). On the embedded
+    default (SQLite under RLAAS_DATA_DIR) it first brings the schema up to date, as
+    `rlaas migrate` does, so that it works on a fresh machine."""
     from app.admin import create_tenant
+    from app.admin import migrate as run_migrations
     from app.errors import AppError
     from app.settings import Settings
 
+    settings = Settings()
+    if settings.embedded:
+        settings.prepare_data_dir()
+        run_migrations(settings)
     try:
-        tenant_id, key = asyncio.run(create_tenant(Settings(), name))
+        tenant_id, key = asyncio.run(create_tenant(settings, name))
     except AppError as exc:
         _fail(str(exc))
     typer.echo(f"tenant {name} ({tenant_id})", err=True)
@@ -265,9 +277,21 @@ def train(
     limit_malloc_arenas()
     _use_compilation_cache()
     spec = _load(spec_path)
+    if spec.environment.name == "code_exec":
+        _warn_of_a_weak_sandbox()
     gateway = _session_gateway(out, sessions_host, sessions_port)
     result = train_to_folder(spec, out, resume=resume, gateway=gateway)
     typer.echo(json.dumps({"steps": result.steps_completed, **result.final_metrics}, indent=2))
+
+
+def _warn_of_a_weak_sandbox() -> None:
+    """Your own machine may run your model's code behind a weaker wall than bubblewrap
+    (rl_core.envs.walls.SINGLE_USER); say so before it does (each episode's info says it too)."""
+    from rl_core.envs.walls import SINGLE_USER, assess
+
+    report = assess(SINGLE_USER)
+    if report.weak:
+        typer.secho(f"warning: {report.message}", fg=typer.colors.YELLOW, err=True)
 
 
 def _session_gateway(out: Path, host: str, port: int) -> Any:
@@ -353,6 +377,85 @@ def env_serve(
         )
     except ValueError as exc:
         _fail(str(exc))
+
+
+@envs.command("register")
+def env_register(
+    name: Annotated[str, typer.Argument(help="A name of yours for it: letters, digits, . _ -")],
+    url: Annotated[str, typer.Argument(help="Base URL: rlaas POSTs {url}/reset, /step, /close.")],
+    secret_env: Annotated[
+        str,
+        typer.Option(
+            help="Environment variable holding the secret (16+ characters); unset: one is "
+            "made and printed once."
+        ),
+    ] = "RLAAS_ENV_SECRET",
+    timeout_s: Annotated[float, typer.Option(help="One request's timeout (seconds).")] = 30.0,
+    max_concurrency: Annotated[int, typer.Option(help="Requests in flight to it at most.")] = 16,
+    api_url: ApiUrl = "http://127.0.0.1:8000",
+    api_key: ApiKey = "",
+) -> None:
+    """Register a webhook environment (POST /v1/environments); prints its id, the spec's
+    environment.name, and the secret when it made one (shown once: keep it)."""
+    import secrets
+
+    secret = os.environ.get(secret_env, "")
+    made = not secret
+    if made:
+        secret = secrets.token_urlsafe(32)
+    elif len(secret) < 16:
+        _fail(f"{secret_env} holds {len(secret)} characters; a secret needs at least 16")
+    env = _call(
+        api_url,
+        api_key,
+        lambda client: client.register_environment(
+            name, url, secret, timeout_s=timeout_s, max_concurrency=max_concurrency
+        ),
+    )
+    typer.echo(f"environment {env.name} at {env.url}: use environment.name: {env.id}", err=True)
+    typer.echo(env.id)
+    if made:
+        typer.echo(
+            f"secret made for it (shown once; your server verifies with it, e.g. "
+            f"export {secret_env}=...):",
+            err=True,
+        )
+        typer.echo(secret)
+
+
+@envs.command("list")
+def env_list(api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
+    """Your registered environments (never their secrets)."""
+    for env in _call(api_url, api_key, lambda client: client.list_environments()):
+        typer.echo(
+            f"{env.id}  {env.name}  {env.url}  timeout_s={env.timeout_s:g} "
+            f"max_concurrency={env.max_concurrency}"
+        )
+
+
+@envs.command("check")
+def env_check(
+    environment_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
+) -> None:
+    """Have the control plane call its /reset and /close once, signed; exit 1 if it failed."""
+    check = _call(api_url, api_key, lambda client: client.check_environment(environment_id))
+    for call in check.calls:
+        status = call.status_code if call.status_code is not None else "no answer"
+        verdict = "ok" if call.ok else f"FAILED: {call.error}"
+        typer.echo(f"POST {call.path}  {status}  {call.duration_ms:.0f} ms  {verdict}")
+    if not check.ok:
+        typer.secho(f"check failed: {check.error}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
+    typer.echo("ok")
+
+
+@envs.command("delete")
+def env_delete(
+    environment_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
+) -> None:
+    """Delete a registered environment (refused while an unfinished run uses it)."""
+    _call(api_url, api_key, lambda client: client.delete_environment(environment_id))
+    typer.echo(f"{environment_id}  deleted")
 
 
 def _load(path: Path):  # type: ignore[no-untyped-def]

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +30,7 @@ from sdk.models import (
     TERMINAL,
     ApiKeyInfo,
     Checkpoint,
+    Dataset,
     Environment,
     EnvironmentCheck,
     Inflight,
@@ -343,6 +345,50 @@ class Client:
         """Call the webhook once (reset, close), before a run spends compute on it."""
         return EnvironmentCheck.from_json(self._json("POST", f"{_env(environment_id)}/check"))
 
+    # --- datasets -------------------------------------------------------------------
+
+    def upload_dataset(
+        self,
+        path: str | Path,
+        *,
+        name: str | None = None,
+        required: Sequence[str] = (),
+        timeout_s: float = 600.0,
+    ) -> Dataset:
+        """Upload a JSONL file (one JSON object a line), streamed from disk.
+
+        ``name`` defaults to the file's name without its suffix; a name already used
+        replaces that dataset's content (runs already submitted keep theirs).
+        ``required``: fields every row must have (a row without one is refused, by line).
+        """
+        path = Path(path)
+        params = _params(name=name or path.stem, required=",".join(required) or None)
+
+        def chunks() -> Iterator[bytes]:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 16):
+                    yield chunk
+
+        response = self._request(
+            "POST",
+            "/v1/datasets",
+            params=params,
+            content=chunks(),
+            headers={"Content-Type": "application/x-ndjson"},
+            timeout=timeout_s,
+        )
+        return Dataset.from_json(response.json())
+
+    def list_datasets(self) -> list[Dataset]:
+        return [Dataset.from_json(d) for d in self._json("GET", "/v1/datasets")["items"]]
+
+    def get_dataset(self, dataset_id: str) -> Dataset:
+        return Dataset.from_json(self._json("GET", _dataset(dataset_id)))
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        """Refused (409, naming them) while a queued or running run uses it."""
+        self._request("DELETE", _dataset(dataset_id))
+
     # --- API keys -------------------------------------------------------------------
 
     def list_keys(self) -> list[ApiKeyInfo]:
@@ -413,6 +459,10 @@ def _run(run_id: str) -> str:
 
 def _env(environment_id: str) -> str:
     return f"/v1/environments/{_segment(environment_id, 'environment id')}"
+
+
+def _dataset(dataset_id: str) -> str:
+    return f"/v1/datasets/{_segment(dataset_id, 'dataset id')}"
 
 
 def _segment(value: str, what: str) -> str:

@@ -234,6 +234,35 @@ class Environment:
 
 
 @dataclass(frozen=True)
+class Dataset:
+    """An uploaded dataset; use ``id`` as the ``dataset`` environment's ``config.dataset``."""
+
+    id: str
+    name: str
+    format: str
+    sha256: str
+    size_bytes: int
+    rows: int
+    fields: list[str]
+    created_at: datetime | None
+    updated_at: datetime | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Dataset:
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            format=data["format"],
+            sha256=data["sha256"],
+            size_bytes=int(data["size_bytes"]),
+            rows=int(data["rows"]),
+            fields=[str(f) for f in data["fields"]],
+            created_at=_time(data.get("created_at")),
+            updated_at=_time(data.get("updated_at")),
+        )
+
+
+@dataclass(frozen=True)
 class ApiKeyInfo:
     """One of your API keys; ``key`` (the secret) only in the answer that created it."""
 

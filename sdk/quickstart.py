@@ -71,6 +71,7 @@ def run_quickstart(
         )
         _wait_ready(api_url, procs[0])
         procs.append(_spawn("worker", [sys.executable, "-m", "sdk.cli", "worker"], env, data_dir))
+        _warn_of_a_weak_sandbox()
         console.print(f"control plane at {api_url} (API docs at {api_url}/docs)")
         console.print(f"logs in {data_dir / 'logs'}")
         with Client(api_url, api_key) as client:
@@ -97,6 +98,18 @@ def demo_spec() -> dict[str, object]:
     data = yaml.safe_load(text)
     parse_spec(data)  # fail here, not in the worker, if the packaged spec is stale
     return dict(data)
+
+
+def _warn_of_a_weak_sandbox() -> None:
+    """The embedded worker runs code_exec programs behind the strongest wall this machine
+    has; where that is not bubblewrap, the user reads it here (and in each run's claim
+    event), not only in the worker's log."""
+    from worker.settings import WorkerSettings
+    from worker.startup import sandbox_wall
+
+    report = sandbox_wall(WorkerSettings())
+    if report.weak:
+        console.print(f"[yellow]warning: {report.message}[/yellow]", markup=True, highlight=False)
 
 
 def _tenant_key(data_dir: Path) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -43,7 +43,11 @@ from rl_core.protocol.internal import (
     HeartbeatRead,
     IngestRead,
     StatusBody,
+    WorkerReportBody,
 )
+
+if TYPE_CHECKING:
+    from rl_core.envs.walls import WallReport
 
 log = logging.getLogger(__name__)
 A = TypeVar("A", bound=BaseModel)
@@ -111,17 +115,33 @@ class ControlPlane:
             transport=self._transport,
         )
 
-    def claim(self, run_id: str, lease_seconds: float, *, fair: bool = False) -> Claim:
+    def claim(
+        self,
+        run_id: str,
+        lease_seconds: float,
+        *,
+        fair: bool = False,
+        sandbox: WallReport | None = None,
+    ) -> Claim:
         """Lease ``run_id``, or with ``fair`` the queued run fair order puts first (the
-        answer's ``run_id``): what the worker's task does."""
+        answer's ``run_id``): what the worker's task does. ``sandbox``: this worker's wall,
+        which the claim's run event names."""
         fields: dict[str, Any] = {"worker_id": self.worker_id, "lease_seconds": lease_seconds}
         if fair:  # only when asked, so a server of the release before still reads the body
             fields["fair"] = True
+        if sandbox is not None:
+            fields["sandbox"] = {"wall": sandbox.wall, "tenant_code": sandbox.tenant_code}
         body = _body(ClaimBody, **fields)
         data = self._post(
             f"/internal/runs/{run_id}/claim", body, refused=ClaimRefused, refused_on=(409,)
         )
         return _answer(ClaimRead, data, "claim")
+
+    def report_worker(self, queue: str, sandbox: WallReport) -> None:
+        """Say which sandbox wall this worker runs tenant code behind (listed on /readyz)."""
+        wall = {"wall": sandbox.wall, "tenant_code": sandbox.tenant_code}
+        body = _body(WorkerReportBody, worker_id=self.worker_id, queue=queue, sandbox=wall)
+        self._post("/internal/workers/report", body, refused_on=())
 
     def heartbeat(self, run_id: str, inflight: Mapping[str, Any] | None = None) -> Heartbeat:
         fields: dict[str, Any] = {"worker_id": self.worker_id}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from celery import Celery
-from celery.signals import after_setup_logger
+from celery.signals import after_setup_logger, worker_ready
 
 from worker.settings import WorkerSettings
 
@@ -55,6 +55,17 @@ def quiet_http_clients(loglevel: int = logging.INFO, **_: object) -> None:
 
 
 after_setup_logger.connect(quiet_http_clients)
+
+
+def announce_worker(**_: object) -> None:
+    """Once the worker is up: its sandbox wall, in its log and to the control plane
+    (worker.startup). Imported here: the probes run only in a worker, not a producer."""
+    from worker.startup import announce
+
+    announce(WorkerSettings())
+
+
+worker_ready.connect(announce_worker, weak=False)
 
 
 def _tune_sqlalchemy_transport() -> None:

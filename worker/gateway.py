@@ -64,6 +64,9 @@ WAIT_HEADER = "X-Session-Wait"  # seconds its first call may wait for a free epi
 
 def gateway_app(broker: SessionBroker, *, token: str, public_url: str) -> web.Application:
     """The routes above; ``public_url`` is the base clients reach this server at."""
+    # Session keys signed with the run's token: the control plane, which keeps the token,
+    # can then tell a session's key after this server is gone (app.services.session_ends).
+    broker.sign_keys(token)
     routes = _Routes(broker, token=token, public_url=public_url.rstrip("/"))
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
     app[ROUTES] = routes

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
 from worker.callbacks import HttpCallbackSource
+from worker.datasets import HttpDatasets, with_local_dataset
 from worker.heartbeat import Heartbeater
 from worker.settings import WorkerSettings
 from worker.sinks import HttpRunSink
+from worker.startup import sandbox_wall
 
 if TYPE_CHECKING:
     from rl_core.envs.webhook import WebhookTarget
@@ -41,7 +43,9 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
     try:
         # The message names a run, but the fair claim takes the queued run fair order puts
         # first (app.services.fair): one tenant's many runs cannot starve another's one.
-        claim = claimer.claim(run_id, settings.lease_seconds, fair=True)
+        claim = claimer.claim(
+            run_id, settings.lease_seconds, fair=True, sandbox=sandbox_wall(settings)
+        )
     except ClaimRefused as exc:
         log.info("run %s not claimed: %s", run_id, exc)
         return "not_claimed"
@@ -86,8 +90,13 @@ def _train_claimed(
         resume_from = claim.checkpoint.uri
         log.info("run %s: resuming from step %s (%s)", run_id, claim.checkpoint.step, resume_from)
     try:
+        # The dataset content the run pinned, fetched over the internal API (any host).
+        datasets = HttpDatasets(
+            settings.api_url, claim.lease_token, settings.data_dir / "dataset-cache"
+        )
+        raw_spec = with_local_dataset(claim.spec, run_id, datasets)
         # A tenant's hf:/gguf: path is read inside the operator's models folder only.
-        spec = confine_model_source(parse_spec(claim.spec), settings.models_dir())
+        spec = confine_model_source(parse_spec(raw_spec), settings.models_dir())
         api.report_status(run_id, "running")
         result = train(
             spec,
@@ -101,6 +110,7 @@ def _train_claimed(
             webhooks=webhooks,
             callbacks=HttpCallbackSource(settings.api_url, claim.lease_token, run_id),
             gateway=session_gateway(api, run_id, settings),
+            walls=settings.sandbox_walls(),  # deployed: bubblewrap or no tenant code
         )
         # Everything reported must be stored before the run may be called finished.
         sink.flush(timeout_s=settings.api_retry_seconds)

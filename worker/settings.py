@@ -6,7 +6,12 @@ Unset, they mean the embedded default that ``rlaas quickstart`` uses: a
 SQLite-file broker and a control plane on loopback, sharing one data folder
 (where the control plane left the worker token it generated).
 
-It also decides where webhook environments may be reached from it
+It also decides whether tenant code (``code_exec``) may run here without bubblewrap's
+sandbox wall (`sandbox_walls`): on the embedded default, with a warning; on a deployed
+worker, only with ``RLAAS_UNSAFE_SANDBOX_WITHOUT_BWRAP=1``, whose name says what it
+gives up; otherwise such runs fail at their first reset with the operator's fix.
+
+And where webhook environments may be reached from it
 (``RLAAS_ENV_URL_ALLOWLIST``, as the control plane reads it, with the same
 defaults): a worker checks every connection it makes to an environment.
 """
@@ -16,11 +21,18 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rl_core.protocol.addresses import Allowlist
+
+if TYPE_CHECKING:
+    from rl_core.envs.walls import WallPolicy
+
+# The one way to run tenant code on a deployed worker without bubblewrap (docs/lifecycle.md).
+UNSAFE_SANDBOX = "RLAAS_UNSAFE_SANDBOX_WITHOUT_BWRAP"
 
 
 class WorkerSettings(BaseSettings):
@@ -58,6 +70,11 @@ class WorkerSettings(BaseSettings):
     gateway_port: int = Field(default=0, ge=0, le=65535)  # 0: any free port
     gateway_url: str | None = None
 
+    # True: a deployed worker without bubblewrap runs tenant code behind the weaker walls
+    # (unshare -rn or the audit hook alone), which do not keep tenants apart; each run is
+    # told so. False (the default): it refuses such runs.
+    unsafe_sandbox_without_bwrap: bool = False
+
     @field_validator("env_url_allowlist")
     @classmethod
     def _allowlist_parses(cls, value: str | None) -> str | None:
@@ -69,6 +86,18 @@ class WorkerSettings(BaseSettings):
         """The embedded default: a SQLite-file broker, so the control plane and this worker
         share one machine (a worker holds no database URL to tell it by, as the API does)."""
         return self.broker_url is None or self.broker_url.startswith("sqla+sqlite")
+
+    def sandbox_walls(self) -> WallPolicy:
+        """What this worker accepts for tenant code (`rl_core.envs.walls`)."""
+        from rl_core.envs.walls import WallPolicy, operator_accepts_weak_wall
+
+        if self.unsafe_sandbox_without_bwrap:
+            return operator_accepts_weak_wall(f"{UNSAFE_SANDBOX}=1")
+        if self.embedded:
+            accepted_by = "the embedded single-user default (rlaas quickstart)"
+            return WallPolicy(weak_wall="warn", accepted_by=accepted_by)
+        opt_out = f"{UNSAFE_SANDBOX}=1 (which gives up the wall between tenants)"
+        return WallPolicy(weak_wall="refuse", opt_out=opt_out)
 
     def env_allowlist(self) -> Allowlist:
         return Allowlist.parse(self.env_url_allowlist, embedded=self.embedded)

@@ -41,9 +41,9 @@ class BodyLimitMiddleware:
         if not declared and "transfer-encoding" not in headers:
             await self.app(scope, receive, send)  # no body to limit
             return
-        limit = await _limit_for(scope, headers)
+        limit, name = await _limit_for(scope, headers)
         if declared is not None and declared > limit:
-            await _reject(send, declared, limit)
+            await _reject(send, declared, limit, name)
             return
         received = 0
         tripped = started = False
@@ -68,24 +68,29 @@ class BodyLimitMiddleware:
         with contextlib.suppress(_TooLarge):
             await self.app(scope, counted, guarded)
         if tripped and not started:
-            await _reject(send, received, limit, at_least=True)
+            await _reject(send, received, limit, name, at_least=True)
 
 
-async def _limit_for(scope: Any, headers: dict[str, str]) -> int:
+async def _limit_for(scope: Any, headers: dict[str, str]) -> tuple[int, str]:
+    """The caller's limit and what to call it in a 413."""
     app_state = scope["app"].state.rlaas
     settings: Settings = app_state.settings
     if scope["path"].startswith("/internal/"):
-        return settings.internal_body_bytes
+        return settings.internal_body_bytes, "internal_body_bytes"
+    if scope["path"].rstrip("/") == "/v1/datasets":
+        # An upload streams to disk (app.services.datasets), never whole in memory: its
+        # own cap, which the service also counts against.
+        return settings.dataset_max_bytes, "dataset_max_bytes, the operator's cap on one upload"
     scheme, _, token = headers.get("authorization", "").partition(" ")
     prefix = parse_prefix(token.strip()) if scheme.lower() == "bearer" else None
     limiter: Limiter = app_state.limits
-    return await limiter.body_limit(app_state.sessions, prefix)
+    return await limiter.body_limit(app_state.sessions, prefix), "quota body_bytes"
 
 
-async def _reject(send: Any, size: int, limit: int, *, at_least: bool = False) -> None:
+async def _reject(send: Any, size: int, limit: int, name: str, *, at_least: bool = False) -> None:
     error = PayloadTooLarge(
         f"the request body is {'over ' if at_least else ''}{size} bytes; the limit is "
-        f"{limit} bytes (quota body_bytes): send less per request",
+        f"{limit} bytes ({name}): send less per request",
         limit_bytes=limit,
     )
     body = json.dumps(

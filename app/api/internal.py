@@ -42,7 +42,7 @@ async def claim(
     With ``fair``, the run taken is the queued run fair order puts first (which may not
     be the one in the path): ``run_id`` in the answer says which."""
     run, lease_token = await service.claim(
-        session, run_id, body.worker_id, body.lease_seconds, fair=body.fair
+        session, run_id, body.worker_id, body.lease_seconds, fair=body.fair, sandbox=body.sandbox
     )
     assert run.lease_expires_at is not None
     newest = await service.newest_checkpoint(session, run.id)

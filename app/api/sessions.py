@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.deps import AppState, SessionDep, StateDep, TenantDep
 from app.errors import AppError, NotFound, Unavailable
-from app.services import gateways
+from app.services import gateways, session_ends
 
 router = APIRouter(prefix="/v1/runs", tags=["sessions"])
 
@@ -78,8 +78,11 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
                 field="sid",
             ) from exc
 
-    cached = await app_state.gateway_cache.lookup(run_id, load)
-    url, _token = cached
+    try:
+        url, _token = await app_state.gateway_cache.lookup(run_id, load)
+    except NotFound:
+        await _if_ended(run_id, sid, request, app_state)
+        raise
     try:
         answer, chunks = await gateways.forward(
             app_state.gateways,
@@ -89,6 +92,7 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
         )
     except Unavailable as exc:
         app_state.gateway_cache.drop(run_id)  # the run may have moved: look it up again
+        await _if_ended(run_id, sid, request, app_state)
         raise NotFound(
             f"no open session {sid!r} of run {run_id}: its worker did not answer (it may "
             "be restarting; sessions do not outlive it). Open a new session",
@@ -99,6 +103,18 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
         return StreamingResponse(chunks, status_code=answer.status, headers=headers)
     body = b"".join([c async for c in chunks])
     return Response(body, status_code=answer.status, headers=headers)
+
+
+async def _if_ended(run_id: str, sid: str, request: Request, app_state: AppState) -> None:
+    """410 naming the run's end, to the holder of the session's key once the run has
+    ended (its gateway is gone with it); to anyone else the 404 that follows."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        return
+    async with app_state.sessions() as session:
+        gone = await session_ends.run_ended(session, run_id, sid, key.strip(), app_state.secrets)
+    if gone is not None:
+        raise gone
 
 
 @router.post("/{run_id}/sessions/{sid}/chat/completions")

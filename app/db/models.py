@@ -275,3 +275,37 @@ class EnvCallback(Base):
     awaited_until: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     received_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WorkerReport(Base):
+    """A worker's last word about itself: its queue and the sandbox wall it runs tenant
+    code behind (sent at its start-up and with each claim; listed on ``/readyz``)."""
+
+    __tablename__ = "worker_reports"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str | None] = mapped_column(String(200))
+    sandbox_wall: Mapped[str] = mapped_column(String(16))
+    tenant_code: Mapped[str] = mapped_column(String(24))
+    reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Dataset(Base):
+    """An uploaded dataset (JSONL rows). Its content is a file in the data folder named by
+    its SHA-256 (``app.services.datasets``); a run pins that hash at submit, so replacing
+    the content under the same name never changes a run that was already submitted."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_datasets_tenant_name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # ds_<hex>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    format: Mapped[str] = mapped_column(String(16))  # jsonl
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    rows: Mapped[int] = mapped_column(Integer)
+    # The fields every row has (a prompt or answer must be one of them), sorted.
+    fields: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -16,9 +16,11 @@ from rl_core.protocol.internal import (
     IngestRead,
     MetricsBody,
     PointIn,
+    SandboxIn,
     StatusBody,
     StatusRead,
     UpdateIn,
+    WorkerReportBody,
 )
 
 __all__ = [
@@ -31,7 +33,9 @@ __all__ = [
     "IngestRead",
     "MetricsBody",
     "PointIn",
+    "SandboxIn",
     "StatusBody",
     "StatusRead",
     "UpdateIn",
+    "WorkerReportBody",
 ]

@@ -20,6 +20,8 @@ from app.services.runs import get_run
 
 # Fixed rows first, in this order; other tracks (episodes) follow by first appearance.
 _TRACK_ORDER = ("trainer", "engine", "collector")
+# The end states whose episodes may be trained on (rl_core.agent.ledger.KEPT_STATES).
+_TRAINABLE_ENDS = frozenset({"done", "truncated"})
 
 
 async def timeline(
@@ -131,9 +133,22 @@ async def trajectories(
     rows = (await session.execute(query)).all()
     more = len(rows) > limit
     rows = rows[:limit]
-    items = [{**record, "id": row_id} for row_id, _, record in rows]
+    items = [{**_untrained_if_failed(record), "id": row_id} for row_id, _, record in rows]
     next_cursor = _encode_cursor(rows[-1][1], rows[-1][0]) if more and rows else None
     return items, next_cursor
+
+
+def _untrained_if_failed(record: dict[str, Any]) -> dict[str, Any]:
+    """A failed, timed-out or cancelled episode taught the policy nothing: none of its text
+    reads as trained. Workers before this rule marked its model text ``trained`` as the
+    loss mask had it; their rows are read right here."""
+    segments = record.get("segments")
+    if record.get("end_state") in _TRAINABLE_ENDS or not isinstance(segments, list):
+        return record
+    return {
+        **record,
+        "segments": [{**s, "trained": False} if isinstance(s, dict) else s for s in segments],
+    }
 
 
 async def checkpoints(session: AsyncSession, tenant_id: str, run_id: str) -> list[Artifact]:

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db.models import MetricPoint, Run, RunEvent, utcnow
 from app.errors import BadRequest, Conflict, NotFound, Unprocessable
 from app.schemas import RunCreate
-from app.services import environments, run_states
+from app.services import datasets, environments, run_states
 from rl_core.spec import JobSpec, shared_model_source_problem
 
 
@@ -48,13 +48,16 @@ async def create_run(
     _require_storable(body.spec.name, "spec.name")
     if admit is not None:
         await admit()
+    # After the admission, which locks the tenant's row: an upload replacing this content
+    # waits for the commit, so the content pinned here is not removed under the run.
+    spec = await datasets.pin(session, tenant_id, body.spec.model_dump(mode="json"))
     now = utcnow()
     run = Run(
         id=f"run_{uuid.uuid4().hex}",
         tenant_id=tenant_id,
         name=body.name or body.spec.name,
         status=run_states.QUEUED,
-        spec=body.spec.model_dump(mode="json"),
+        spec=spec,
         idempotency_key=idempotency_key,
         request_hash=digest,
         attempts=0,

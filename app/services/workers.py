@@ -19,10 +19,12 @@ from app.db.models import Artifact, Run, Tenant, utcnow
 from app.errors import Conflict, NotFound
 from app.live.notes import note_step
 from app.schemas import PointIn, UpdateIn
+from app.schemas.internal import SandboxIn
 from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 from app.security import LeaseProof, new_lease_token
-from app.services import ingest, run_states
+from app.services import ingest, run_states, worker_reports
 from app.services.fair import next_queued_run
+from app.services.worker_reports import wall_note
 
 
 async def _locked_run(session: AsyncSession, run_id: str) -> Run:
@@ -33,12 +35,19 @@ async def _locked_run(session: AsyncSession, run_id: str) -> Run:
 
 
 async def claim(
-    session: AsyncSession, run_id: str, worker_id: str, lease_s: float, *, fair: bool = False
+    session: AsyncSession,
+    run_id: str,
+    worker_id: str,
+    lease_s: float,
+    *,
+    fair: bool = False,
+    sandbox: SandboxIn | None = None,
 ) -> tuple[Run, str]:
     """Lease a queued run to ``worker_id``; returns (run, the lease token, shown only here).
 
     ``fair``: not necessarily ``run_id`` but the queued run fair order puts first
-    (app.services.fair); 409 if no run is queued.
+    (app.services.fair); 409 if no run is queued. ``sandbox``: the claimer's wall, named
+    in the claim's run event and kept for /readyz (app.services.worker_reports).
     """
     if fair:
         chosen = await next_queued_run(session)
@@ -61,8 +70,14 @@ async def claim(
         update(Tenant).where(Tenant.id == run.tenant_id).values(last_claim_at=now)
     )
     run_states.transition(
-        session, run, run_states.STARTING, reason=f"claimed by {worker_id}", now=now
+        session,
+        run,
+        run_states.STARTING,
+        reason=f"claimed by {worker_id}{wall_note(sandbox)}",
+        now=now,
     )
+    if sandbox is not None:
+        await worker_reports.record(session, worker_id, sandbox)
     run.attempts += 1
     run.lease_owner = worker_id
     run.lease_expires_at = now + timedelta(seconds=lease_s)

@@ -27,6 +27,7 @@ from the batch and counts them, it never scores them 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -37,6 +38,7 @@ from rl_core.agent.ledger import END_STATES, Sample, Trajectory
 from rl_core.agent.toolcalls import parse_tool_calls
 from rl_core.envs.base import Action, Environment, Message
 from rl_core.envs.errors import FailureBudgetExhausted
+from rl_core.errors import SandboxRefused
 from rl_core.host.telemetry import SpanRecorder, now_us
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
@@ -76,6 +78,7 @@ class Agent:
         self.config = config
         self.sampling = sampling
         self.recorder = recorder or SpanRecorder()
+        self._warned_cut = False  # an observation past max_context is logged once per run
 
     async def run_episode(
         self,
@@ -117,7 +120,10 @@ class Agent:
                 log.warning("episode %s: environment failed: %s", episode_id, traj.error)
         except asyncio.CancelledError:
             traj.end("cancelled", "cancelled")
-            await self._close(env, traj)
+            await self._close_regardless(env, traj)
+            raise
+        except BaseException:  # the run's own failure (FailureBudgetExhausted) ends the run
+            await self._close_regardless(env, traj)
             raise
         await self._close(env, traj)
         self.recorder.add(
@@ -129,6 +135,16 @@ class Agent:
             args={"end_state": traj.end_state, "turns": traj.turns},
         )
         return traj
+
+    async def _close_regardless(self, env: Environment, traj: Trajectory) -> None:
+        """The close of an episode the run abandons (it stops or fails): it goes out even
+        if this task is cancelled again meanwhile, as a failing run's task groups cancel
+        their children once more; `_close` bounds it by ``CLOSE_TIMEOUT_S``. The protocol
+        promises a close after every reset, whatever happened."""
+        closing = asyncio.ensure_future(self._close(env, traj))
+        while not closing.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(closing)
 
     async def _close(self, env: Environment, traj: Trajectory) -> None:
         try:
@@ -157,6 +173,7 @@ class Agent:
         traj.info.update(reset.info)
         prompt = tok.render_messages(messages) + tok.assistant_prefix()
         if len(prompt) >= cfg.max_context:
+            self._observation_cut(traj, len(prompt), 0, _chars(reset.messages))
             traj.end("truncated", "max_context")
             return
         traj.sample.append_observation(prompt)
@@ -197,14 +214,17 @@ class Agent:
                 return traj.end("done", "env_done")
             spoken = [*messages, {"role": "assistant", "content": text}]
             messages = [*spoken, *notes, *result.messages]
-            if not self._extend(traj, tok.render_messages(spoken), prompt, messages):
+            cut = self._extend(traj, tok.render_messages(spoken), prompt, messages)
+            if cut is not None:
+                self._observation_cut(traj, cut, len(traj.sample.tokens), _chars(result.messages))
                 return traj.end("truncated", "max_context")
             prompt = tok.render_messages(messages) + tok.assistant_prefix()
 
     def _extend(
         self, traj: Trajectory, spoken: list[int], prompt: list[int], messages: list[Message]
-    ) -> bool:
-        """Append the observation to the ledger, or start a new sample; False past max_context."""
+    ) -> int | None:
+        """Append the observation to the ledger, or start a new sample: None; past
+        max_context, the observation's length in tokens (it was not appended)."""
         tok = self.tokenizer
         following = tok.render_messages(messages) + tok.assistant_prefix()
         extends = spoken[: len(prompt)] == prompt and following[: len(spoken)] == spoken
@@ -216,15 +236,45 @@ class Agent:
             ended = traj.sample.tokens[-1:] == [tok.end_of_turn_id]
             observation = (trailer if ended else []) + following[len(spoken) :]
             if len(traj.sample.tokens) + len(observation) >= self.config.max_context:
-                return False
+                return len(observation)
             traj.sample.append_observation(observation)
-            return True
+            return None
         # The template rewrote history: the model's next context is a new sequence.
         if len(following) >= self.config.max_context:
-            return False
+            return len(following)
         traj.samples.append(Sample())
         traj.sample.append_observation(following)
-        return True
+        return None
+
+    def _observation_cut(self, traj: Trajectory, tokens: int, held: int, chars: int) -> None:
+        """An observation that does not fit in what is left of ``max_context`` ends the
+        episode ``truncated`` (``max_context``) before the model sees it. Said three
+        ways, as the environment's author needs it: the episode's info
+        (``observation_truncated``), a per-step count (``env/observation_truncated``,
+        from that info) and one warning per run with the sizes and the limit."""
+        limit = self.config.max_context
+        traj.info["observation_truncated"] = {
+            "turn": traj.turns,
+            "tokens": tokens,
+            "chars": chars,
+            "context_tokens": held,
+            "max_context": limit,
+        }
+        if self._warned_cut:
+            return
+        self._warned_cut = True
+        log.warning(
+            "episode %s: the environment's %s (%d characters, %d tokens) does not fit "
+            "agent.max_context=%d tokens (%d already in context): the episode ends truncated "
+            "(max_context) before the model sees it. Raise agent.max_context or send less; "
+            "counted per step as env/observation_truncated, logged once per run",
+            traj.episode_id,
+            f"observation after step {traj.turns}" if traj.turns else "reset observation",
+            chars,
+            tokens,
+            limit,
+            held,
+        )
 
     def _parse(self, text: str, turn: int) -> tuple[Action, list[Message]]:
         if self.config.tool_call_format == "none":
@@ -268,7 +318,7 @@ class Agent:
                 )
                 late.__cause__ = exc
                 raise _EnvFailed(f"env_{call}") from late
-            except FailureBudgetExhausted:
+            except (FailureBudgetExhausted, SandboxRefused):
                 raise  # not this episode's failure: the run's, so it must end the run
             except Exception as exc:
                 raise _EnvFailed(f"env_{call}") from exc
@@ -301,6 +351,10 @@ class _EnvFailed(Exception):
 
 class _EnvTimedOut(Exception):
     pass
+
+
+def _chars(messages: list[Message]) -> int:
+    return sum(len(str(m.get("content") or "")) for m in messages)
 
 
 def _after_last(ids: list[int], token: int) -> list[int]:

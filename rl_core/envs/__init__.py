@@ -9,10 +9,12 @@ from rl_core.envs.base import Action, Environment, Message, Reset, Step, ToolCal
 from rl_core.envs.calculator import Calculator
 from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
 from rl_core.envs.code_exec import CodeExec
+from rl_core.envs.dataset import DatasetEnv
 from rl_core.envs.guess_number import GuessNumber
 from rl_core.envs.next_number import NextNumber
 from rl_core.envs.scored import Scored
 from rl_core.envs.simulated import SimulatedLatency
+from rl_core.envs.walls import SINGLE_USER, WallPolicy
 from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
 from rl_core.errors import UnknownEnvironment
 from rl_core.rewards import parse_reward
@@ -26,6 +28,7 @@ BUILTINS: dict[str, Callable[[], Environment]] = {
     "calculator": Calculator,
     "code_exec": CodeExec,
     "sim_latency": SimulatedLatency,
+    "dataset": DatasetEnv,
 }
 
 
@@ -46,10 +49,13 @@ def build_environment(
     *,
     webhooks: Mapping[str, WebhookTarget] | None = None,
     callbacks: CallbackSource | None = None,
+    walls: WallPolicy | None = None,
 ) -> Environment:
     """The environment a run's spec names: a built-in, or ``env_<id>`` found in
     ``webhooks`` (the worker gets it from the claim answer); wrapped in
-    `Scored` when the spec attaches reward functions by name."""
+    `Scored` when the spec attaches reward functions by name. ``walls``: whether the
+    host lets tenant code (``code_exec``) run behind a wall weaker than bubblewrap
+    (`rl_core.envs.walls`; None: a single-user machine's policy)."""
     name = env_spec.name
     env: Environment
     if name.startswith("env_"):
@@ -62,6 +68,8 @@ def build_environment(
                 "(run it through the control plane, or pass webhooks={id: WebhookTarget(...)})",
             )
         env = WebhookEnvironment(target, callbacks=callbacks, policy=env_spec.webhook)
+    elif name == CodeExec.name:
+        env = CodeExec(walls or SINGLE_USER)
     else:
         env = get_environment(name)
     if env_spec.reward:

@@ -8,12 +8,18 @@ runs in the sandbox followed by the task's checker; the reward is the
 fraction of test cases passed (``partial_credit``), or 1 only if all pass.
 The checker's result line carries a random marker the model's code cannot
 read, so printing a fake result earns nothing.
+
+The host's `rl_core.envs.walls.WallPolicy` decides whether the model's code may run
+here: under `MULTI_TENANT` (a deployed worker) without bubblewrap, the first reset
+raises `SandboxRefused` and the run fails with the operator's fix; under a policy that
+accepts a weaker wall, each episode's info carries ``sandbox_warning``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 import re
 import secrets
@@ -23,8 +29,11 @@ from typing import Any
 from rl_core.envs.base import Action, Message, Reset, Step, ToolCall
 from rl_core.envs.code_tasks import BY_NAME, CodeTask, checker_source, passed_cases
 from rl_core.envs.config import parse_config
-from rl_core.envs.sandbox import SandboxLimits, SandboxResult, run_python
-from rl_core.errors import EnvironmentFailure
+from rl_core.envs.sandbox import SandboxLimits, SandboxResult, SandboxUnavailable, run_python
+from rl_core.envs.walls import SINGLE_USER, WallPolicy, WallReport, assess
+from rl_core.errors import EnvironmentFailure, SandboxRefused
+
+log = logging.getLogger(__name__)
 
 TOOL: dict[str, Any] = {
     "type": "function",
@@ -110,12 +119,28 @@ class _Episode:
 
 
 class CodeExec:
+    """``walls``: what this host accepts (`rl_core.envs.walls`); the default is a
+    single-user machine's. A deployed worker passes `MULTI_TENANT` or the operator's opt-out."""
+
     name = "code_exec"
 
-    def __init__(self) -> None:
+    def __init__(self, walls: WallPolicy = SINGLE_USER) -> None:
         self._episodes: dict[str, _Episode] = {}
+        self._policy = walls
+        self._report: WallReport | None = None
+
+    def _wall(self) -> WallReport:
+        """The host's wall, assessed at the first reset (the probes run once per process)."""
+        if self._report is None:
+            self._report = assess(self._policy)
+            if self._report.weak:
+                log.warning("code_exec: %s", self._report.message)
+        if self._report.tenant_code == "refused":
+            raise SandboxRefused(self._report.message)
+        return self._report
 
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
+        wall = self._wall()  # before anything of the tenant's is looked at
         cfg = parse_config(CodeExecConfig, config, self.name)
         names = sorted(cfg.tasks) if cfg.tasks else sorted(BY_NAME)
         task = BY_NAME[random.Random(seed).choice(names)]
@@ -125,9 +150,10 @@ class CodeExec:
             call = json.dumps({"name": "python", "arguments": {"code": "print(1 + 1)"}})
             prompt += f"To use it, write <tool_call>{call}</tool_call> and wait for the output. "
         prompt += "When you are done, reply with the complete function in a ```python code block."
-        return Reset(
-            messages=[{"role": "user", "content": prompt}], tools=[TOOL], info={"task": task.name}
-        )
+        info: dict[str, Any] = {"task": task.name, "isolation": wall.wall}
+        if wall.weak:
+            info["sandbox_warning"] = wall.message
+        return Reset(messages=[{"role": "user", "content": prompt}], tools=[TOOL], info=info)
 
     async def step(self, episode_id: str, step: int, action: Action) -> Step:
         episode = self._episodes.get(episode_id)
@@ -151,26 +177,34 @@ class CodeExec:
     async def close(self, episode_id: str) -> None:
         self._episodes.pop(episode_id, None)
 
-    @staticmethod
-    async def _tool(call: ToolCall, cfg: CodeExecConfig) -> Message:
+    async def _run(self, code: str, cfg: CodeExecConfig, checker: str = "") -> SandboxResult:
+        limits = cfg.limits
+        if self._policy.weak_wall == "refuse":
+            # bubblewrap or nothing: should it stop working mid-run, no silent fallback.
+            limits = dataclasses.replace(limits, network="bwrap")
+        try:
+            return await run_python(code, limits, checker=checker)
+        except SandboxUnavailable as exc:
+            raise SandboxRefused(f"sandbox wall: {exc}; this worker refuses tenant code") from exc
+
+    async def _tool(self, call: ToolCall, cfg: CodeExecConfig) -> Message:
         code = call.arguments.get("code")
         if call.name != "python":
             content = f"error: unknown tool {call.name!r}; the only tool is 'python'"
         elif not isinstance(code, str):
             content = "error: python needs a string argument 'code'"
         else:
-            content = describe(await run_python(code, cfg.limits))
+            content = describe(await self._run(code, cfg))
         return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
 
-    @staticmethod
-    async def _judge(episode: _Episode, content: str, out_of_turns: bool) -> Step:
+    async def _judge(self, episode: _Episode, content: str, out_of_turns: bool) -> Step:
         blocks = _FENCE.findall(content)
         if not blocks:
             reply = "Reply with the complete function in a ```python code block."
             return Step([{"role": "user", "content": reply}], 0.0, out_of_turns, {"passed": 0})
         marker = f"__rlaas_{secrets.token_hex(8)}__"
-        run = await run_python(
-            blocks[-1], episode.config.limits, checker=checker_source(episode.task, marker)
+        run = await self._run(
+            blocks[-1], episode.config, checker=checker_source(episode.task, marker)
         )
         passed, total = _score(run.stdout, marker, episode.task)
         reward = passed / total if episode.config.partial_credit else float(passed == total)

@@ -7,8 +7,9 @@ bookkeeping, so a game only judges a move.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 from rl_core.envs.base import Step
 from rl_core.errors import EnvironmentFailure
@@ -48,3 +49,30 @@ class Episodes(Generic[E]):
     def close(self, episode_id: str) -> None:
         self._states.pop(episode_id, None)
         self._answers.pop(episode_id, None)
+
+
+# Episode ids name the work they play (`rl_core.pipeline.collector` and
+# `rl_core.pipeline.evaluate` make them with these): an environment whose problems are
+# a fixed list (``dataset``) reads from the id which training task or which held-out
+# episode it serves, so the rows follow the collector's own resumable order.
+_TRAIN_ID = re.compile(r"g(\d+)-e\d+(?:-r\d+)?$")
+_EVAL_ID = re.compile(r"eval\d+-e(\d+)$")
+
+
+def train_episode_id(prefix: str, task: int, member: int, attempt: int = 0) -> str:
+    suffix = f"-r{attempt}" if attempt else ""
+    return f"{prefix}g{task}-e{member}{suffix}"
+
+
+def eval_episode_id(prefix: str, step: int, index: int) -> str:
+    return f"{prefix}eval{step}-e{index}"
+
+
+def episode_position(episode_id: str) -> tuple[Literal["train", "eval"], int] | None:
+    """("train", task index) or ("eval", episode index) from an id made above; None for
+    any other id (a library user's own)."""
+    if found := _EVAL_ID.search(episode_id):
+        return "eval", int(found.group(1))
+    if found := _TRAIN_ID.search(episode_id):
+        return "train", int(found.group(1))
+    return None

@@ -22,6 +22,10 @@ stood:
 - ``audit``: only the guard's audit hook (see ``_sandbox_guard.py``), which is
   not a boundary against a program that sets out to get past it.
 
+Only the first is a wall between tenants: `rl_core.envs.walls` decides whether tenant
+code may run behind a weaker one (a deployed worker refuses it unless its operator
+opts out by name).
+
 Inside every kind, the limits: wall time (the parent kills the process group when
 ``wall_s`` passes); CPU time (``RLIMIT_CPU``), address space (``RLIMIT_AS``), file
 size (``RLIMIT_FSIZE``) and open files (``RLIMIT_NOFILE``), set by the guard
@@ -105,11 +109,19 @@ class SandboxUnavailable(RuntimeError):
     """The wall asked for (``network="bwrap"`` or ``"namespace"``) does not work here."""
 
 
-@functools.cache
 def bwrap_available() -> bool:
     """Does bubblewrap run here (installed, and user namespaces allowed)?"""
+    return bwrap_problem() is None
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why bubblewrap does not run here (None: it does), in words an operator can act on.
+
+    Probed once per process (a real sandbox start); ``bwrap_problem.cache_clear()`` probes
+    again."""
     if shutil.which("bwrap") is None:
-        return False
+        return "bubblewrap is not installed (no `bwrap` on PATH)"
     try:
         with tempfile.TemporaryDirectory(prefix="rlaas-sandbox-probe-") as folder:
             Path(folder, "main.py").write_text("")
@@ -118,9 +130,16 @@ def bwrap_available() -> bool:
                 capture_output=True,
                 timeout=10,
             )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+    except subprocess.TimeoutExpired:
+        return "bubblewrap did not start a sandbox within 10 s"
+    except OSError as exc:
+        return f"bubblewrap could not be started: {exc}"
+    if done.returncode == 0:
+        return None
+    said = done.stderr.decode(errors="replace").strip().splitlines()
+    # Its usual complaint here: user namespaces are not allowed to unprivileged processes.
+    why = said[-1] if said else f"exit status {done.returncode}"
+    return f"bubblewrap is installed but cannot build its sandbox ({why})"
 
 
 @functools.cache
@@ -186,7 +205,7 @@ def _isolation(limits: SandboxLimits) -> Isolation:
     if wanted in ("auto", "bwrap") and bwrap_available():
         return "bwrap"
     if wanted == "bwrap":
-        raise SandboxUnavailable("bwrap does not run here: install bubblewrap (Debian's package)")
+        raise SandboxUnavailable(f"bwrap does not run here: {bwrap_problem()}")
     if wanted in ("auto", "namespace") and namespaces_available():
         return "namespace"
     if wanted == "namespace":

@@ -1,14 +1,39 @@
-"""`Scored`: an environment whose reward is replaced by functions attached by name."""
+"""`Scored`: an environment whose reward is replaced by functions attached by name.
+
+A reward function (a verifier) that raises or passes ``timeout_s`` fails the episode
+(``env_error``: removed from its group, never scored 0 for the checker's fault) and is
+counted by name and reason in the ``env/verifier_failed/<name>/<reason>`` metrics.
+"""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from rl_core.envs.base import Action, Environment, Reset, Step
+from rl_core.envs.sandbox import SandboxLimits, run_python
 from rl_core.errors import EnvironmentFailure
-from rl_core.rewards import MissingReference, RewardContext, RewardTerm, score
+from rl_core.rewards import (
+    MissingReference,
+    ProgramRun,
+    RewardContext,
+    RewardTerm,
+    VerifierFailed,
+    score_async,
+)
+
+# python_tests: a test program gets what code_exec's default gives the model's own runs,
+# well inside the verifier's own time limit (Scored's timeout_s).
+TEST_LIMITS = SandboxLimits(wall_s=5.0, cpu_s=5, memory_bytes=256 * 2**20)
+
+
+async def run_tests(program: str) -> ProgramRun:
+    run = await run_python(program, TEST_LIMITS)
+    return ProgramRun(
+        exit_code=run.exit_code, stdout=run.stdout, stderr=run.stderr, killed_by=run.killed_by
+    )
 
 
 @dataclasses.dataclass
@@ -23,10 +48,15 @@ class _Episode:
 class Scored:
     """Wraps ``inner``; steps give 0 until the end, then the weighted terms' sum."""
 
-    def __init__(self, inner: Environment, terms: tuple[RewardTerm, ...]) -> None:
+    def __init__(
+        self, inner: Environment, terms: tuple[RewardTerm, ...], *, timeout_s: float = 30.0
+    ) -> None:
         self.inner = inner
         self.terms = terms
+        self.timeout_s = timeout_s
         self._episodes: dict[str, _Episode] = {}
+        self.verifier_failures: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._reported: collections.Counter[tuple[str, str]] = collections.Counter()
 
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
         reset = await self.inner.reset(episode_id, seed, config)
@@ -54,10 +84,14 @@ class Scored:
                 env_reward=episode.env_reward,
                 turns=len(episode.contents),
                 info=episode.info,
+                sandbox=run_tests,
             )
             try:
-                terms = score(self.terms, ctx)
+                terms = await score_async(self.terms, ctx, timeout_s=self.timeout_s)
             except MissingReference as exc:
+                raise EnvironmentFailure(str(exc)) from exc
+            except VerifierFailed as exc:
+                self.verifier_failures[exc.name, exc.reason] += 1
                 raise EnvironmentFailure(str(exc)) from exc
             reward = sum(terms.values())
             info |= {"reward_terms": terms, "env_reward": episode.env_reward}
@@ -76,6 +110,12 @@ class Scored:
             await aclose()
 
     def step_metrics(self) -> dict[str, float]:
-        """The inner environment's ``env/`` metrics, if it keeps any (a webhook's faults)."""
+        """The inner environment's ``env/`` metrics, if it keeps any (a webhook's faults),
+        and the verifier failures since the last call, by name and reason."""
         step_metrics = getattr(self.inner, "step_metrics", None)
-        return step_metrics() if step_metrics is not None else {}
+        metrics = step_metrics() if step_metrics is not None else {}
+        for (name, reason), n in self.verifier_failures.items():
+            since = n - self._reported[name, reason]
+            metrics[f"env/verifier_failed/{name}/{reason}"] = float(since)
+        self._reported = collections.Counter(self.verifier_failures)
+        return metrics

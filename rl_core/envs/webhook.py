@@ -130,6 +130,9 @@ class WebhookEnvironment:
         self.faults: Counter[str] = Counter()  # failed requests by reason (FAULT_REASONS)
         self.absorbed = 0  # overloads retried uncounted, because the limit was lowered
         self._reported: dict[str, int] = {}
+        # Episodes whose /reset was sent (or about to be): each gets one /close, and only
+        # they do; an episode refused before its reset went out has nothing to close.
+        self._opened: set[str] = set()
         # Resolved at the breaker's next verdict (a probe's end): what held calls wait on.
         self._verdict: asyncio.Future[None] | None = None
 
@@ -138,6 +141,7 @@ class WebhookEnvironment:
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
         self._check_budget()
         self.budget.start()
+        self._opened.add(episode_id)
         payload = wire.ResetRequest(episode_id=episode_id, seed=seed, config=dict(config))
         body = await self._episode_call(episode_id, "reset", payload, self.policy.step_deadline_s)
         answer = self._parse(wire.ResetAnswer, body, f"{episode_id}: the /reset answer")
@@ -165,6 +169,10 @@ class WebhookEnvironment:
         )
 
     async def close(self, episode_id: str) -> None:
+        if episode_id not in self._opened:  # its reset was never sent (the budget ran out)
+            self.budget.close(episode_id)
+            return
+        self._opened.discard(episode_id)
         try:
             deadline = time.monotonic() + self.call_timeout_s * 2
             await self._call("close", wire.CloseRequest(episode_id=episode_id), deadline, retries=1)

@@ -33,7 +33,7 @@ import numpy as np
 
 from rl_core.agent.ledger import Sample, Trajectory
 from rl_core.algorithms.grpo import Baseline, group_advantages, turn_advantages
-from rl_core.pipeline.queue import Group
+from rl_core.pipeline.queue import Group, fresh_mask
 from rl_core.training.trainer import TrainBatch
 
 Credit = Literal["episode", "turn"]
@@ -94,16 +94,6 @@ def build_batch(
         min_length=min_length,
         rewards=row_rewards,
     )
-
-
-def fresh_mask(sample: Sample, turn_versions: Sequence[int], fresh_from: int) -> list[int]:
-    """The sample's loss mask without the tokens of calls sampled before ``fresh_from``."""
-    if not turn_versions or min(turn_versions) >= fresh_from:
-        return sample.loss_mask
-    return [
-        m if turn < 0 or turn >= len(turn_versions) or turn_versions[turn] >= fresh_from else 0
-        for m, turn in zip(sample.loss_mask, sample.turns, strict=True)
-    ]
 
 
 def episode_credit(

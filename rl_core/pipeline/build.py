@@ -20,6 +20,7 @@ import jax
 from rl_core.agent.agent import Agent
 from rl_core.envs import build_environment
 from rl_core.envs.base import Environment
+from rl_core.envs.walls import WallPolicy
 from rl_core.errors import UnsupportedSpec
 from rl_core.host.control import RunControl
 from rl_core.host.sinks import RunSink
@@ -198,6 +199,8 @@ def build_sessions(
         tokenizer=tokenizer,
         config=config,
         group_size=spec.rollout.group_size,
+        client_fault_budget=spec.rollout.client_fault_budget,
+        episode_timeout_s=spec.rollout.episode_timeout_s,
         recorder=recorder,
     )
 
@@ -249,6 +252,7 @@ def build_pipeline(
     episode_prefix: str,
     webhooks: Mapping[str, Any] | None,
     callbacks: Any,
+    walls: WallPolicy | None = None,
 ) -> tuple[Pipeline, Callable[[], None]]:
     """The pipeline and a ``close`` to call when it has run (it stops the device thread and,
     with engine vllm, the server rlaas started)."""
@@ -257,7 +261,9 @@ def build_pipeline(
     env = (
         None
         if clients_play
-        else build_environment(spec.environment, webhooks=webhooks or {}, callbacks=callbacks)
+        else build_environment(
+            spec.environment, webhooks=webhooks or {}, callbacks=callbacks, walls=walls
+        )
     )
     model, tokenizer = load_model(spec.model, seed=spec.train.seed)
     recorder = SpanRecorder()

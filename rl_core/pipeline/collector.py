@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from rl_core.agent.ledger import Trajectory
+from rl_core.envs.episodes import train_episode_id
 from rl_core.pipeline.queue import Admission, Group, GroupQueue, GroupTask
 
 log = logging.getLogger(__name__)
@@ -181,8 +182,7 @@ class Collector:
         return None
 
     async def _episode(self, task: GroupTask, member: int) -> Trajectory:
-        suffix = f"-r{task.attempt}" if task.attempt else ""
-        episode_id = f"{self.episode_prefix}g{task.index}-e{member}{suffix}"
+        episode_id = train_episode_id(self.episode_prefix, task.index, member, task.attempt)
         traj = Trajectory(episode_id=episode_id, group=task.index, member=member)
         self.inflight[episode_id] = traj
         try:

@@ -28,6 +28,7 @@ from typing import Any
 from rl_core.agent.agent import Agent
 from rl_core.agent.ledger import Trajectory
 from rl_core.envs.base import Environment
+from rl_core.envs.episodes import eval_episode_id
 from rl_core.pipeline.collector import derive_seed
 
 
@@ -63,7 +64,7 @@ class Evaluator:
         async with self._limit:
             return await self.agent.run_episode(
                 self.env,
-                episode_id=f"{self.episode_prefix}eval{step}-e{i}",
+                episode_id=eval_episode_id(self.episode_prefix, step, i),
                 env_seed=derive_seed(self.seed, "eval", i),
                 sample_seed=derive_seed(self.seed, "eval-sample", i),
                 env_config=self.env_config,

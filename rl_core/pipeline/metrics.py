@@ -28,7 +28,9 @@ reading. Names, all floats:
 - ``loop/lag_ms_{mean,max}``: how late the event loop wakes a sleeper.
 - ``env/...``: what the environment itself counts, when it does (a webhook's failed
   requests by reason, its concurrency limit and breaker: `WebhookEnvironment.step_metrics`);
-  added by the pipeline, not here.
+  added by the pipeline, not here. Except ``env/observation_truncated``, counted here
+  for any environment: episodes of the step ended because an observation did not fit
+  ``agent.max_context`` (their info's ``observation_truncated`` says by how much).
 """
 
 from __future__ import annotations
@@ -112,6 +114,10 @@ class StepMeter:
                 **{f"failures/{reason}": 0.0 for reason in FAILURE_REASONS},
                 **{f"failures/{reason}": float(n) for reason, n in sorted(failures.items())},
                 "failures/total": float(sum(failures.values())),
+                # Observations past agent.max_context (rl_core.agent.agent._observation_cut).
+                "env/observation_truncated": float(
+                    sum("observation_truncated" in t.info for t in finished)
+                ),
                 "groups/trained": float(len(groups)),
                 "groups/dropped_failed": float(readings.dropped_failed - last.dropped_failed),
                 "groups/dropped_stale": float(

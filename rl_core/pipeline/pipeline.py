@@ -43,6 +43,7 @@ from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.metrics import Readings, StepMeter
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
+from rl_core.pipeline.reported import trained_records, untrained_records
 from rl_core.pipeline.result import TrainResult
 from rl_core.records import CheckpointRecord, InflightEpisode, InflightSnapshot
 
@@ -153,6 +154,7 @@ class Pipeline:
             version=self.start_step,
         )
         serving = getattr(self.engine, "serving", None)
+        ended = "failed"
         try:
             # The engine serves (batches requests) for as long as episodes may ask.
             async with (
@@ -166,13 +168,18 @@ class Pipeline:
                 ]
                 try:
                     result = await self._train_loop()
+                    ended = "was stopped" if result.stopped_early else "finished its steps"
                 finally:
                     for task in helpers:
                         task.cancel()
         except ExceptionGroup as group:
             # Raise the first cause itself, so the run's error reads as what went wrong.
-            raise _first_leaf(group) from group
+            cause = _first_leaf(group)
+            ended = f"failed ({type(cause).__name__})"
+            raise cause from group
         finally:
+            if self.sessions is not None:
+                self.sessions.close(ended)  # clients still in a session are told so
             self._report_cancelled()
             await self._close_environment()
         self.profiler.stop()
@@ -214,6 +221,8 @@ class Pipeline:
                 break
             metrics, busy, blocked = await self._train(step, groups)
             finished = self.collector.drain_finished()
+            if self.sessions is not None:  # sessions its clients failed, slots offered again
+                finished += self.sessions.drain_faulted()
             self.admission.set_version(step)  # only now may groups of the new policy start
             self.profiler.end_step()
             wall = time.perf_counter() - started
@@ -283,6 +292,15 @@ class Pipeline:
         if error:
             raise EnvironmentFailure(
                 f"step {self.step}: {failed_groups} groups lost to failed episodes; first: {error}"
+            )
+        if self.sessions is not None:
+            # Clients' cancels and timeouts are offered again and budgeted by the broker
+            # (rollout.client_fault_budget): what is left is groups never filled.
+            raise NoTrajectories(
+                f"step {self.step}: {failed_groups} groups lost: too few of their members "
+                "were played to the end (slots a client's group name never took within "
+                "the fill timeout, or offered again until their bound); send group_size "
+                "sessions per group name, and see the sessions/ metrics"
             )
         raise NoTrajectories(
             f"step {self.step}: {failed_groups} groups lost to episodes that timed out or were "
@@ -359,17 +377,19 @@ class Pipeline:
         self._flush_spans()
         n = self.config.trajectories_per_step
         if n:
-            trained = [g.to_train[0] for g in sorted(groups, key=lambda g: g.task)][:n]
-            failed = [t for t in finished if not t.kept][:n]
-            records = [t.to_record(self.tokenizer, step=step) for t in trained]
-            records += [t.to_record(self.tokenizer, step=0) for t in failed]
-            self.sink.on_trajectories(records)
+            records = trained_records(groups, self.tokenizer, step=step, n=n)
+            records += untrained_records(finished, self.tokenizer, n=n)
+            if records:
+                self.sink.on_trajectories(records)
 
     def _report_cancelled(self) -> None:
-        cancelled = self.collector.cancelled
         n = self.config.trajectories_per_step
-        if cancelled and n:
-            self.sink.on_trajectories([t.to_record(self.tokenizer, step=0) for t in cancelled[:n]])
+        cancelled = self.collector.cancelled
+        if self.sessions is not None:
+            cancelled = cancelled + self.sessions.drain_faulted()
+        records = untrained_records(cancelled, self.tokenizer, n=n) if n else []
+        if records:
+            self.sink.on_trajectories(records)
         self._flush_spans()
 
     def _flush_spans(self) -> None:

@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
-from rl_core.agent.ledger import Trajectory
+from rl_core.agent.ledger import Sample, Trajectory
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -104,6 +104,16 @@ class Group:
     def trainable(self, fresh_from: int) -> list[Trajectory]:
         """Members to train with at least one model call sampled at ``fresh_from`` or later."""
         return [t for t in self.to_train if t.newest_version >= fresh_from]
+
+
+def fresh_mask(sample: Sample, turn_versions: Sequence[int], fresh_from: int) -> list[int]:
+    """The sample's loss mask without the tokens of calls sampled before ``fresh_from``."""
+    if not turn_versions or min(turn_versions) >= fresh_from:
+        return sample.loss_mask
+    return [
+        m if turn < 0 or turn >= len(turn_versions) or turn_versions[turn] >= fresh_from else 0
+        for m, turn in zip(sample.loss_mask, sample.turns, strict=True)
+    ]
 
 
 class Admission:
@@ -282,4 +292,4 @@ class GroupQueue:
         return values
 
 
-__all__ = ["Admission", "GateCounts", "Group", "GroupQueue", "GroupTask"]
+__all__ = ["Admission", "GateCounts", "Group", "GroupQueue", "GroupTask", "fresh_mask"]

@@ -16,13 +16,16 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl_core.errors import UnsupportedSpec
 from rl_core.host.control import RunControl
 from rl_core.host.sinks import RunSink
 from rl_core.pipeline.result import TrainResult
 from rl_core.spec import SESSIONS, JobSpec
+
+if TYPE_CHECKING:
+    from rl_core.envs.walls import WallPolicy
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ def train(
     webhooks: Mapping[str, Any] | None = None,
     callbacks: Any = None,
     gateway: Callable[[Any], contextlib.AbstractAsyncContextManager[Any]] | None = None,
+    walls: WallPolicy | None = None,
 ) -> TrainResult:
     """Train ``spec`` to ``train.steps`` steps, reporting to ``sink``; see the module docstring.
 
@@ -50,7 +54,9 @@ def train(
     reach `rl_core.envs.build_environment` for ``env_<id>`` environments.
     ``gateway`` serves a ``sessions`` run's `rl_core.sessions.broker.SessionBroker` to
     clients (an HTTP server, which rl_core does not have) on the run's own event loop,
-    for as long as the run lasts.
+    for as long as the run lasts. ``walls``: whether tenant code may run behind a sandbox
+    wall weaker than bubblewrap (`rl_core.envs.walls`; None: a single-user machine's
+    policy, a warning; a deployed worker passes its own).
 
     Must be called from synchronous code (it runs its own event loop).
     """
@@ -68,6 +74,7 @@ def train(
         episode_prefix=episode_prefix,
         webhooks=webhooks,
         callbacks=callbacks,
+        walls=walls,
     )
 
     async def run() -> TrainResult:

@@ -65,6 +65,26 @@ class Answer(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# --- the worker itself ----------------------------------------------------------------
+
+
+class SandboxIn(Sent):
+    """The sandbox wall a worker runs tenant code behind (``rl_core.envs.walls.WallReport``):
+    ``bwrap`` is the wall between tenants; behind the others, tenant code is ``refused``
+    or, where the operator (or the embedded default) accepted it, ``runs_on_weak_wall``."""
+
+    wall: Literal["bwrap", "namespace", "audit"]
+    tenant_code: Literal["runs", "runs_on_weak_wall", "refused"]
+
+
+class WorkerReportBody(Sent):
+    """What a worker says of itself at start-up (``POST /internal/workers/report``)."""
+
+    worker_id: WorkerId
+    queue: str = Field(min_length=1, max_length=200)
+    sandbox: SandboxIn
+
+
 # --- claim ----------------------------------------------------------------------------
 
 
@@ -75,6 +95,9 @@ class ClaimBody(Sent):
     # True: take the queued run that fairness between tenants puts first, which may be
     # another than the one named; the answer's run_id says which (docs/lifecycle.md).
     fair: bool = False
+    # The claimer's sandbox wall, written into the claim's run event (the tenant reads
+    # which wall ran their code) and into the worker's row on /readyz.
+    sandbox: SandboxIn | None = None
 
 
 class EnvironmentGrant(Answer):
@@ -311,6 +334,7 @@ __all__ = [
     "IngestRead",
     "MetricsBody",
     "PointIn",
+    "SandboxIn",
     "SegmentIn",
     "Sent",
     "SpanIn",
@@ -322,4 +346,5 @@ __all__ = [
     "TrajectoryIn",
     "UpdateIn",
     "WorkerBatch",
+    "WorkerReportBody",
 ]

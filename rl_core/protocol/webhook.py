@@ -53,7 +53,10 @@ def _none_is_empty_list(value: Any) -> Any:
 Info = Annotated[dict[str, Any], BeforeValidator(_none_is_empty_object)]
 Config = Annotated[dict[str, Any], BeforeValidator(_none_is_empty_object)]
 EpisodeId = Annotated[StrictStr, Field(min_length=1, max_length=300)]
-StepNumber = Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]
+# The worker numbers an episode's steps 1, 2, 3, ... (the agent's turn); 0 is never a step.
+StepNumber = Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]
+# Seeds come from `rl_core.pipeline.collector.derive_seed`: 31 bits, never negative.
+Seed = Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]
 
 
 class Tolerant(BaseModel):
@@ -69,7 +72,7 @@ class ResetRequest(Tolerant):
     """``POST {url}/reset``: start episode ``episode_id``."""
 
     episode_id: EpisodeId
-    seed: StrictInt
+    seed: Seed  # the same for every member of a group: one game, several attempts
     config: Config = Field(default_factory=dict)  # the spec's environment.config, as written
 
 

@@ -40,6 +40,13 @@ class Grammar:
     lark: str
 
 
+class GrammarError(RolloutError):
+    """A grammar the engine cannot compile: the client's to fix (a 400), not a server fault.
+
+    The message is the grammar library's reason (llguidance's, in both engines).
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class Completion:
     """One sampled continuation.
@@ -56,6 +63,9 @@ class Completion:
     policy_version: int
     # With ``generate(top_logprobs=k)``, k > 0: for each of ``tokens``, the k most likely
     # (token id, logprob) pairs of the distribution it was drawn from, most likely first.
+    # Fewer where fewer than k tokens could be drawn (cut by top-k/top-p or a grammar: a
+    # forced token has itself alone). A greedy token's are those of its penalised, masked
+    # distribution at temperature 1 (its own is a point mass), so the first is the token.
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
 

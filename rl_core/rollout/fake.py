@@ -64,7 +64,7 @@ class ScriptedEngine:
             logprob = -0.1 * (n + 1)
             top = None
             if top_logprobs:
-                top = [[(t, logprob), *_others(t, logprob, top_logprobs - 1)] for t in tokens]
+                top = [_alternatives(t, logprob, top_logprobs) for t in tokens]
             out.append(
                 Completion(
                     tokens=tokens,
@@ -80,7 +80,7 @@ class ScriptedEngine:
         self.params, self.version = params, version
 
 
-def _others(token: int, logprob: float, n: int) -> list[tuple[int, float]]:
-    """The n alternatives the fake reports beside ``token``: ids 0.., each less likely."""
-    ids = (i for i in range(n + 1) if i != token)
-    return [(o, logprob - 1 - j) for j, o in zip(range(n), ids, strict=False)]
+def _alternatives(token: int, logprob: float, k: int) -> list[tuple[int, float]]:
+    """The sampled token first, then ids 0, 1, ... (itself left out), each 1 less likely."""
+    others = [o for o in range(k + 1) if o != token][: k - 1]
+    return [(token, logprob), *((o, logprob - 1 - j) for j, o in enumerate(others))]

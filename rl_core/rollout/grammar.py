@@ -26,7 +26,7 @@ from rl_core.errors import RolloutError
 from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.pretrained.chat_tokenizer import ChatTokenizer
 from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
-from rl_core.rollout.base import Grammar
+from rl_core.rollout.base import Grammar, GrammarError
 
 
 def words(vocab: int) -> int:
@@ -62,12 +62,12 @@ class GrammarTokenizer:
         self._eos_bits = np.asarray([1 << (t % 32) for t in eos], np.int64)
 
     def compile(self, grammar: Grammar) -> Constraint:
-        """A fresh matcher for ``grammar``; `RolloutError` with llguidance's reason if invalid."""
+        """A fresh matcher for ``grammar``; `GrammarError` with llguidance's reason if invalid."""
         matcher = llguidance.LLMatcher(
             self.ll, llguidance.LLMatcher.grammar_from_lark(grammar.lark), log_level=0
         )
         if matcher.is_error():
-            raise RolloutError(f"the grammar does not compile: {matcher.get_error()}")
+            raise GrammarError(f"the grammar does not compile: {matcher.get_error()}")
         return Constraint(self, matcher)
 
     def _write_mask(self, matcher: Any, row: np.ndarray) -> None:

@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -464,7 +465,7 @@ class Scheduler:
         constrained = np.zeros((rows,), bool)
         top = np.zeros((rows,), bool)
         seeds = np.zeros((rows,), np.uint32)
-        allowed: np.ndarray | jax.Array | None = None
+        bitmask: np.ndarray | None = None
         for i, r in enumerate(requests):
             if r is None:
                 continue
@@ -474,19 +475,19 @@ class Scheduler:
             top[i] = r.top_logprobs > 0
             seeds[i] = r.seed % (1 << 32)
             if r.constraint is not None:
-                if allowed is None:
-                    allowed = np.zeros((rows, words(self._vocab)), np.int32)
-                r.constraint.mask_into(allowed[i])
+                if bitmask is None:
+                    bitmask = np.zeros((rows, words(self._vocab)), np.int32)
+                r.constraint.mask_into(bitmask[i])
                 constrained[i] = True
-        if allowed is None:
+        allowed: Any = bitmask
+        if bitmask is None:
             # Nothing is constrained: the same zeros on the device every step, no transfer.
             if rows not in self._no_mask:
                 self._no_mask[rows] = jnp.zeros((rows, words(self._vocab)), jnp.int32)
             allowed = self._no_mask[rows]
-        controls = Controls(
-            temperature, top_k, top_p, frequency, presence, constrained, allowed, top
-        )
-        return controls, seeds
+        # Host arrays: the jitted call moves them to the device with its other arguments.
+        fields = [temperature, top_k, top_p, frequency, presence, constrained, allowed, top]
+        return Controls._make(fields), seeds
 
     def _drop_abandoned(self) -> None:
         # A caller that timed out no longer waits: free its slot instead of decoding on.

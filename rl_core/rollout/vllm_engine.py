@@ -9,6 +9,13 @@ under the distribution it was sampled from (``--logprobs-mode processed_logprobs
 temperature, top-k and top-p, what the trainer's importance ratio needs), and the weight
 version that sampled each span of tokens.
 
+What a client asks for goes along per request: OpenAI's penalties (vLLM's definitions are
+OpenAI's: counts of the tokens generated so far), ``logprobs`` for the top alternatives,
+and a grammar as ``structured_outputs.grammar`` (llguidance's Lark, compiled by vLLM's
+``guidance`` backend; the server needs the model's tokenizer for it, `VllmServer`). vLLM
+applies the grammar's mask to the logits before the sampler, so the processed logprobs it
+returns are those of the masked distribution, as the JAX engine's are.
+
 A cancelled `generate` (an episode cancelled or timed out) closes its requests'
 connections; vLLM aborts a request whose client disconnects, so the server stops spending
 compute on it.
@@ -56,8 +63,8 @@ from rl_core.host.telemetry import SpanRecorder, now_us
 from rl_core.rollout.base import (
     Completion,
     Grammar,
+    GrammarError,
     SamplingParams,
-    refuse_unserved,
     token_limits,
 )
 from rl_core.rollout.vllm_server import VllmServer
@@ -69,6 +76,8 @@ log = logging.getLogger(__name__)
 WeightsWriter = Callable[[Any, Path], Any]  # (params, folder): writes folder/model.safetensors
 # (params, tokens [T]) -> log p(tokens[t] | tokens[:t]) for t >= 1 [T-1], computed by the trainer
 Scorer = Callable[[Any, Sequence[int]], Sequence[float]]
+MAX_TOP_LOGPROBS = 20  # OpenAI's cap; the server is started with --max-logprobs 21
+_VLLM_NO_LOGPROB = -9999.0  # what vLLM's token routes send for -inf
 # Transport failures after which the server may be down (a timeout is the load, not the server).
 _DOWN = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
@@ -227,14 +236,18 @@ class VllmEngine:
         grammars: Sequence[Grammar | None] | None = None,
         top_logprobs: int = 0,
     ) -> list[Completion]:
-        refuse_unserved("vLLM", sampling, grammars, top_logprobs)
         limits = token_limits(prompts, max_new_tokens, seeds)
+        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RolloutError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+        if grammars is not None and len(grammars) != len(prompts):
+            raise RolloutError(f"{len(grammars)} grammars for {len(prompts)} prompts")
+        each = list(grammars) if grammars is not None else [None] * len(prompts)
         slots = self._loop_state()
         try:
             async with asyncio.TaskGroup() as tg:
                 tasks = [
-                    tg.create_task(self._one(slots, list(p), m, sampling, s))
-                    for p, m, s in zip(prompts, limits, seeds, strict=True)
+                    tg.create_task(self._one(slots, list(p), m, sampling, s, g, top_logprobs))
+                    for p, m, s, g in zip(prompts, limits, seeds, each, strict=True)
                 ]
         except ExceptionGroup as group:
             # One failed request fails the call (the others are cancelled, hence aborted);
@@ -251,32 +264,46 @@ class VllmEngine:
         max_new_tokens: int,
         sampling: SamplingParams,
         seed: int,
+        grammar: Grammar | None = None,
+        top_logprobs: int = 0,
     ) -> Completion:
         greedy = sampling.temperature == 0
-        body = {
-            "token_ids": prompt,
-            "sampling_params": {
-                "max_tokens": max_new_tokens,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "top_k": sampling.top_k,  # 0: no top-k filter, as in vLLM
-                "seed": seed,
-                "logprobs": 0,  # the sampled token's own logprob only
-                "stop_token_ids": list(self.stop_ids),
-                # Only our stop ids end a sequence, as in the JAX engine; the model's
-                # config may name an eos that the run does not stop on.
-                "ignore_eos": True,
-                "detokenize": False,
-            },
+        params: dict[str, Any] = {
+            "max_tokens": max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,  # 0: no top-k filter, as in vLLM
+            "frequency_penalty": sampling.frequency_penalty,
+            "presence_penalty": sampling.presence_penalty,
+            "seed": seed,
+            # 0: the sampled token's own logprob only. vLLM lists the sampled token first,
+            # then the others by rank, cut at the number asked: k + 1 hold the top k.
+            "logprobs": top_logprobs + 1 if top_logprobs else 0,
+            "stop_token_ids": list(self.stop_ids),
+            # Only our stop ids end a sequence, as in the JAX engine; the model's
+            # config may name an eos that the run does not stop on.
+            "ignore_eos": True,
+            "detokenize": False,
         }
+        if grammar is not None:
+            params["structured_outputs"] = {"grammar": grammar.lark}
+        body = {"token_ids": prompt, "sampling_params": params}
         async with slots:
             response = await self._post("/inference/v1/generate", body)
+        if response.status_code == 400 and grammar is not None:
+            if "tokenizer" in response.text:
+                raise RolloutError(
+                    f"the vLLM server at {self.base_url} does not serve grammars: it runs "
+                    "without the model's tokenizer (--skip-tokenizer-init; serve a model "
+                    f"folder with tokenizer.json): {response.text[:300]}"
+                )
+            raise GrammarError(f"the grammar does not compile: {response.text[:500]}")
         if response.status_code != 200:
             raise RolloutError(
                 f"vLLM refused a generate request ({response.status_code}): "
                 f"{response.text[:500]}" + self._log_hint()
             )
-        return self._completion(response.json(), greedy=greedy)
+        return self._completion(response.json(), greedy=greedy, top_logprobs=top_logprobs)
 
     async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         """POST with the engine's recovery: a server that went away is brought back first.
@@ -330,7 +357,9 @@ class VllmEngine:
         await self._recover(epoch, why)
         return recovered + 1
 
-    def _completion(self, data: dict[str, Any], *, greedy: bool) -> Completion:
+    def _completion(
+        self, data: dict[str, Any], *, greedy: bool, top_logprobs: int = 0
+    ) -> Completion:
         choice = data["choices"][0]
         tokens = [int(t) for t in choice["token_ids"]]
         content = (choice.get("logprobs") or {}).get("content") or []
@@ -350,6 +379,7 @@ class VllmEngine:
             logprobs=logprobs,
             finish_reason=finish,
             policy_version=self._first_version(choice.get("weight_versions")),
+            top_logprobs=[_top(c, top_logprobs) for c in content] if top_logprobs else None,
         )
 
     def _log_hint(self) -> str:
@@ -639,6 +669,18 @@ def _scores(response: httpx.Response, tokens: Sequence[int]) -> list[float]:
         raise RolloutError(f"vLLM refused a score request: {response.text[:500]}")
     rows = response.json()["prompt_logprobs"][1:]
     return [float(row[str(t)]["logprob"]) for row, t in zip(rows, tokens[1:], strict=True)]
+
+
+def _top(content: dict[str, Any], k: int) -> list[tuple[int, float]]:
+    """One token's k most likely alternatives from vLLM's list (the sampled token first,
+    then by rank). vLLM writes -inf as -9999: a token that cannot be drawn, left out as the
+    JAX engine leaves it out."""
+    listed = [
+        (int(t["token_id"]), float(t["logprob"]))
+        for t in content.get("top_logprobs") or []
+        if float(t["logprob"]) > _VLLM_NO_LOGPROB
+    ]
+    return sorted(listed, key=lambda pair: -pair[1])[:k]
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:

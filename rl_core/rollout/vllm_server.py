@@ -11,6 +11,12 @@ The flags are those measured in docs/vllm.md: token ids in and out with no token
 of the distribution actually sampled from (``--logprobs-mode processed_logprobs``), and
 eager mode, which starts in about half the time of a compiled server on two cores.
 
+A model folder with a ``tokenizer.json`` is served with its tokenizer: vLLM's structured
+outputs (the grammars of `VllmEngine.generate`) need one. Grammars go to llguidance
+(``backend: guidance``), the library the JAX engine uses, so both read llguidance's Lark.
+Up to 21 logprobs per token: the sampled token comes first in vLLM's list, so k + 1 of
+them hold the top k (`VllmEngine`).
+
 ::
 
     with VllmServer(model_dir, VllmServerConfig(max_model_len=512)) as server:
@@ -84,6 +90,11 @@ class VllmServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def has_tokenizer(self) -> bool:
+        """The folder holds a tokenizer: served with it, so grammars can be compiled."""
+        return (self.model_dir / "tokenizer.json").is_file()
+
     def command(self) -> list[str]:
         c = self.config
         python = c.python or vllm_python()
@@ -96,7 +107,9 @@ class VllmServer:
             "--dtype", "float32",
             "--max-model-len", str(c.max_model_len),
             "--max-num-seqs", str(c.max_num_seqs),
-            "--skip-tokenizer-init",
+            *([] if self.has_tokenizer else ["--skip-tokenizer-init"]),
+            "--structured-outputs-config", '{"backend": "guidance"}',
+            "--max-logprobs", "21",
             "--enable-scale-out",
             "--logprobs-mode", "processed_logprobs",
             "--generation-config", "vllm",

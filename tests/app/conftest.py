@@ -32,7 +32,7 @@ T = TypeVar("T")
 WORKER_TOKEN = "test-worker-token"
 WORKER = {"Authorization": f"Bearer {WORKER_TOKEN}"}
 SECRET_KEY = "test-only-Jf3kQ9vX2mLp8RtW5yZb7NcH4sDg6"  # encrypts environment secrets at rest
-TABLES = "metric_points, ingest_batches, run_events, runs, api_keys, tenants"
+TABLES = "metric_points, ingest_batches, run_events, runs, api_keys, tenants, worker_reports"
 
 
 def plain(url: str) -> str:

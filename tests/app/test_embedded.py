@@ -151,3 +151,22 @@ async def test_a_deferred_result_is_taken_once_and_swept_on_sqlite(embedded: Set
             assert (await client.post(url, content=raw, headers=headers)).status_code == 410
             async with app.state.rlaas.sessions() as session:
                 assert (await session.scalars(select(EnvCallback))).all() == []
+
+
+async def test_a_workers_report_is_kept_and_replaced_on_sqlite(
+    embedded: Settings, client: httpx.AsyncClient
+) -> None:
+    token = (embedded.data_dir / "worker_token").read_text().strip()
+    worker = {"Authorization": f"Bearer {token}"}
+    for wall, tenant_code in (("bwrap", "runs"), ("audit", "runs_on_weak_wall")):
+        body = {
+            "worker_id": "w1",
+            "queue": "cpu",
+            "sandbox": {"wall": wall, "tenant_code": tenant_code},
+        }
+        r = await client.post("/internal/workers/report", json=body, headers=worker)
+        assert r.status_code == 200, r.text
+    workers = (await client.get("/readyz")).json()["workers"]
+    assert [(w["worker_id"], w["sandbox_wall"], w["tenant_code"]) for w in workers] == [
+        ("w1", "audit", "runs_on_weak_wall")
+    ]

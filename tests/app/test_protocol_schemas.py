@@ -26,6 +26,7 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, str, type[BaseModel]
     ),
     ("/internal/runs/{run_id}/status", "post"): (wire.StatusBody, "200", wire.StatusRead),
     ("/internal/runs/{run_id}/gateway", "post"): (wire.GatewayBody, "200", wire.StatusRead),
+    ("/internal/workers/report", "post"): (wire.WorkerReportBody, "200", wire.StatusRead),
     ("/internal/runs/{run_id}/metrics", "post"): (wire.MetricsBody, "200", wire.IngestRead),
     ("/internal/runs/{run_id}/spans", "post"): (wire.SpansBody, "200", wire.IngestRead),
     ("/internal/runs/{run_id}/trajectories", "post"): (

@@ -104,6 +104,26 @@ async def test_trajectories_come_in_cursor_pages_and_filter_by_step(api: Api) ->
     assert first["policy_version"] == 0 and first["sampling"]["temperature"] == 1.0
 
 
+async def test_an_episode_no_step_trained_reads_untrained_whatever_was_stored(
+    api: Api,
+) -> None:
+    """A worker before the rule stored a failed episode's model text as trained (its loss
+    mask); the read says what reached the trainer: nothing of it."""
+    auth, run_id = await claimed(api)
+    batch = [
+        trajectory("ok"),
+        trajectory("broken", step=0, end_state="env_error", end_reason="env_step"),
+        trajectory("given-up", step=0, end_state="cancelled", end_reason="client_cancelled"),
+    ]
+    await api.internal(run_id, "trajectories", worker_id="w1", seq=0, trajectories=batch)
+    r = await api.client.get(f"/v1/runs/{run_id}/trajectories", headers=auth)
+    read = {i["episode_id"]: i for i in r.json()["items"]}
+    assert [s["trained"] for s in read["ok"]["segments"]] == [False, True]
+    for failed in ("broken", "given-up"):
+        assert [s["trained"] for s in read[failed]["segments"]] == [False, False]
+        assert [s["text"] for s in read[failed]["segments"]] == ["hi", " 42"]  # still there
+
+
 @pytest.mark.parametrize("cursor", ["nonsense", "WzEsICJ4Il0=", "bnVsbA=="])
 async def test_a_bad_trajectory_cursor_is_400(api: Api, cursor: str) -> None:
     auth, run_id = await claimed(api)

@@ -15,6 +15,8 @@ import pytest
 
 from app.api.sessions import ACTIONS
 from app.services.gateways import CACHE_S, GatewayCache
+from app.services.session_ends import session_key
+from sdk.sessions import SessionGateway
 from tests.app.conftest import Api, spec
 from tests.worker.test_gateway import ANSWER, ARGUMENTS, TOKEN, TOOLS, Served
 
@@ -199,3 +201,56 @@ async def test_calls_that_miss_the_gateway_cache_together_share_one_lookup() -> 
     again = await asyncio.gather(*(cache.lookup("run_1", load) for _ in range(20)))
     assert len(loads) == 2 and set(again) == {("http://10.0.0.7:8080", "token")}
     assert await cache.lookup("run_1", load) == again[0] and len(loads) == 2  # cached
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "told"),
+    [
+        ("succeeded", None, "has ended (succeeded)"),
+        ("failed", "ClientFaults: 64 sessions in a row", "has ended (failed: ClientFaults: 64"),
+        ("cancelled", None, "has ended (cancelled)"),
+    ],
+)
+async def test_a_session_open_when_its_run_ends_is_told_how_it_ended(
+    api: Api, status: str, error: str | None, told: str
+) -> None:
+    """The worker's gateway goes with the run: a session's calls then answer 410 naming the
+    run's end, to the session's own key only (its key is signed with the run's token)."""
+    served = Served(groups=1, group_size=2, timeout_s=30.0)
+    try:
+        auth = await api.tenant()
+        run_id = await sessions_run(api, auth, served)
+        session = (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)).json()
+        base = f"/v1/runs/{run_id}/sessions/{session['session_id']}"
+        key = {"Authorization": f"Bearer {session['api_key']}"}
+        answer = await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=key)
+        assert answer.status_code == 200
+        await api.internal(run_id, "status", worker_id="w1", status="running")
+        ended = {"status": status} | ({"error": error} if error else {})
+        assert (await api.internal(run_id, "status", worker_id="w1", **ended)).status_code == 200
+    finally:
+        served.close()  # the run's end closes its gateway
+    for wait in (0.0, CACHE_S + 0.1):  # the gateway cached (no answer), then read again
+        await asyncio.sleep(wait)
+        for action in ACTIONS:
+            gone = await api.client.post(f"{base}/{action}", json=QUESTION, headers=key)
+            assert gone.status_code == 410, (action, gone.text)
+            assert told in gone.json()["error"]["message"]
+            assert "Open no more sessions" in gone.json()["error"]["message"]
+        # Without the session's key, nothing is told of the run.
+        for other in ({"Authorization": "Bearer not-its-key"}, auth, {}):
+            answer = await api.client.post(f"{base}/end", json={"reward": 1}, headers=other)
+            assert answer.status_code == 404, answer.text
+    # Opening a session of an ended run names its state too.
+    refused = await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)
+    assert refused.status_code == 409 and status in refused.json()["error"]["message"]
+
+
+def test_the_control_plane_derives_a_sessions_key_as_the_gateway_does() -> None:
+    served = Served(groups=1, group_size=1, timeout_s=30.0)
+    try:
+        session = SessionGateway(served.url, TOKEN).open()
+        assert session_key(TOKEN, session.session_id) == session.api_key
+        assert session_key("another-runs-token", session.session_id) != session.api_key
+    finally:
+        served.close()

@@ -64,3 +64,21 @@ def test_dockerfiles_install_the_right_extras_and_build_from_the_repo() -> None:
             assert (REPO / folder).exists(), f"{name}.Dockerfile copies missing {folder}"
     api = (REPO / "docker" / "api.Dockerfile").read_text()
     assert "rlaas migrate" in api  # the schema is migrated before the API serves
+
+
+def test_worker_images_ship_bubblewrap_and_workers_refuse_code_without_it() -> None:
+    # A deployed worker without bubblewrap refuses code_exec runs (docs/lifecycle.md, "The
+    # sandbox wall"): the images install it and fail their build if `bwrap` does not run.
+    for name in ("worker-cpu", "worker-gpu"):
+        text = (REPO / "docker" / f"{name}.Dockerfile").read_text()
+        assert re.search(r"apt-get install [^\n]*\n?[^\n]*bubblewrap", text), name
+        assert "bwrap --version" in text, name
+    services = resolved()["services"]
+    for name in ("worker-cpu", "worker-gpu"):
+        service = services[name]
+        env = service["environment"]
+        # Deployed (a Redis broker, not the embedded SQLite file), and no opt-out set.
+        assert env["RLAAS_BROKER_URL"].startswith("redis://"), name
+        assert "RLAAS_UNSAFE_SANDBOX_WITHOUT_BWRAP" not in env, name
+        # bubblewrap's user namespaces, which Docker's default profiles refuse.
+        assert {"seccomp=unconfined", "apparmor=unconfined"} <= set(service["security_opt"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import yaml
 
@@ -56,3 +57,10 @@ def test_tiny_game_run_succeeds_with_reward_per_step(stack: Stack) -> None:
         events = client.get(f"/v1/runs/{run_id}/events").json()
         statuses = [e["to_status"] for e in events["items"]]
         assert statuses == ["queued", "starting", "running", "succeeded"]
+
+    # The worker's sandbox wall (bubblewrap: CI installs it), in its start-up line, in the
+    # claim's event and on /readyz (this test is a loopback client: an operator's view).
+    assert events["items"][1]["reason"].endswith("(sandbox wall: bwrap)"), events
+    assert "sandbox wall: bubblewrap" in (stack.logs / "worker.log").read_text()
+    workers = httpx.get(f"{stack.api_url}/readyz", timeout=10).json()["workers"]
+    assert [(w["sandbox_wall"], w["tenant_code"]) for w in workers] == [("bwrap", "runs")]

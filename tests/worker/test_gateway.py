@@ -103,9 +103,12 @@ class Served:
         self.loop.call_soon_threadsafe(start)
 
     def wait_finished(self, n: int, timeout_s: float = 10) -> list[Trajectory]:
+        """Episodes that ended, and sessions a client fault ended (their slots offered
+        again), once there are ``n``."""
         for _ in range(int(timeout_s * 20)):
-            if len(self.finished) >= n:
-                return self.finished
+            ended = self.finished + list(self.broker._faulted)
+            if len(ended) >= n:
+                return ended
             threading.Event().wait(0.05)
         raise AssertionError(f"{len(self.finished)} of {n} episodes finished")
 

@@ -27,6 +27,9 @@ def test_failed_episodes_leave_the_group_and_are_counted_never_scored() -> None:
     assert sum(run.metrics("episode/env_error")) >= 6
     failed = [t for t in run.sink.trajectories if t.end_state == "env_error"]
     assert failed and "webhook down" in failed[0].info["error"] and failed[0].step == 0
+    # Its model text is there to read, and none of it reads as trained: none was.
+    assert all(t.model_tokens and t.segments for t in failed)
+    assert not any(s.trained for t in failed for s in t.segments)
 
 
 def test_a_group_left_with_fewer_than_two_episodes_is_dropped_whole() -> None:

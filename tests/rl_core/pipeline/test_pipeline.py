@@ -77,7 +77,10 @@ def test_every_step_reports_metrics_spans_and_trajectories() -> None:
         <= set(STAGES)
     )
     assert {s.step for s in run.sink.spans if s.name == "train_step"} == {1, 2, 3}
-    assert len(run.sink.trajectories) >= 3 * 2  # trajectories_per_step=2
+    # trajectories_per_step=2 trained episodes each step, one from each of its two groups.
+    for step in (1, 2, 3):
+        trained = [t for t in run.sink.trajectories if t.step == step]
+        assert len(trained) == 2 and len({t.group for t in trained}) == 2
     record = run.sink.trajectories[0]
     assert record.step == 1 and record.end_state == "done" and record.turns == 2
     assert [s.trained for s in record.segments] == [False, True, False, True]

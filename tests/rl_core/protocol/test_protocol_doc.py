@@ -94,3 +94,61 @@ def test_the_defaults_table_is_the_specs() -> None:
             assert "registered" in rows[name]
         else:
             assert float(rows[name].strip()) == float(value), name
+
+
+# One episode id format on every page: the worker's (worker/job.py's prefix, then the
+# collector's `g<task>-e<member>`, or the evaluator's `eval<step>-e<i>`).
+EPISODE_ID = re.compile(r"^run_[0-9a-f]{32}~a[1-9]\d*-(g\d+-e\d+(-r\d+)?|eval\d+-e\d+)$")
+
+
+def test_every_episode_id_on_the_page_is_in_the_workers_format() -> None:
+    ids = re.findall(r'"episode_id": ?"([^"]+)"', DOC)
+    assert len(ids) >= 6
+    for episode_id in ids:
+        assert EPISODE_ID.match(episode_id) or re.fullmatch(r"check~[0-9a-f]{12}", episode_id), (
+            episode_id
+        )
+    # The other pages that spell the format spell it the same way.
+    lifecycle = (REPO / "docs" / "lifecycle.md").read_text(encoding="utf-8")
+    assert "`<run_id>~a<attempt>-g<task>-e<member>`" in DOC
+    assert "<run>~a<attempt>-g<task>-e<member>" in lifecycle or (
+        "<run_id>~a<attempt>-g<task>-e<member>" in lifecycle
+    )
+
+
+def test_the_episode_ids_the_pipeline_makes_match_the_pages_format() -> None:
+    from rl_core.pipeline.collector import derive_seed
+
+    prefix = "run_5d41402abc4b2a76b9719d911017c592~a1-"
+    # The collector's and the evaluator's own f-strings (rl_core/pipeline), read from source:
+    # a change there that the page does not follow fails here.
+    sources = "".join(
+        (REPO / "rl_core" / "pipeline" / name).read_text()
+        for name in ("collector.py", "evaluate.py")
+    )
+    assert 'f"{self.episode_prefix}g{task.index}-e{member}{suffix}"' in sources
+    assert 'f"{self.episode_prefix}eval{step}-e{i}"' in sources
+    assert 'f"-r{task.attempt}"' in sources
+    for local in ("g0-e0", "g12-e3-r1", "eval4-e0"):
+        assert EPISODE_ID.match(prefix + local)
+    # The seed's range, as the page states it, is derive_seed's and the model's.
+    assert "0 to 2147483647" in DOC
+    assert all(0 <= derive_seed(i, "env", i) < 2**31 for i in range(200))
+    schemas = json_schemas()
+    seed = schemas["reset-request"]["properties"]["seed"]
+    assert (seed["minimum"], seed["maximum"]) == (0, 2**31 - 1)
+    step = schemas["step-request"]["properties"]["step"]
+    assert step["minimum"] == 1  # steps count from 1, as the page says
+
+
+def test_the_page_names_cli_commands_that_exist() -> None:
+    from typer.main import get_command
+
+    from sdk.cli import cli
+
+    env_group = get_command(cli).commands["env"]  # type: ignore[attr-defined]
+    named = set(re.findall(r"rlaas env ([a-z]+)", DOC))
+    assert {"register", "check", "list", "delete", "serve"} <= named
+    assert named <= set(env_group.commands), named - set(env_group.commands)
+    # The id is the spec's name as returned: the page never doubles its prefix.
+    assert "env_<id>" not in DOC and "env_env_" not in DOC

