@@ -111,14 +111,12 @@ def assert_trained_on_tool_calls(
     calls: list[tuple[str, Any]],
     *,
     parsed: bool = False,
-    every: bool = True,
 ) -> None:
     """The run trained its steps on played sessions, and the tool calls in the stored
     trajectories' trained text (as the session reads them: Hermes blocks) are calls a
     framework received, name and arguments byte for byte: what the model sampled is
     what the client got and what the trainer was given. ``parsed``: the framework keeps
-    the arguments only as parsed JSON (LangChain), compared as such. ``every=False``:
-    at least one stored call was received (verifiers: see its test)."""
+    the arguments only as parsed JSON (LangChain), compared as such."""
     assert not outcome.errors, outcome.errors[0]
     assert outcome.steps_completed == SPEC["train"]["steps"]
     assert [r["step"] for r in outcome.metrics] == [1, 2]
@@ -135,7 +133,4 @@ def assert_trained_on_tool_calls(
     assert stored, [trained_text(r) for r in played_back]
     if parsed:
         stored = [(name, json.loads(arguments)) for name, arguments in stored]
-    if every:
-        assert all(call in calls for call in stored), (stored, calls)
-    else:
-        assert any(call in calls for call in stored), (stored, calls)
+    assert all(call in calls for call in stored), (stored, calls)

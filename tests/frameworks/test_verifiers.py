@@ -22,6 +22,7 @@ import pytest
 import verifiers as vf
 from datasets import Dataset
 
+from rl_core.agent.toolcalls import scan_tool_calls
 from sdk.sessions import SessionGateway
 from tests.frameworks.harness import GROUP, assert_trained_on_tool_calls, run_sessions
 
@@ -90,6 +91,11 @@ def episode_group(
                 data = json.loads(call) if isinstance(call, str) else call
                 data = data.get("function", data)
                 calls.append((data["name"], data["arguments"]))
+            # A turn cut at the token limit is text, not a call (finish_reason
+            # "length"), even when its call was whole and only the end of the turn was
+            # cut off: the client received the model's call as content.
+            for block in scan_tool_calls(str(message.get("content") or "")):
+                calls.append((block.name, block.arguments_text))
         if output.get("error") is not None:
             # A rollout verifiers aborted (its completion is not kept): not scored, as
             # a failed agent's session is cancelled rather than given a made-up reward.
@@ -113,7 +119,4 @@ def test_a_verifiers_tool_environment_trains_a_sessions_run(
         episode_group(envs[task % len(envs)], gateway, member, calls)
 
     outcome = run_sessions(tmp_path, episode)
-    # Not every stored call is one a rollout's saved completion holds: a stored session
-    # holds a second call verifiers' output does not show (unexplained yet; the first
-    # calls match byte for byte), so at least one, not each.
-    assert_trained_on_tool_calls(outcome, calls, every=False)
+    assert_trained_on_tool_calls(outcome, calls)
