@@ -95,7 +95,8 @@ def episode_group(
             # "length"), even when its call was whole and only the end of the turn was
             # cut off: the client received the model's call as content.
             for block in scan_tool_calls(str(message.get("content") or "")):
-                calls.append((block.name, block.arguments_text))
+                if block.name is not None:
+                    calls.append((block.name, block.arguments_text))
         if output.get("error") is not None:
             # A rollout verifiers aborted (its completion is not kept): not scored, as
             # a failed agent's session is cancelled rather than given a made-up reward.
