@@ -15,6 +15,14 @@
 A run submitted to the service: ``SessionGateway.for_run(api_url, api_key, run_id)``
 (the API proxies the session's calls to the worker holding the run).
 
+One client for many sessions (a framework that shares one client between rollouts,
+such as verifiers): each call names its session, which its first call opens::
+
+    client = gateway.openai()   # the run's shared URL, with the run's (or tenant's) key
+    client.chat.completions.create(..., extra_headers={"X-Session-ID": rollout_id})
+    client.responses.create(model=f"session:{rollout_id}", ...)   # or named by model
+    gateway.end(rollout_id, reward=1.0)
+
 Sessions of one ``group`` are GRPO's group (the same task, ``rollout.group_size`` of
 them). `SessionGateway.open` waits while the run has no free episode (at the server,
 then HTTP 429: the run's backpressure) or is not serving yet (503), up to ``wait_s``.
@@ -30,6 +38,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -41,17 +50,30 @@ class SessionGateway:
     token)`` or `from_folder`), or a run of the service (`for_run`: the API's URL)."""
 
     def __init__(
-        self, url: str, token: str, *, timeout_s: float = 120.0, open_path: str = "/v1/sessions"
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout_s: float = 120.0,
+        open_path: str = "/v1/sessions",
+        shared_path: str = "/v1/openai",
     ) -> None:
         self.url = url.rstrip("/")
         self._open_url = self.url + open_path
+        # One base URL for many sessions, each call naming its own (docs/sessions.md).
+        self.shared_url = self.url + shared_path
         self._http = httpx.Client(timeout=timeout_s)
         self._token = token
 
     @classmethod
     def for_run(cls, api_url: str, api_key: str, run_id: str) -> SessionGateway:
         """Sessions of a run submitted to the service (``POST /v1/runs/{id}/sessions``)."""
-        return cls(f"{api_url.rstrip('/')}/v1/runs/{run_id}", api_key, open_path="/sessions")
+        return cls(
+            f"{api_url.rstrip('/')}/v1/runs/{run_id}",
+            api_key,
+            open_path="/sessions",
+            shared_path="/openai",
+        )
 
     @classmethod
     def from_folder(cls, out: str | Path, *, wait_s: float = 60.0) -> SessionGateway:
@@ -94,6 +116,37 @@ class SessionGateway:
         data = _checked(answer)
         return Session(self._http, data["session_id"], data["base_url"], data["api_key"])
 
+    def openai(self, **options: Any) -> Any:
+        """An ``openai.OpenAI`` client on the run's shared URL: name each call's session
+        with the header ``X-Session-ID`` (or ``model="session:<id>"``); its first call
+        opens it (group: the header ``X-Session-Group``)."""
+        return _openai_client(self.shared_url, self._token, **options)
+
+    def end(
+        self, name: str, reward: float, turn_rewards: list[float] | None = None
+    ) -> dict[str, Any]:
+        """End the session named ``name`` on the shared URL with its reward."""
+        body: dict[str, Any] = {"reward": reward}
+        if turn_rewards is not None:
+            body["turn_rewards"] = turn_rewards
+        return _checked(self._http.post(self._named(name, "end"), json=body, headers=self._auth))
+
+    def cancel(self, name: str) -> None:
+        """End the session named ``name`` unscored (it is not trained on)."""
+        _checked(self._http.post(self._named(name, "cancel"), headers=self._auth))
+
+    @property
+    def token(self) -> str:
+        """The key of the run's shared URL (the run's gateway token, or the tenant's key)."""
+        return self._token
+
+    @property
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"}
+
+    def _named(self, name: str, action: str) -> str:
+        return f"{self.shared_url}/sessions/{quote(name, safe='')}/{action}"
+
     def close(self) -> None:
         self._http.close()
 
@@ -111,12 +164,8 @@ class Session:
         self.ended = False
 
     def openai(self, **options: Any) -> Any:
-        """An ``openai.OpenAI`` client for this session (``pip install openai``)."""
-        try:
-            from openai import OpenAI
-        except ImportError as exc:
-            raise RlaasError("Session.openai needs the openai package: pip install openai") from exc
-        return OpenAI(base_url=self.base_url, api_key=self.api_key, **options)
+        """An ``openai.OpenAI`` client for this session (``pip install openai``, 1.x to 3.x)."""
+        return _openai_client(self.base_url, self.api_key, **options)
 
     def end(self, reward: float, turn_rewards: list[float] | None = None) -> dict[str, Any]:
         """Report the episode's reward (and, optionally, one per call, summing to it)."""
@@ -150,6 +199,14 @@ class Session:
             # The run gone or unreachable: the session times out there anyway.
             with contextlib.suppress(RlaasError, httpx.HTTPError):
                 self.cancel()
+
+
+def _openai_client(base_url: str, api_key: str, **options: Any) -> Any:
+    try:
+        from openai import OpenAI
+    except ImportError as exc:
+        raise RlaasError("this needs the openai package: pip install 'rlaas[sessions]'") from exc
+    return OpenAI(base_url=base_url, api_key=api_key, **options)
 
 
 def _checked(answer: httpx.Response) -> dict[str, Any]:

@@ -38,20 +38,28 @@ from typing import Any, TypeGuard
 from aiohttp import web
 
 from rl_core.protocol.chat_completions import (
+    ChatCompletion,
     ChatCompletionError,
+    ChatCompletionRequest,
     parse_request,
     stream_completion,
 )
 from rl_core.protocol.chat_completions.request import StreamOptions
 from rl_core.protocol.completions import parse_completion_request, stream_text_completion
+from rl_core.protocol.responses import parse_responses_request, stream_response
 from rl_core.sessions.broker import NoRoom, SessionBroker
+from worker.named_sessions import NamedSessions, session_name
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a long conversation with tool results, not a file upload
 MAX_OPEN_WAIT_S = 60  # a long poll for a free episode; the client asks again after
+SHARED = "/v1/openai"  # the shared base URL's path: OpenAI(base_url=f"{url}/v1/openai")
 ROUTES: web.AppKey[_Routes] = web.AppKey("routes")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_Call = Callable[[web.Request, str, str, bytes], Awaitable[web.StreamResponse]]
+GROUP_HEADER = "X-Session-Group"  # the GRPO group of a session named on the shared URL
+WAIT_HEADER = "X-Session-Wait"  # seconds its first call may wait for a free episode
 
 
 def gateway_app(broker: SessionBroker, *, token: str, public_url: str) -> web.Application:
@@ -65,8 +73,15 @@ def gateway_app(broker: SessionBroker, *, token: str, public_url: str) -> web.Ap
     app.router.add_post("/v1/sessions", routes.open)
     app.router.add_post("/v1/sessions/{sid}/chat/completions", routes.complete)
     app.router.add_post("/v1/sessions/{sid}/completions", routes.complete_text)
+    app.router.add_post("/v1/sessions/{sid}/responses", routes.respond)
     app.router.add_post("/v1/sessions/{sid}/end", routes.end)
     app.router.add_post("/v1/sessions/{sid}/cancel", routes.cancel)
+    # One base URL for many sessions, named per request (worker/named_sessions.py).
+    app.router.add_post(f"{SHARED}/chat/completions", routes.shared(routes.chat_call))
+    app.router.add_post(f"{SHARED}/completions", routes.shared(routes.text_call))
+    app.router.add_post(f"{SHARED}/responses", routes.shared(routes.responses_call))
+    app.router.add_post(f"{SHARED}/sessions/{{name}}/end", routes.end_named)
+    app.router.add_post(f"{SHARED}/sessions/{{name}}/cancel", routes.cancel_named)
     return app
 
 
@@ -99,8 +114,9 @@ async def serve_gateway(
 class _Routes:
     def __init__(self, broker: SessionBroker, *, token: str, public_url: str) -> None:
         self.broker, self.token, self.public_url = broker, token, public_url
+        self.named = NamedSessions(broker)
 
-    async def open(self, request: web.Request) -> web.Response:
+    def _check_run_token(self, request: web.Request) -> None:
         if not hmac.compare_digest(_bearer(request).encode(), self.token.encode()):
             raise ChatCompletionError(
                 "this route needs the run's gateway token (Authorization: Bearer <token>); "
@@ -109,6 +125,9 @@ class _Routes:
                 status=401,
                 type="authentication_error",
             )
+
+    async def open(self, request: web.Request) -> web.Response:
+        self._check_run_token(request)
         body = await _json(request, optional=True)
         group = body.get("group")
         if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 200):
@@ -132,30 +151,73 @@ class _Routes:
         }
         return web.json_response(answer, status=201)
 
+    # -- a session's own URL: /v1/sessions/{sid}/..., with the session's key ------------
+
     async def complete(self, request: web.Request) -> web.StreamResponse:
         sid, key = request.match_info["sid"], _bearer(request)
         self.broker.session(sid, key)  # 404 before reading a body meant for nobody
-        parsed = parse_request(await request.read())
+        return await self.chat_call(request, sid, key, await request.read())
+
+    async def complete_text(self, request: web.Request) -> web.StreamResponse:
+        sid, key = request.match_info["sid"], _bearer(request)
+        self.broker.session(sid, key)
+        return await self.text_call(request, sid, key, await request.read())
+
+    async def respond(self, request: web.Request) -> web.StreamResponse:
+        sid, key = request.match_info["sid"], _bearer(request)
+        self.broker.session(sid, key)
+        return await self.responses_call(request, sid, key, await request.read())
+
+    async def end(self, request: web.Request) -> web.Response:
+        sid, key = request.match_info["sid"], _bearer(request)
+        self.broker.session(sid, key)
+        return await self._end(sid, key, await _json(request))
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        sid = request.match_info["sid"]
+        self.broker.cancel(sid, _bearer(request))
+        return web.json_response({"session_id": sid, "cancelled": True})
+
+    # -- the calls, whichever URL named the session --------------------------------------
+
+    async def chat_call(
+        self, request: web.Request, sid: str, key: str, raw: bytes
+    ) -> web.StreamResponse:
+        parsed = parse_request(raw)
         answer = await self.broker.complete(sid, key, parsed)
         if not parsed.stream:
             return web.Response(text=answer.to_json(), content_type="application/json")
         events = stream_completion(answer, include_usage=_with_usage(parsed.stream_options))
         return await _event_stream(request, events)
 
-    async def complete_text(self, request: web.Request) -> web.StreamResponse:
-        sid, key = request.match_info["sid"], _bearer(request)
-        self.broker.session(sid, key)
-        parsed = parse_completion_request(await request.read())
+    async def text_call(
+        self, request: web.Request, sid: str, key: str, raw: bytes
+    ) -> web.StreamResponse:
+        parsed = parse_completion_request(raw)
         answer = await self.broker.complete_text(sid, key, parsed)
         if not parsed.stream:
             return web.Response(text=answer.to_json(), content_type="application/json")
         events = stream_text_completion(answer, include_usage=_with_usage(parsed.stream_options))
         return await _event_stream(request, events)
 
-    async def end(self, request: web.Request) -> web.Response:
-        sid, key = request.match_info["sid"], _bearer(request)
+    async def responses_call(
+        self, request: web.Request, sid: str, key: str, raw: bytes
+    ) -> web.StreamResponse:
+        """A Responses API call: translated onto the session's chat call, through the
+        broker (its checks and timeline), and kept for ``previous_response_id``."""
         session = self.broker.session(sid, key)
-        body = await _json(request)
+        parsed = parse_responses_request(raw)
+
+        async def complete(chat: ChatCompletionRequest) -> ChatCompletion:
+            return await self.broker.complete(sid, key, chat)
+
+        answer = await session.chat.responses.respond(parsed, complete)
+        if not parsed.stream:
+            return web.Response(text=answer.to_json(), content_type="application/json")
+        return await _event_stream(request, stream_response(answer))
+
+    async def _end(self, sid: str, key: str, body: dict[str, Any]) -> web.Response:
+        session = self.broker.session(sid, key)
         reward = body.get("reward")
         if not _finite(reward):
             raise ChatCompletionError("reward must be a finite number", param="reward")
@@ -176,9 +238,31 @@ class _Routes:
         }
         return web.json_response(answer)
 
-    async def cancel(self, request: web.Request) -> web.Response:
-        sid = request.match_info["sid"]
-        self.broker.cancel(sid, _bearer(request))
+    # -- the shared URL: /v1/openai/..., with the run's token, sessions named ------------
+
+    def shared(self, call: _Call) -> Handler:
+        """``call`` for the session the request names, opened on its first call."""
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            self._check_run_token(request)
+            raw = await request.read()
+            name = session_name(request.headers, raw)
+            group = request.headers.get(GROUP_HEADER)
+            sid, key = await self.named.resolve(name, group, wait_s=_open_wait(request))
+            return await call(request, sid, key, raw)
+
+        return handler
+
+    async def end_named(self, request: web.Request) -> web.Response:
+        self._check_run_token(request)
+        sid, key = self.named.lookup(request.match_info["name"])
+        answer = await self._end(sid, key, await _json(request))
+        return answer
+
+    async def cancel_named(self, request: web.Request) -> web.Response:
+        self._check_run_token(request)
+        sid, key = self.named.lookup(request.match_info["name"])
+        self.broker.cancel(sid, key)
         return web.json_response({"session_id": sid, "cancelled": True})
 
 
@@ -202,6 +286,22 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             type="server_error",
         )
         return web.json_response(error.body(), status=500)
+
+
+def _open_wait(request: web.Request) -> float:
+    raw = request.headers.get(WAIT_HEADER)
+    if raw is None:
+        return float(MAX_OPEN_WAIT_S)
+    try:
+        wait_s = float(raw)
+    except ValueError:
+        wait_s = math.nan
+    if not math.isfinite(wait_s) or not 0 <= wait_s <= MAX_OPEN_WAIT_S:
+        raise ChatCompletionError(
+            f"{WAIT_HEADER} must be a number of seconds from 0 to {MAX_OPEN_WAIT_S}",
+            param=WAIT_HEADER,
+        )
+    return wait_s
 
 
 def _with_usage(options: StreamOptions | None) -> bool:

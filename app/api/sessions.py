@@ -6,11 +6,18 @@
          -> 201 {"session_id", "base_url", "api_key", "group"}
     POST /v1/runs/{id}/sessions/{sid}/chat/completions   session key (the openai client)
     POST /v1/runs/{id}/sessions/{sid}/completions        session key (legacy text completions)
+    POST /v1/runs/{id}/sessions/{sid}/responses          session key (the Responses API)
     POST /v1/runs/{id}/sessions/{sid}/end                session key  {"reward", ...}
     POST /v1/runs/{id}/sessions/{sid}/cancel             session key
 
 ``base_url`` is this API's (``OpenAI(base_url=..., api_key=...)`` then calls the
-routes below it). Each call is proxied to the gateway of the worker holding the run
+routes below it). One base URL for many sessions, with the tenant's key, each call
+naming its session (``X-Session-ID: <name>`` or ``model: "session:<name>"``; opened on
+its first call, in the group ``X-Session-Group``; docs/sessions.md)::
+
+    POST /v1/runs/{id}/openai/chat/completions | /completions | /responses   tenant key
+    POST /v1/runs/{id}/openai/sessions/{name}/end | /cancel                  tenant key
+ Each call is proxied to the gateway of the worker holding the run
 (`app.services.gateways`); answers, errors (OpenAI's body) and SSE streams come back
 as the gateway sent them.
 """
@@ -19,9 +26,11 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.deps import AppState, SessionDep, StateDep, TenantDep
 from app.errors import AppError, NotFound, Unavailable
@@ -30,7 +39,7 @@ from app.services import gateways, session_ends
 router = APIRouter(prefix="/v1/runs", tags=["sessions"])
 
 # A session's calls, each proxied as it came (the routes below).
-ACTIONS = ("chat/completions", "completions", "end", "cancel")
+ACTIONS = ("chat/completions", "completions", "responses", "end", "cancel")
 
 
 @router.post("/{run_id}/sessions", status_code=201)
@@ -120,6 +129,12 @@ async def completions(run_id: str, sid: str, request: Request, app_state: StateD
     return await _proxy(run_id, sid, "completions", request, app_state)
 
 
+@router.post("/{run_id}/sessions/{sid}/responses")
+async def responses(run_id: str, sid: str, request: Request, app_state: StateDep) -> Any:
+    """OpenAI's Responses API; ``Authorization: Bearer <the session's api_key>``."""
+    return await _proxy(run_id, sid, "responses", request, app_state)
+
+
 @router.post("/{run_id}/sessions/{sid}/end")
 async def end_session(run_id: str, sid: str, request: Request, app_state: StateDep) -> Any:
     """``{"reward": r, "turn_rewards": [...]}``; ``Authorization: Bearer <api_key>``."""
@@ -136,3 +151,87 @@ def _with_our_base_url(body: bytes, runs_base: str) -> bytes:
     data = json.loads(body)
     data["base_url"] = f"{runs_base}/sessions/{data['session_id']}"
     return json.dumps(data).encode()
+
+
+# --- one base URL for many sessions: the tenant's key, the session named per call ------
+
+
+async def _shared(
+    run_id: str,
+    path: str,
+    request: Request,
+    session: AsyncSession,
+    tenant_id: str,
+    app_state: AppState,
+) -> Any:
+    """A call on the run's shared URL, passed to its gateway's (``/v1/openai/...``) with
+    the run's gateway token: the tenant's key proved the run is theirs, and the gateway
+    finds (or opens) the session the call names."""
+    url, token = await gateways.gateway_of(session, run_id, app_state.secrets, tenant_id)
+    await session.commit()  # no transaction held open across the model's answer
+    headers = {**request.headers, "authorization": f"Bearer {token}"}
+    try:
+        answer, chunks = await gateways.forward(
+            app_state.gateways, f"{url}/v1/openai/{path}", await request.body(), headers
+        )
+    except Unavailable:
+        app_state.gateway_cache.drop(run_id)
+        raise
+    passed = gateways.answer_headers(answer)
+    if answer.content_type == "text/event-stream":
+        return StreamingResponse(chunks, status_code=answer.status, headers=passed)
+    body = b"".join([c async for c in chunks])
+    return Response(body, status_code=answer.status, headers=passed)
+
+
+@router.post("/{run_id}/openai/chat/completions")
+async def shared_chat_completions(
+    run_id: str, request: Request, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+) -> Any:
+    """Chat completions for the session named by ``X-Session-ID`` (or ``model:
+    "session:<name>"``), opened on its first call; ``Authorization: Bearer <tenant key>``."""
+    return await _shared(run_id, "chat/completions", request, session, tenant_id, app_state)
+
+
+@router.post("/{run_id}/openai/completions")
+async def shared_completions(
+    run_id: str, request: Request, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+) -> Any:
+    """Legacy text completions for the named session (as ``/openai/chat/completions``)."""
+    return await _shared(run_id, "completions", request, session, tenant_id, app_state)
+
+
+@router.post("/{run_id}/openai/responses")
+async def shared_responses(
+    run_id: str, request: Request, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+) -> Any:
+    """The Responses API for the named session (as ``/openai/chat/completions``)."""
+    return await _shared(run_id, "responses", request, session, tenant_id, app_state)
+
+
+@router.post("/{run_id}/openai/sessions/{name}/end")
+async def shared_end(
+    run_id: str,
+    name: str,
+    request: Request,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    app_state: StateDep,
+) -> Any:
+    """End the session named ``name`` with ``{"reward": r, "turn_rewards": [...]}``."""
+    path = f"sessions/{quote(name, safe='')}/end"
+    return await _shared(run_id, path, request, session, tenant_id, app_state)
+
+
+@router.post("/{run_id}/openai/sessions/{name}/cancel")
+async def shared_cancel(
+    run_id: str,
+    name: str,
+    request: Request,
+    session: SessionDep,
+    tenant_id: TenantDep,
+    app_state: StateDep,
+) -> Any:
+    """End the session named ``name`` unscored."""
+    path = f"sessions/{quote(name, safe='')}/cancel"
+    return await _shared(run_id, path, request, session, tenant_id, app_state)

@@ -28,7 +28,15 @@ from rl_core.spec import SESSIONS
 CACHE_S = 2.0  # how long a run's gateway is used without reading the database again
 
 # What is passed between client and gateway; hop-by-hop and length headers are not.
-PASSED_HEADERS = ("authorization", "content-type", "accept")
+# X-Session-*: a call on the run's shared URL names its session (worker/named_sessions.py).
+PASSED_HEADERS = (
+    "authorization",
+    "content-type",
+    "accept",
+    "x-session-id",
+    "x-session-group",
+    "x-session-wait",
+)
 ANSWER_HEADERS = ("content-type", "cache-control", "retry-after")
 
 

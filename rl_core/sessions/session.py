@@ -49,6 +49,7 @@ from rl_core.protocol.chat_completions import (
     refusal,
 )
 from rl_core.protocol.completions import CompletionChoice, CompletionRequest, TextCompletion
+from rl_core.protocol.responses import Response, ResponsesRequest
 from rl_core.records import EpisodeEnd
 from rl_core.rollout.base import Completion, Grammar, RolloutEngine, SamplingParams
 from rl_core.sessions.grammar import output_grammar, schema_problems
@@ -62,6 +63,7 @@ from rl_core.sessions.reply import (
     text_logprobs,
     token_logprobs,
 )
+from rl_core.sessions.responses import ResponseStore
 from rl_core.sessions.sampling import Asked, ClientSampling, call_sampler, is_run_sampler
 
 
@@ -97,6 +99,7 @@ class ChatSession:
         self._replies = SampledReplies()  # each answer -> the text the model sampled
         self._finished = False
         self.spliced = 0  # calls whose history came back as other tokens, spliced (render.py)
+        self.responses = ResponseStore(session_id)  # Responses API calls, by id
 
     async def complete(self, request: ChatCompletionRequest) -> ChatCompletion:
         """Answer one call and record it; `ChatCompletionError` for what cannot be served."""
@@ -151,6 +154,11 @@ class ChatSession:
             ],
             usage=_usage(prompt, sampled),
         )
+
+    async def respond(self, request: ResponsesRequest) -> Response:
+        """A Responses API call, answered as the chat call it stands for and kept by id
+        for ``previous_response_id`` (`rl_core.sessions.responses`)."""
+        return await self.responses.respond(request, self.complete)
 
     async def complete_text(self, request: CompletionRequest) -> TextCompletion:
         """Answer one legacy completions call and record it in the same ledger.
