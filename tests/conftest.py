@@ -8,9 +8,11 @@ autouse: tests of ``rl_core`` need no database.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +50,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         minutes = float(marker.args[0]) if marker else 0.0
         estimate[file_of(item)] = max(estimate.get(file_of(item), 0.0), minutes)
     items.sort(key=lambda item: -estimate[file_of(item)])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_clients_between_files() -> Iterator[None]:
+    """Collect a file's garbage once it is done, while no event loop runs.
+
+    The ``openai`` client closes itself when it is collected by scheduling ``aclose`` on
+    whatever loop is running then: collected during a later file's async test, that is
+    another loop than its connections', and the close fails there ("Event loop is
+    closed", raised into that test). Frameworks (LangChain, openai-agents, verifiers)
+    make such clients and leave them open, so files that imported ``openai`` are
+    collected here, outside any loop, where the client's close does nothing.
+    """
+    yield
+    if "openai" in sys.modules:
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

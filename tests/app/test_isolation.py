@@ -23,6 +23,15 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/runs/{run_id}/cancel"): None,
     ("POST", "/v1/runs/{run_id}/profile"): {"steps": 1},
     ("POST", "/v1/runs/{run_id}/sessions"): {},
+    # The run's shared OpenAI URL (one base URL for many sessions, named per call).
+    ("POST", "/v1/runs/{run_id}/openai/chat/completions"): {
+        "model": "session:s1",
+        "messages": [{"role": "user", "content": "hi"}],
+    },
+    ("POST", "/v1/runs/{run_id}/openai/completions"): {"model": "session:s1", "prompt": "hi"},
+    ("POST", "/v1/runs/{run_id}/openai/responses"): {"model": "session:s1", "input": "hi"},
+    ("POST", "/v1/runs/{run_id}/openai/sessions/{name}/end"): {"reward": 1.0},
+    ("POST", "/v1/runs/{run_id}/openai/sessions/{name}/cancel"): None,
 }
 # A session's own calls take the session's key, not a tenant's: with any tenant's key
 # they answer 404, owner included (tests/app/test_sessions_proxy.py holds them to it).
@@ -60,7 +69,7 @@ async def finished_run_with_results(api: Api, auth: dict[str, str]) -> str:
 
 
 async def call(api: Api, method: str, path: str, run_id: str, auth: dict[str, str]) -> Any:
-    url = path.replace("{run_id}", run_id)
+    url = path.replace("{run_id}", run_id).replace("{name}", "s1")
     if method == "GET":
         return await api.client.get(url, headers=auth)
     if (method, path) not in BODIES:

@@ -120,15 +120,18 @@ def test_the_episode_ids_the_pipeline_makes_match_the_pages_format() -> None:
     from rl_core.pipeline.collector import derive_seed
 
     prefix = "run_5d41402abc4b2a76b9719d911017c592~a1-"
-    # The collector's and the evaluator's own f-strings (rl_core/pipeline), read from source:
-    # a change there that the page does not follow fails here.
+    # The collector and the evaluator name episodes with rl_core.envs.episodes' helpers: what
+    # they make is what the page says (a change there that the page does not follow fails).
+    from rl_core.envs.episodes import eval_episode_id, train_episode_id
+
     sources = "".join(
         (REPO / "rl_core" / "pipeline" / name).read_text()
         for name in ("collector.py", "evaluate.py")
     )
-    assert 'f"{self.episode_prefix}g{task.index}-e{member}{suffix}"' in sources
-    assert 'f"{self.episode_prefix}eval{step}-e{i}"' in sources
-    assert 'f"-r{task.attempt}"' in sources
+    assert "train_episode_id(" in sources and "eval_episode_id(" in sources
+    assert train_episode_id(prefix, 0, 0) == prefix + "g0-e0"
+    assert train_episode_id(prefix, 12, 3, attempt=1) == prefix + "g12-e3-r1"
+    assert eval_episode_id(prefix, 4, 0) == prefix + "eval4-e0"
     for local in ("g0-e0", "g12-e3-r1", "eval4-e0"):
         assert EPISODE_ID.match(prefix + local)
     # The seed's range, as the page states it, is derive_seed's and the model's.
