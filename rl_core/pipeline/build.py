@@ -112,11 +112,14 @@ def build_vllm_engine(
     """`VllmEngine` over ``rollout.vllm_url``, or over a server started here for the run.
 
     The started server serves ``model`` exported as an untied HF folder (vLLM's in-place
-    reload skips a tied LM head; see docs/vllm.md) with no tokenizer: token ids only.
+    reload skips a tied LM head; see docs/vllm.md), with the checkpoint's tokenizer when it
+    has one (grammars need it), token ids in and out either way.
     Weight updates are written as HF safetensors that the server reloads from this
     machine's filesystem, so a server at ``vllm_url`` must see the same files.
     """
+    from rl_core.pretrained.chat_tokenizer import ChatTokenizer
     from rl_core.pretrained.export import export_hf, logprob_scorer, weights_writer
+    from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
     from rl_core.rollout.vllm_engine import VllmEngine, WeightCheck
     from rl_core.rollout.vllm_server import VllmServer
 
@@ -141,7 +144,13 @@ def build_vllm_engine(
     else:
         folder = Path(tempfile.mkdtemp(prefix="rlaas-vllm-model-"))
         cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
-        export_hf(model, folder, untie=True)
+        # With a checkpoint's tokenizer in the folder the server loads it, which its
+        # structured outputs need to compile a session's grammar (rl_core.rollout.vllm_server);
+        # the builtin tokenizer has no such file, and its runs are served token ids only.
+        served_tokenizer = (
+            tokenizer if isinstance(tokenizer, ChatTokenizer | CheckpointTokenizer) else None
+        )
+        export_hf(model, folder, untie=True, tokenizer=served_tokenizer)
         # Kept after the run (outside the folder removed at the end): a crash is read there.
         log_path = log_dir / SERVER_LOG if log_dir else folder.with_suffix(".log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
