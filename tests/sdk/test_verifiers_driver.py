@@ -57,21 +57,10 @@ def say_env() -> Any:
     )
 
 
-def test_load_takes_module_func_and_refuses_what_is_not_an_environment() -> None:
-    assert isinstance(load(f"{__name__}:say_env"), vf.SingleTurnEnv)
-    with pytest.raises(RlaasError, match=r"not a vf\.Environment"):
-        load(f"{__name__}:GROUP")
-    with pytest.raises(RlaasError, match="cannot load nothing"):
-        load(f"{__name__}:nothing")
-
-
-@pytest.mark.timeout(600)
-def test_a_verifiers_environment_trains_a_sessions_run(tmp_path: Path) -> None:
-    spec = parse_spec(SPEC)
-    out = tmp_path / "run"
+def train_while_driving(spec: Any, out: Path, env: Any) -> list[Played]:
+    """Train ``spec`` for its 2 steps while `drive` plays ``env`` against it from a thread."""
     played: list[Played] = []
     errors: list[BaseException] = []
-    env = say_env()  # verifiers sets signal handlers as an environment is made: main thread
 
     def driver() -> None:
         try:
@@ -88,6 +77,23 @@ def test_a_verifiers_environment_trains_a_sessions_run(tmp_path: Path) -> None:
         thread.join(120)
     assert not errors, errors[0]
     assert result.steps_completed == 2
+    return played
+
+
+def test_load_takes_module_func_and_refuses_what_is_not_an_environment() -> None:
+    assert isinstance(load(f"{__name__}:say_env"), vf.SingleTurnEnv)
+    with pytest.raises(RlaasError, match=r"not a vf\.Environment"):
+        load(f"{__name__}:GROUP")
+    with pytest.raises(RlaasError, match="cannot load nothing"):
+        load(f"{__name__}:nothing")
+
+
+@pytest.mark.timeout(600)
+def test_a_verifiers_environment_trains_a_sessions_run(tmp_path: Path) -> None:
+    spec = parse_spec(SPEC)
+    out = tmp_path / "run"
+    env = say_env()  # verifiers sets signal handlers as an environment is made: main thread
+    played = train_while_driving(spec, out, env)
     ended = [p for p in played if p.reward is not None]
     assert len(ended) >= 2 * 2 * GROUP  # two steps of two groups, at least
     # Rollouts still waiting for the model when the run ended are cancelled, none other.
@@ -153,24 +159,7 @@ def test_a_verifiers_tool_env_plays_its_multi_turn_loop(
     )
     spec = parse_spec({**SPEC, "agent": {"max_new_tokens": 64, "max_context": 1024}})
     out = tmp_path / "run"
-    played: list[Played] = []
-    errors: list[BaseException] = []
-
-    def driver() -> None:
-        try:
-            gateway = SessionGateway.from_folder(out, wait_s=300)
-            played.extend(asyncio.run(drive(gateway, env, group_size=GROUP, concurrency=4)))
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=driver)
-    thread.start()
-    try:
-        result = train_to_folder(spec, out, gateway=_session_gateway(out, "127.0.0.1", 0))
-    finally:
-        thread.join(120)
-    assert not errors, errors[0]
-    assert result.steps_completed == 2
+    played = train_while_driving(spec, out, env)
     ended = [p for p in played if p.reward is not None]
     assert ended and all(p.reward == 1.0 for p in ended), played[:3]
     # verifiers' tools are strict: the session sampled them under a grammar.
