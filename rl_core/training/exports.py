@@ -136,14 +136,14 @@ def export_all(
 def write_peft_adapter(
     adapters: dict[str, dict[str, np.ndarray]], lora: LoraConfig, directory: Path, *, base_name: str
 ) -> Path:
-    """PEFT's two files for ``adapters`` (``"blocks.0.attn.q" -> {"a": [in, r], "b": [r, out]}``)."""
+    """PEFT's two files for ``adapters``: ``"blocks.0.attn.q" -> {"a": [in, r], "b": [r, out]}``."""
     from safetensors.numpy import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, np.ndarray] = {}
     modules: set[str] = set()
     for name, ad in sorted(adapters.items()):
-        weight, _ = hf_name(tuple(name.split(".")) + ("kernel",))
+        weight, _ = hf_name((*name.split("."), "kernel"))
         module = weight.removesuffix(".weight")  # model.layers.0.self_attn.q_proj
         modules.add(module.rsplit(".", 1)[-1])
         key = f"base_model.model.{module}"
@@ -218,13 +218,11 @@ def _adapters(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]
     return adapters
 
 
-def _merged(
-    base: Model, arrays: dict[str, np.ndarray], lora: LoraConfig
-) -> dict[str, np.ndarray]:
+def _merged(base: Model, arrays: dict[str, np.ndarray], lora: LoraConfig) -> dict[str, np.ndarray]:
     """The base's tensors with ``W + scale * A @ B`` on each adapted projection (HF layout)."""
     tensors = model_to_tensors(base)
     for module, ad in _adapters(arrays).items():
-        weight, _ = hf_name(tuple(module.split(".")) + ("kernel",))
+        weight, _ = hf_name((*module.split("."), "kernel"))
         delta = np.asarray(ad["a"], np.float32) @ np.asarray(ad["b"], np.float32)  # [in, out]
         tensors[weight] = tensors[weight] + np.float32(lora.scale) * delta.T  # [out, in]
     return tensors
@@ -233,8 +231,7 @@ def _merged(
 def _full(base: Model, arrays: dict[str, np.ndarray], checkpoint: Path) -> dict[str, np.ndarray]:
     """A full fine-tune's tensors: every parameter is in the checkpoint (HF names, layout)."""
     expected = {
-        ".".join(str(p) for p in path)
-        for path, _ in nnx.to_flat_state(nnx.state(base, nnx.Param))
+        ".".join(str(p) for p in path) for path, _ in nnx.to_flat_state(nnx.state(base, nnx.Param))
     }
     found = {name.removesuffix(".value"): value for name, value in arrays.items()}
     if set(found) != expected:

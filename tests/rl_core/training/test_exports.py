@@ -33,9 +33,11 @@ def moved(trainer: Trainer, seed: int) -> Trainer:
     """The trainer with every trainable array moved by noise (LoRA's B = 0 included)."""
     leaves, treedef = jax.tree.flatten(trainer.trainable)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noise = [
+        0.05 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)
+    ]
     trainer.trainable = jax.tree.unflatten(
-        treedef,
-        [x + 0.05 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)],
+        treedef, [x + n for x, n in zip(leaves, noise, strict=True)]
     )
     return trainer
 
@@ -79,7 +81,8 @@ def test_peft_adapter_on_the_base_and_merged_model_match_the_trainer(
 
     base, trainer, ckpt = lora_run
     hf, peft = export_all(ckpt, tmp_path / "run", 3, base=base, tokenizer=tokenizer, lora=LORA)
-    assert (hf, peft) == (export_dir(tmp_path / "run", 3, "hf"), export_dir(tmp_path / "run", 3, "peft"))
+    run = tmp_path / "run"
+    assert (hf, peft) == (export_dir(run, 3, "hf"), export_dir(run, 3, "peft"))
     config = json.loads((peft / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
     assert set(config["target_modules"]) == {
@@ -109,7 +112,7 @@ def test_full_fine_tune_exports_the_trained_weights(
     np.testing.assert_allclose(
         torch_logprobs(load_hf(hf), tokens), trainer.logprobs(tokens), atol=1e-4
     )
-    with pytest.raises(CheckpointError, match="no model.lora.*format 'hf'"):
+    with pytest.raises(CheckpointError, match=r"no model\.lora.*format 'hf'"):
         export_checkpoint(ckpt, tmp_path / "p", "peft", base=base, tokenizer=None, lora=None)
     assert not (tmp_path / "p").exists()
 
@@ -124,5 +127,5 @@ def test_an_export_is_made_once_and_a_mismatched_lora_is_refused(
     assert (out / "adapter_model.safetensors").stat().st_mtime_ns == stamp
     assert not list(tmp_path.glob(".tmp-*"))
     other = LoraConfig(rank=8, targets=LORA.targets)
-    with pytest.raises(CheckpointError, match="rank.*4.*rank.*8"):
+    with pytest.raises(CheckpointError, match=r"'rank': 4.*'rank': 8"):
         export_checkpoint(ckpt, tmp_path / "x", "hf", base=base, tokenizer=None, lora=other)
