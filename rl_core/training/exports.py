@@ -182,7 +182,6 @@ def _check_lora(checkpoint: Path, stored: dict[str, Any] | None, lora: LoraConfi
 
 def _policy_arrays(checkpoint: Path) -> dict[str, np.ndarray]:
     """The policy's arrays of the checkpoint, keyed by their path under the policy, as numpy."""
-    import jax
     import orbax.checkpoint as ocp
 
     with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
@@ -192,7 +191,7 @@ def _policy_arrays(checkpoint: Path) -> dict[str, np.ndarray]:
             raise CheckpointError(f"{checkpoint}: the array store is missing or corrupt") from exc
         tree = getattr(stored, "tree", stored) or {}
         wanted = {
-            name: jax.ShapeDtypeStruct(tuple(meta.shape), meta.dtype)
+            name: ocp.utils.to_shape_dtype_struct(meta)
             for name, meta in tree.items()
             if name.startswith(_POLICY)
         }
