@@ -24,6 +24,8 @@ import numpy as np
 
 from rl_core.models.config import ModelConfig
 from rl_core.models.decoder import Model
+from rl_core.models.tokenizer import BuiltinTokenizer
+from rl_core.pretrained.builtin_files import write_tokenizer_files
 from rl_core.pretrained.chat_tokenizer import ChatTokenizer
 from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
 from rl_core.pretrained.weights import model_to_tensors
@@ -100,7 +102,7 @@ def export_hf(
     model: Model,
     directory: str | Path,
     *,
-    tokenizer: ChatTokenizer | CheckpointTokenizer | None = None,
+    tokenizer: ChatTokenizer | CheckpointTokenizer | BuiltinTokenizer | None = None,
     chat_template: str | None = None,
     untie: bool = False,
 ) -> Path:
@@ -122,14 +124,15 @@ def write_hf_folder(
     tensors: dict[str, np.ndarray],
     directory: str | Path,
     *,
-    tokenizer: ChatTokenizer | CheckpointTokenizer | None = None,
+    tokenizer: ChatTokenizer | CheckpointTokenizer | BuiltinTokenizer | None = None,
     chat_template: str | None = None,
     untie: bool = False,
 ) -> Path:
     """`export_hf` of a model given as ``tensors`` (HF names and layouts, `model_to_tensors`).
 
     Writes ``model.safetensors`` only when ``tensors`` is not empty: the exporter of a
-    checkpoint (`rl_core.training.exports`) holds numpy arrays, not a `Model`.
+    checkpoint (`rl_core.training.exports`) holds numpy arrays, not a `Model`. A builtin
+    tokenizer is written as the files `rl_core.pretrained.builtin_files` makes of it.
     """
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
@@ -138,7 +141,7 @@ def write_hf_folder(
         chat_template = tokenizer.chat_template
     hf = hf_config(
         config,
-        bos_token_id=None if base is None else base.bos_id,
+        bos_token_id=base.bos_id if isinstance(base, CheckpointTokenizer) else None,
         eos_token_id=None if base is None else base.eos_id,
         pad_token_id=None if base is None else base.pad_id,
     )
@@ -147,7 +150,9 @@ def write_hf_folder(
     _write_json(target / "config.json", hf)
     if tensors:
         write_tensors(tensors, target, untie=untie)
-    if base is not None:
+    if isinstance(base, BuiltinTokenizer):
+        write_tokenizer_files(base, target)
+    elif base is not None:
         base.backend.save(str(target / "tokenizer.json"))
         tokenizer_config: dict[str, Any] = {
             "tokenizer_class": "PreTrainedTokenizerFast",

@@ -43,7 +43,7 @@ from flax import nnx
 
 from rl_core.artifacts import EXPORT_FORMATS, ExportFormat, export_dir
 from rl_core.models.decoder import Model
-from rl_core.models.tokenizer import Tokenizer
+from rl_core.models.tokenizer import BuiltinTokenizer, Tokenizer
 from rl_core.pretrained.chat_tokenizer import ChatTokenizer
 from rl_core.pretrained.export import write_hf_folder
 from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
@@ -90,7 +90,9 @@ def export_checkpoint(
                 _merged(base, arrays, lora) if lora is not None else _full(base, arrays, checkpoint)
             )
             files_tokenizer = (
-                tokenizer if isinstance(tokenizer, ChatTokenizer | CheckpointTokenizer) else None
+                tokenizer
+                if isinstance(tokenizer, ChatTokenizer | CheckpointTokenizer | BuiltinTokenizer)
+                else None
             )
             write_hf_folder(base.config, tensors, tmp, tokenizer=files_tokenizer)
         else:

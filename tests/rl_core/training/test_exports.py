@@ -112,6 +112,17 @@ def test_full_fine_tune_exports_the_trained_weights(
     np.testing.assert_allclose(
         torch_logprobs(load_hf(hf), tokens), trainer.logprobs(tokens), atol=1e-4
     )
+    # The folder is a whole model: its tokenizer files give the ids rlaas trained on.
+    from transformers import AutoTokenizer
+
+    files = AutoTokenizer.from_pretrained(hf)
+    for text in [*TEXTS, "Guessthe  lower\n é"]:
+        assert files(text)["input_ids"] == tokenizer.encode(text)
+    messages = [{"role": "user", "content": TEXTS[0]}, {"role": "assistant", "content": "5"}]
+    assert files.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)[
+        "input_ids"
+    ] == [*tokenizer.render_messages(messages), *tokenizer.assistant_prefix()]
+    assert files.decode(tokenizer.encode(TEXTS[2])) == TEXTS[2]
     with pytest.raises(CheckpointError, match=r"no model\.lora.*format 'hf'"):
         export_checkpoint(ckpt, tmp_path / "p", "peft", base=base, tokenizer=None, lora=None)
     assert not (tmp_path / "p").exists()
