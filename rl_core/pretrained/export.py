@@ -183,6 +183,9 @@ def write_tensors(tensors: dict[str, np.ndarray], directory: str | Path, *, unti
         temp_path = Path(tmp.name)
     if untie and "lm_head.weight" not in tensors:
         tensors = {**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"].copy()}
+    # safetensors writes an array's buffer as it lies: a Fortran-ordered one (numpy may
+    # give ``W + delta.T`` that layout) would be read back transposed.
+    tensors = {name: np.ascontiguousarray(array) for name, array in tensors.items()}
     save_file(tensors, str(temp_path), metadata={"format": "pt"})
     os.replace(temp_path, target / "model.safetensors")
     return target / "model.safetensors"

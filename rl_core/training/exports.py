@@ -225,7 +225,8 @@ def _merged(base: Model, arrays: dict[str, np.ndarray], lora: LoraConfig) -> dic
     for module, ad in _adapters(arrays).items():
         weight, _ = hf_name((*module.split("."), "kernel"))
         delta = np.asarray(ad["a"], np.float32) @ np.asarray(ad["b"], np.float32)  # [in, out]
-        tensors[weight] = tensors[weight] + np.float32(lora.scale) * delta.T  # [out, in]
+        merged = tensors[weight] + np.float32(lora.scale) * delta.T  # [out, in]
+        tensors[weight] = np.ascontiguousarray(merged)  # numpy may lay the sum out as delta.T
     return tensors
 
 
