@@ -63,11 +63,14 @@ def export_checkpoint(
     tokenizer: Tokenizer | None,
     lora: LoraConfig | None,
     base_name: str = "",
+    arrays: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Write the ``fmt`` export of the checkpoint folder ``checkpoint`` to ``out``; return it.
 
     ``base_name`` goes into a PEFT adapter's ``base_model_name_or_path`` (the run's model
-    source). Raises `CheckpointError` naming what does not fit.
+    source). ``arrays``: the checkpoint's policy arrays when the caller read them already
+    (`export_all` reads them once for every format). Raises `CheckpointError` naming what
+    does not fit.
     """
     if fmt not in EXPORT_FORMATS:
         raise CheckpointError(f"unknown export format {fmt!r}; use one of {EXPORT_FORMATS}")
@@ -81,7 +84,8 @@ def export_checkpoint(
             f"{checkpoint} trains all the model's weights (no model.lora): it has no adapter; "
             "export it as format 'hf'"
         )
-    arrays = _policy_arrays(Path(checkpoint))
+    if arrays is None:
+        arrays = policy_arrays(Path(checkpoint))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
     try:
@@ -121,6 +125,9 @@ def export_all(
     base_name: str = "",
 ) -> list[Path]:
     """Every export of a run's checkpoint (`export_formats`), where `rl_core.artifacts` says."""
+    formats = export_formats(lora)
+    made = all(export_dir(run_dir, step, fmt).is_dir() for fmt in formats)
+    arrays = None if made else policy_arrays(Path(checkpoint))
     return [
         export_checkpoint(
             checkpoint,
@@ -130,8 +137,9 @@ def export_all(
             tokenizer=tokenizer,
             lora=lora,
             base_name=base_name,
+            arrays=arrays,
         )
-        for fmt in export_formats(lora)
+        for fmt in formats
     ]
 
 
@@ -182,7 +190,7 @@ def _check_lora(checkpoint: Path, stored: dict[str, Any] | None, lora: LoraConfi
         )
 
 
-def _policy_arrays(checkpoint: Path) -> dict[str, np.ndarray]:
+def policy_arrays(checkpoint: Path) -> dict[str, np.ndarray]:
     """The policy's arrays of the checkpoint, keyed by their path under the policy, as numpy."""
     import orbax.checkpoint as ocp
 
