@@ -26,8 +26,10 @@ device: the arrays come back as numpy and the merge is a numpy matmul. What a ch
 does not hold comes from the caller: the base weights of a LoRA run and the model's
 structure (``base``: the run's initial policy, what its model source gives), and alpha
 (the checkpoint's marker keeps rank and targets only; they are checked against ``lora``).
-The output folder appears whole or not at all (written under a hidden name, then renamed),
-and an existing one is kept: a checkpoint's export is made once.
+The output folder appears whole or not at all (written under a hidden name, then renamed).
+An existing one is kept (a checkpoint's export is made once), except by `export_all`,
+which the worker calls right after writing a checkpoint: it replaces the exports of an
+earlier checkpoint at that step.
 """
 
 from __future__ import annotations
@@ -64,19 +66,20 @@ def export_checkpoint(
     lora: LoraConfig | None,
     base_name: str = "",
     arrays: dict[str, np.ndarray] | None = None,
+    replace: bool = False,
 ) -> Path:
     """Write the ``fmt`` export of the checkpoint folder ``checkpoint`` to ``out``; return it.
 
     ``base_name`` goes into a PEFT adapter's ``base_model_name_or_path`` (the run's model
     source). ``arrays``: the checkpoint's policy arrays when the caller read them already
-    (`export_all` reads them once for every format). Raises `CheckpointError` naming what
-    does not fit.
+    (`export_all` reads them once for every format). An existing ``out`` is kept unless
+    ``replace``. Raises `CheckpointError` naming what does not fit.
     """
     if fmt not in EXPORT_FORMATS:
         raise CheckpointError(f"unknown export format {fmt!r}; use one of {EXPORT_FORMATS}")
     out = Path(out)
-    if out.is_dir():
-        return out  # made once: an export is never rewritten
+    if out.is_dir() and not replace:
+        return out  # made once
     marker = read_marker(Path(checkpoint))
     _check_lora(checkpoint, marker.get("layout", {}).get("lora"), lora)
     if fmt == "peft" and lora is None:
@@ -87,6 +90,8 @@ def export_checkpoint(
     if arrays is None:
         arrays = policy_arrays(Path(checkpoint))
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".tmp-{out.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # a crashed earlier attempt at this export
     tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
     try:
         if fmt == "hf":
@@ -102,7 +107,13 @@ def export_checkpoint(
         else:
             assert lora is not None
             write_peft_adapter(_adapters(arrays), lora, tmp, base_name=base_name)
-        tmp.rename(out)
+        if out.is_dir():  # replaced: the old one goes only once the new one is in place
+            old = out.parent / f".tmp-{out.name}-old-{uuid.uuid4().hex[:8]}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -124,10 +135,14 @@ def export_all(
     lora: LoraConfig | None,
     base_name: str = "",
 ) -> list[Path]:
-    """Every export of a run's checkpoint (`export_formats`), where `rl_core.artifacts` says."""
+    """Every export of a run's checkpoint (`export_formats`), where `rl_core.artifacts` says.
+
+    Called right after the checkpoint is written, so exports of an earlier checkpoint at
+    this step (an attempt that died before reporting it, whose steps a resumed attempt
+    trains again) are replaced: an export always belongs to the checkpoint beside it.
+    """
     formats = export_formats(lora)
-    made = all(export_dir(run_dir, step, fmt).is_dir() for fmt in formats)
-    arrays = None if made else policy_arrays(Path(checkpoint))
+    arrays = policy_arrays(Path(checkpoint))
     return [
         export_checkpoint(
             checkpoint,
@@ -138,6 +153,7 @@ def export_all(
             lora=lora,
             base_name=base_name,
             arrays=arrays,
+            replace=True,
         )
         for fmt in formats
     ]

@@ -128,7 +128,7 @@ def test_full_fine_tune_exports_the_trained_weights(
     assert not (tmp_path / "p").exists()
 
 
-def test_an_export_is_made_once_and_a_mismatched_lora_is_refused(
+def test_an_export_is_made_once_follows_its_checkpoint_and_checks_the_lora(
     tmp_path: Path, lora_run: tuple[Model, Trainer, Path]
 ) -> None:
     base, _, ckpt = lora_run
@@ -137,6 +137,17 @@ def test_an_export_is_made_once_and_a_mismatched_lora_is_refused(
     export_checkpoint(ckpt, out, "peft", base=base, tokenizer=None, lora=LORA)
     assert (out / "adapter_model.safetensors").stat().st_mtime_ns == stamp
     assert not list(tmp_path.glob(".tmp-*"))
+    # The worker's call after a checkpoint replaces what an earlier checkpoint of the same
+    # step left (an attempt that died before reporting it): exports follow the checkpoint.
+    run = tmp_path / "run"
+    (first,) = [p for p in export_all(ckpt, run, 3, base=base, tokenizer=None, lora=LORA)
+                if p.name == "peft"]  # fmt: skip
+    before = (first / "adapter_model.safetensors").read_bytes()
+    again = moved(Trainer(base, TrainerConfig(lora=LORA)), seed=5)
+    save_checkpoint(ckpt, step=3, trainer=again, extra={})
+    export_all(ckpt, run, 3, base=base, tokenizer=None, lora=LORA)
+    assert (first / "adapter_model.safetensors").read_bytes() != before
+    assert not list(first.parent.glob(".tmp-*"))
     other = LoraConfig(rank=8, targets=LORA.targets)
     with pytest.raises(CheckpointError, match=r"'rank': 4.*'rank': 8"):
         export_checkpoint(ckpt, tmp_path / "x", "hf", base=base, tokenizer=None, lora=other)
