@@ -4,7 +4,7 @@ The archive holds one folder (``<run>-step-<N>-<format>/``) of plain files; they
 directly in the target folder, so ``-o my-model`` gives ``my-model/config.json``. The
 download goes to a temporary file beside the target first (a model is too big for memory)
 and is unpacked only when whole; no member may name a path outside the folder or be
-anything but a plain file (tarfile's ``data`` filter, and a check of its own).
+anything but a plain file.
 """
 
 from __future__ import annotations
@@ -34,11 +34,17 @@ def unpack_export(chunks: Iterable[bytes], target: Path) -> Path:
         try:
             with tarfile.open(archive, mode="r:") as tar:
                 for member in tar.getmembers():
+                    # Plain files only, each written by its base name (the archive's top
+                    # folder dropped): nothing can land outside ``staging``.
                     name = Path(member.name).name
                     if not member.isfile() or not name or name.startswith("."):
                         raise RlaasError(f"the archive holds {member.name!r}, not a plain file")
-                    member.name = name  # the archive's top folder is dropped
-                    tar.extract(member, staging, filter="data")
+                    if (staging / name).exists():
+                        raise RlaasError(f"the archive holds {name!r} twice")
+                    source = tar.extractfile(member)
+                    assert source is not None  # a regular file always has content
+                    with source, (staging / name).open("wb") as out:
+                        shutil.copyfileobj(source, out, 1 << 20)
         except tarfile.TarError as exc:
             raise RlaasError(
                 f"the downloaded archive is damaged ({exc}); download it again"

@@ -9,6 +9,7 @@ than one read (1 MiB) and sizes off the tar's 512-byte blocks.
 
 from __future__ import annotations
 
+import io
 import os
 import tarfile
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 from rl_core.artifacts import export_dir
 from sdk.cli import cli
 from sdk.client import Client
+from sdk.downloads import unpack_export
 from sdk.errors import NotFound, RlaasError, Unprocessable
 from tests.web.live import LiveApi, Worker, live_api, migrated_database
 
@@ -149,3 +151,28 @@ def test_rlaas_download_fills_the_folder_it_prints(
     assert done.stdout.strip() == str(out) and read_folder(out) == files
     refused = CliRunner().invoke(cli, ["download", run_id, "--format", "peft"], env=env)
     assert refused.exit_code == 2 and "model.lora" in refused.output
+
+
+def test_an_archive_unpacks_only_plain_files_inside_the_folder(tmp_path: Path) -> None:
+    def archive(*members: tuple[str, bytes | None]) -> bytes:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                if data is None:  # a link to a file outside the folder
+                    info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                    tar.addfile(info)
+                else:
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        return buffer.getvalue()
+
+    # A name that climbs out lands inside, by its base name.
+    out = unpack_export([archive(("run-step-1-hf/../../evil.json", b"{}"))], tmp_path / "a")
+    assert read_folder(out) == {"evil.json": b"{}"} and not (tmp_path / "evil.json").exists()
+    with pytest.raises(RlaasError, match="not a plain file"):
+        unpack_export([archive(("run-step-1-hf/config.json", None))], tmp_path / "b")
+    whole = archive(("run-step-1-hf/model.safetensors", os.urandom(5000)))
+    with pytest.raises(RlaasError, match="damaged"):
+        unpack_export([whole[:3000]], tmp_path / "c")  # a download cut short
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
