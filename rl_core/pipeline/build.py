@@ -53,8 +53,9 @@ class OrbaxCheckpointer:
     """`Checkpointer` over `rl_core.training.checkpointing`.
 
     Writes ``artifacts_dir/checkpoints/step-NNNNNNNN``, then, when given ``exports``, the
-    checkpoint's downloads beside it (`rl_core.training.exports`): made once, here, by the
-    process that holds the base model, so the control plane (no JAX) only streams files.
+    checkpoint's downloads beside it (`rl_core.training.exports`): made with the checkpoint,
+    by the process that holds the base model, so the control plane (no JAX) only streams
+    files.
     """
 
     def __init__(
@@ -86,11 +87,12 @@ def checkpoint_exports(
 ) -> Callable[[Path, int], object] | None:
     """``export(checkpoint, step)``: the run's exports of a checkpoint; None for a model
     no Hugging Face family expresses (ALiBi), which has nothing to export."""
-    from rl_core.training.exports import export_all
+    from rl_core.training.exports import adapter_base_name, export_all
 
     if model.config.alibi_slope:
         return None
     lora = configs.trainer_config(spec).lora
+    base_name = adapter_base_name(spec.model.source)
 
     def export(checkpoint: Path, step: int) -> object:
         return export_all(
@@ -100,7 +102,7 @@ def checkpoint_exports(
             base=model,
             tokenizer=tokenizer,
             lora=lora,
-            base_name=spec.model.source,
+            base_name=base_name,
         )
 
     return export

