@@ -24,7 +24,8 @@ def test_worker_buffers_through_an_api_outage(stack: Stack) -> None:
     stack.start_api()
     stack.start_worker()
     spec = yaml.safe_load((REPO / "examples" / "tiny-game-short.yaml").read_text())
-    steps = spec["train"]["steps"]
+    # 12 steps: the outage starts at step 3, and the run must still be training after it.
+    spec["train"]["steps"] = steps = 12
 
     with stack.client() as client:
         run_id = client.post("/v1/runs", json={"spec": spec}).json()["id"]

@@ -29,7 +29,8 @@ def test_an_api_killed_twice_mid_run_loses_and_doubles_nothing(
     stack.start_api()
     stack.start_worker()
     spec = yaml.safe_load((REPO / "examples" / "tiny-game-short.yaml").read_text())
-    steps = spec["train"]["steps"]
+    # 16 steps: the kills come at steps 3 and 10, and the run must still be training after.
+    spec["train"]["steps"] = steps = 16
 
     with stack.client() as client:
         run_id = client.post("/v1/runs", json={"spec": spec}).json()["id"]

@@ -30,7 +30,8 @@ def test_a_database_restart_answers_503_and_loses_no_report(
     stack.start_api()
     stack.start_worker()
     spec = yaml.safe_load((REPO / "examples" / "tiny-game-short.yaml").read_text())
-    steps = spec["train"]["steps"]
+    # 12 steps: the outage starts at step 3, and the run must still be training after it.
+    spec["train"]["steps"] = steps = 12
 
     with (
         stack.client() as client,
