@@ -152,7 +152,7 @@ def export_all(
     """
     formats = export_formats(lora)
     arrays = policy_arrays(Path(checkpoint))
-    return [
+    made = [
         export_checkpoint(
             checkpoint,
             export_dir(run_dir, step, fmt),
@@ -166,6 +166,22 @@ def export_all(
         )
         for fmt in formats
     ]
+    if lora is not None:
+        drop_older_merged(run_dir, step)
+    return made
+
+
+def drop_older_merged(run_dir: Path, step: int) -> None:
+    """A LoRA run keeps the merged (``hf``) export of its newest checkpoint only.
+
+    A merged SmolLM2 is 542 MB against its adapter's 7.4 MB, and checkpoints come by time,
+    so one per checkpoint would fill the disk; an older step's adapter stays downloadable
+    and merges onto the same base (docs/exports.md).
+    """
+    root = Path(run_dir) / "exports"
+    for folder in root.glob("step-*/hf"):
+        if int(folder.parent.name.removeprefix("step-")) < step:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_peft_adapter(

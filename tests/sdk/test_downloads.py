@@ -118,6 +118,13 @@ def test_refusals_name_what_to_change(live: LiveApi, artifacts: Path) -> None:
             client.download_checkpoint(lora_run, 2, format="peft")
         assert not_made.value.field == "format" and "no peft export" in not_made.value.message
 
+        # An older step of a LoRA run keeps its adapter, not a merged model (the newest only).
+        exported(export_dir(artifacts / lora_run, 2, "peft"), {"adapter_config.json": b"{}"})
+        with pytest.raises(NotFound) as older:
+            client.download_checkpoint(lora_run, 2, format="hf")
+        assert older.value.field == "format" and "newest checkpoint only" in older.value.message
+        assert "step 4" in older.value.message and "format=peft" in older.value.message
+
         r = httpx.get(
             f"{live.url}/v1/runs/{lora_run}/checkpoints/4/export",
             params={"format": "zip"},

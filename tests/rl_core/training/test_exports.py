@@ -148,6 +148,11 @@ def test_an_export_is_made_once_follows_its_checkpoint_and_checks_the_lora(
     export_all(ckpt, run, 3, base=base, tokenizer=None, lora=LORA)
     assert (first / "adapter_model.safetensors").read_bytes() != before
     assert not list(first.parent.glob(".tmp-*"))
+    # A later checkpoint's exports: the merged model of step 3 goes (the newest only is
+    # kept), its adapter stays.
+    export_all(ckpt, run, 6, base=base, tokenizer=None, lora=LORA)
+    assert not export_dir(run, 3, "hf").exists() and export_dir(run, 3, "peft").is_dir()
+    assert export_dir(run, 6, "hf").is_dir() and export_dir(run, 6, "peft").is_dir()
     other = LoraConfig(rank=8, targets=LORA.targets)
     with pytest.raises(CheckpointError, match=r"'rank': 4.*'rank': 8"):
         export_checkpoint(ckpt, tmp_path / "x", "hf", base=base, tokenizer=None, lora=other)
