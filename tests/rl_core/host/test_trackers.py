@@ -126,7 +126,7 @@ def test_an_mlflow_server_receives_each_metric_per_step_and_a_resume_continues_t
 
 def test_an_mlflow_server_that_is_down_is_a_failure_to_retry() -> None:
     tracker = MlflowRest(f"http://127.0.0.1:{free_port()}", experiment="e", run_id="run_B")
-    with pytest.raises(TrackerError, match="MLflow at http://127.0.0.1") as caught:
+    with pytest.raises(TrackerError, match=r"MLflow at http://127\.0\.0\.1") as caught:
         tracker.open()
     assert not caught.value.permanent
 
