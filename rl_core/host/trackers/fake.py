@@ -14,6 +14,8 @@ class FakeTracker:
     ``failures``: calls (``open`` and ``log`` together) that raise before the next one
     succeeds; ``permanent`` makes them `TrackerError(permanent=True)`. ``gate``: when
     set to a cleared event, every ``log`` blocks until it is set (a hung server).
+    ``missing_library``: ``open`` raises `ModuleNotFoundError`, as on a worker without
+    the ``trackers`` extra.
     """
 
     def __init__(
@@ -23,11 +25,13 @@ class FakeTracker:
         failures: int = 0,
         permanent: bool = False,
         gate: threading.Event | None = None,
+        missing_library: bool = False,
     ) -> None:
         self.kind = kind
         self.failures = failures
         self.permanent = permanent
         self.gate = gate
+        self.missing_library = missing_library
         self.opened = 0
         self.calls = 0
         self.steps: list[StepMetrics] = []
@@ -35,6 +39,8 @@ class FakeTracker:
         self.entered = threading.Event()  # set once a log call has started
 
     def open(self) -> None:
+        if self.missing_library:  # a worker without the library this kind needs
+            raise ModuleNotFoundError("No module named 'fake_tracker_library'")
         self._maybe_fail()
         self.opened += 1
 

@@ -171,6 +171,13 @@ class _Lane:
     def _open(self) -> None:
         try:
             self.tracker.open()
+        except ImportError as exc:  # a worker without the extra: retrying cannot help
+            self._broken = True
+            raise TrackerError(
+                f"{exc}; install the trackers extra on the workers: pip install "
+                "'rlaas[worker,trackers]'",
+                permanent=True,
+            ) from exc
         except TrackerError as exc:
             if exc.permanent:
                 self._broken = True

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from rl_core.host.sinks import MemorySink
 from rl_core.host.trackers.fake import FakeTracker
 from rl_core.host.trackers.mirror import MirrorConfig, MirroredSink, TrackerMirror
@@ -120,6 +122,19 @@ def test_a_permanent_refusal_is_not_retried_and_drops_everything_after_it() -> N
 
     assert final["tracker/fake/errors"] == 1  # one try, no backoff of an hour
     assert final["tracker/fake/dropped"] == 3 and tracker.steps == []
+
+
+def test_a_worker_without_the_trackers_library_says_what_to_install(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tracker = FakeTracker(missing_library=True)
+    mirror = TrackerMirror([tracker], MirrorConfig(backoff_s=HOUR, close_timeout_s=HOUR))
+    mirror.submit(1, metrics(1))
+    mirror.submit(2, metrics(2))
+    final = mirror.close("succeeded")
+
+    assert final["tracker/fake/errors"] == 1 and final["tracker/fake/dropped"] == 2
+    assert "pip install 'rlaas[worker,trackers]'" in caplog.text
 
 
 def test_one_slow_tracker_does_not_hold_back_another() -> None:
