@@ -404,6 +404,8 @@ class TrainSpec(_Section):
 # Names a tracker shows (a W&B project, an MLflow experiment, a run's name): printable,
 # no path separators a tracker would read as nesting.
 TrackerName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w][\w .:+=@-]*$")]
+# W&B refuses / \ # ? % : in a project's name.
+WandbName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w][\w .+=@-]*$")]
 # Keys that would carry a secret: a spec is stored and shown back over the API, so
 # credentials come from the worker's environment (docs/trackers.md), never from here.
 _SECRET_KEYS = frozenset(
@@ -432,7 +434,7 @@ class WandbSpec(_TrackerSection):
     no API key on the worker."""
 
     kind: Literal["wandb"]
-    project: TrackerName = "rlaas"
+    project: WandbName = "rlaas"
     name: TrackerName | None = None  # None: the run's id
     mode: Literal["offline"] = "offline"
 

@@ -215,6 +215,7 @@ def test_trackers_default_to_none_and_take_one_of_each_kind() -> None:
         ([{"kind": "tensorboard"}] * 2, "trackers", "tensorboard is named 2 times"),
         ([{"kind": "wandb", "mode": "online"}], "trackers.0.wandb.mode", "'offline'"),
         ([{"kind": "wandb", "project": "a/b"}], "trackers.0.wandb.project", "pattern"),
+        ([{"kind": "wandb", "project": "a:b"}], "trackers.0.wandb.project", "pattern"),
         ([{"kind": "wandb", "api_key": "k"}], "trackers.0.wandb", "WANDB_API_KEY"),
         (
             [{"kind": "mlflow", "tracking_uri": "http://h", "token": "t"}],
