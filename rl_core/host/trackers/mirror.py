@@ -112,7 +112,8 @@ class _Lane:
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
-            self._deliver(batch)
+            if batch:  # empty: a broken tracker's steps, dropped already
+                self._deliver(batch)
             with self._cond:
                 self._in_flight = 0
         if self._opened:
@@ -140,7 +141,7 @@ class _Lane:
 
     def _deliver(self, batch: list[StepMetrics]) -> None:
         failures = 0
-        while batch:
+        while True:
             try:
                 if not self._opened:
                     self._open()
@@ -151,22 +152,28 @@ class _Lane:
                 permanent = self._broken or (isinstance(exc, TrackerError) and exc.permanent)
                 with self._cond:
                     self.errors += 1
-                    give_up = permanent or failures > self._config.retries or self._past_deadline()
-                    if give_up:
-                        self.dropped += len(batch)
-                if give_up:
-                    log.warning(
-                        "tracker %s: steps %d-%d dropped after %d failed tries: %s",
-                        self.tracker.kind, batch[0][0], batch[-1][0], failures, exc,
-                    )  # fmt: skip
+                if permanent or failures > self._config.retries:
+                    self._give_up(batch, f"after {failures} failed tries: {exc}")
                     return
                 log.info("tracker %s: try %d failed: %s", self.tracker.kind, failures, exc)
                 self._sleep(self._backoff(failures))
+                if self._past_deadline():  # the run has ended: no try after its deadline
+                    self._give_up(batch, f"at the end of the run, after: {exc}")
+                    return
             else:
                 self.healthy = True
                 with self._cond:
                     self.sent += len(batch)
                 return
+
+    def _give_up(self, batch: list[StepMetrics], why: str) -> None:
+        with self._cond:
+            # What is still counted in flight: `join` already counted a batch it abandoned.
+            self.dropped += self._in_flight
+            self._in_flight = 0
+        log.warning(
+            "tracker %s: steps %d-%d dropped %s", self.tracker.kind, batch[0][0], batch[-1][0], why
+        )
 
     def _open(self) -> None:
         try:

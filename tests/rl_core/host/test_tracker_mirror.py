@@ -9,6 +9,7 @@ tracker would wait out an hour of backoff.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -18,6 +19,12 @@ from rl_core.host.trackers.mirror import MirrorConfig, MirroredSink, TrackerMirr
 
 QUICK = MirrorConfig(backoff_s=0.001, backoff_max_s=0.01, close_timeout_s=30.0)
 HOUR = 3600.0
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    """Until the mirror's thread has done something (pytest's timeout bounds a hang)."""
+    while not condition():
+        threading.Event().wait(0.005)
 
 
 def metrics(step: int) -> dict[str, float]:
@@ -60,8 +67,7 @@ def test_a_tracker_that_stays_down_drops_its_batch_after_the_retries() -> None:
     sink = MirroredSink(inner, TrackerMirror([tracker], config))
     sink.on_step(1, metrics(1))
     # The thread tries three times (one try, two retries) and gives the step up.
-    while sink.mirror.counters()["tracker/fake/dropped"] < 1:
-        threading.Event().wait(0.01)
+    wait_for(lambda: sink.mirror.counters()["tracker/fake/dropped"] == 1)
     sink.on_step(2, metrics(2))
     final = sink.mirror.close("succeeded")  # failing: not waited for, despite an hour allowed
 
@@ -116,8 +122,11 @@ def test_a_permanent_refusal_is_not_retried_and_drops_everything_after_it() -> N
     tracker = FakeTracker(failures=1, permanent=True)  # e.g. an address the allowlist refuses
     config = MirrorConfig(retries=5, backoff_s=HOUR, close_timeout_s=HOUR)
     mirror = TrackerMirror([tracker], config)
-    for step in range(1, 4):
+    mirror.submit(1, metrics(1))
+    wait_for(lambda: mirror.counters()["tracker/fake/dropped"] == 1)
+    for step in (2, 3):  # after the refusal: dropped as they come, never tried
         mirror.submit(step, metrics(step))
+    wait_for(lambda: mirror.counters()["tracker/fake/dropped"] == 3)
     final = mirror.close("succeeded")
 
     assert final["tracker/fake/errors"] == 1  # one try, no backoff of an hour
