@@ -11,8 +11,11 @@ reads: ``MLFLOW_TRACKING_TOKEN`` (a bearer token) or ``MLFLOW_TRACKING_USERNAME`
 ``MLFLOW_TRACKING_PASSWORD`` (basic auth); a spec never holds them (`rl_core.spec`).
 
 The tracking URI is a tenant's choice, so the worker calls it only where its
-``RLAAS_ENV_URL_ALLOWLIST`` allows (`rl_core.protocol.addresses`), checked when the
-tracker opens.
+``RLAAS_ENV_URL_ALLOWLIST`` allows (`rl_core.protocol.addresses`): the name is resolved
+and every address checked when the tracker connects, and the client connects to a
+checked address with the URL's name as Host and TLS name, never to a second lookup of
+the name (a name re-pointed after the check, DNS rebinding, is not followed). A failed
+connection resolves and checks again before the next call, trying the next address.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from rl_core.host.trackers.base import Outcome, StepMetrics, TrackerError
-from rl_core.protocol.addresses import Allowlist, parse_address
+from rl_core.protocol.addresses import Allowlist, IPAddress, ip_literal, parse_address
 
 # MLflow's log-batch takes at most 1000 metrics per request.
 BATCH_LIMIT = 1000
@@ -60,17 +63,11 @@ class MlflowRest:
         self._timeout_s = timeout_s
         self._environ = os.environ if environ is None else environ
         self._client: httpx.Client | None = None
+        self._extensions: dict[str, Any] = {}
+        self._failed_connections = 0
         self.mlflow_run_id: str | None = None
 
     def open(self) -> None:
-        self._check_address()
-        if self._client is None:
-            self._client = httpx.Client(
-                base_url=f"{self.tracking_uri}/api/2.0/mlflow/",
-                timeout=self._timeout_s,
-                auth=self._auth(),
-                headers=self._headers(),
-            )
         experiment_id = self._experiment_id()
         self.mlflow_run_id = self._find_run(experiment_id) or self._create_run(experiment_id)
 
@@ -96,6 +93,7 @@ class MlflowRest:
         finally:
             if self._client is not None:
                 self._client.close()
+                self._client = None
 
     # --- the calls ------------------------------------------------------------------
 
@@ -151,10 +149,18 @@ class MlflowRest:
         missing_ok: bool = False,
         exists_ok: bool = False,
     ) -> dict[str, Any] | None:
+        if self._client is None:
+            self._connect()
         assert self._client is not None
         try:
-            response = self._client.request(method, path, json=body, params=params)
+            response = self._client.request(
+                method, path, json=body, params=params, extensions=self._extensions
+            )
         except httpx.HTTPError as exc:
+            if isinstance(exc, httpx.ConnectError):  # resolve and check again, next address
+                self._failed_connections += 1
+                self._client.close()
+                self._client = None
             raise TrackerError(f"MLflow at {self.tracking_uri}: {exc!r}") from exc
         if response.is_success:
             answer: dict[str, Any] = response.json() if response.content else {}
@@ -173,20 +179,43 @@ class MlflowRest:
 
     # --- where and who --------------------------------------------------------------
 
-    def _check_address(self) -> None:
+    def _connect(self) -> None:
+        """A client to the server: to an address the allowlist allowed (when there is one),
+        with the URL's name as Host and TLS name."""
+        address = self._checked_address()
+        base, headers, self._extensions = _pinned(self.tracking_uri, address)
+        self._client = httpx.Client(
+            base_url=f"{base}/api/2.0/mlflow/",
+            timeout=self._timeout_s,
+            auth=self._auth(),
+            headers={**self._headers(), **headers},
+            follow_redirects=False,  # a redirect would leave the checked address
+        )
+
+    def _checked_address(self) -> IPAddress | None:
+        """One of the addresses the URL's host resolves to, all of them allowed; None when
+        there is no allowlist (one's own machine: httpx resolves the name itself)."""
         if self._allowlist is None:
-            return
+            return None
         host = urlsplit(self.tracking_uri).hostname or ""
         why = self._allowlist.host_refusal(host)
+        found: list[IPAddress] = []
         if why is None:
-            try:
-                found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-            except OSError as exc:
-                raise TrackerError(f"MLflow host {host} does not resolve: {exc}") from exc
-            addresses = {parse_address(str(info[4][0])) for info in found}
-            why = self._allowlist.refusal(host, addresses)
-        if why is not None:
-            raise TrackerError(f"MLflow tracking_uri refused: {why}", permanent=True)
+            literal = ip_literal(host)
+            if literal is not None:
+                found = [literal]
+            else:
+                try:
+                    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+                except OSError as exc:
+                    raise TrackerError(f"MLflow host {host} does not resolve: {exc}") from exc
+                found = list(dict.fromkeys(parse_address(str(i[4][0])) for i in infos))
+            why = self._allowlist.refusal(host, found)
+        if why is not None or not found:
+            raise TrackerError(
+                f"MLflow tracking_uri refused: {why or 'no address'}", permanent=why is not None
+            )
+        return found[self._failed_connections % len(found)]
 
     def _auth(self) -> httpx.BasicAuth | None:
         user = self._environ.get("MLFLOW_TRACKING_USERNAME")
@@ -196,6 +225,21 @@ class MlflowRest:
     def _headers(self) -> dict[str, str]:
         token = self._environ.get("MLFLOW_TRACKING_TOKEN")
         return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _pinned(url: str, address: IPAddress | None) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """``url`` with its host replaced by ``address``, and the Host header and TLS name
+    that keep the server seeing the name the URL gives."""
+    if address is None:
+        return url, {}, {}
+    parts = urlsplit(url)
+    host = f"[{address}]" if address.version == 6 else str(address)
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return (
+        urlunsplit(parts._replace(netloc=netloc)),
+        {"Host": parts.netloc},
+        {"sni_hostname": parts.hostname},
+    )
 
 
 def _error_code(response: httpx.Response) -> str | None:

@@ -154,3 +154,30 @@ def test_the_mirror_keeps_tensorboard_going_while_mlflow_is_down(tmp_path: Path)
     assert final["tracker/tensorboard/dropped"] == 0
     assert final["tracker/tensorboard/errors"] == 0
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_a_named_mlflow_host_is_called_at_an_address_the_allowlist_checked(
+    mlflow_url: str,
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    # The server listens on 127.0.0.1 only; localhost may resolve to ::1 first, and a
+    # refused connection moves the tracker to the next checked address.
+    named = mlflow_url.replace("127.0.0.1", "localhost")
+    loopback = Allowlist.parse("loopback", embedded=False)
+    tracker = MlflowRest(
+        named, experiment=f"rlaas-{uuid.uuid4().hex[:8]}", run_id="run_E", allowlist=loopback
+    )
+    for _ in range(3):
+        try:
+            tracker.open()
+            break
+        except TrackerError as exc:
+            assert "ConnectError" in str(exc) and not exc.permanent
+    tracker.log(STEPS[:1])
+    tracker.close("succeeded")
+
+    history = MlflowClient(tracking_uri=mlflow_url).get_metric_history(
+        tracker.mlflow_run_id, "loss"
+    )
+    assert [(m.step, m.value) for m in history] == [(1, 1.0)]
