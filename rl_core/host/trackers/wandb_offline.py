@@ -5,11 +5,14 @@
 no API key; ``wandb sync <that folder>`` uploads it from any machine that has one.
 The settings below keep W&B from touching the worker's process beyond its own run: no
 console capture (it would wrap the worker's stdout), no system metrics sampler, no git
-or code snapshot, no requirements scan.
+or code snapshot, no requirements scan, no crash reports sent. W&B's core process (one
+per worker process, reused by its runs) keeps its own debug log under
+``~/.cache/wandb/logs``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,6 +42,10 @@ class WandbOffline:
         self._run: Any = None
 
     def open(self) -> None:
+        # W&B's core process reports its own crashes to W&B's Sentry unless told not to:
+        # an offline run on a tenant's behalf sends nothing anywhere (an operator who
+        # sets WANDB_ERROR_REPORTING keeps their choice). Read when the core starts.
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         import wandb
 
         self.folder.mkdir(parents=True, exist_ok=True)
