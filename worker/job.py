@@ -120,8 +120,12 @@ def _train_claimed(
         except BaseException:
             trackers.close("failed")
             raise
-        cancelled = result.stopped_early and beats.cancel_requested.is_set()
-        trackers.close("cancelled" if cancelled else "succeeded")
+        if beats.lease_lost.is_set():
+            trackers.close("failed")  # this attempt's end; another worker resumes the run
+        elif result.stopped_early and beats.cancel_requested.is_set():
+            trackers.close("cancelled")
+        else:
+            trackers.close("succeeded")
         # Everything reported must be stored before the run may be called finished.
         sink.flush(timeout_s=settings.api_retry_seconds)
     except LeaseLost as exc:
