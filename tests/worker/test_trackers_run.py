@@ -11,6 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+
+# Imported here, on the main thread, as pytest collects: orbax's package imports its
+# `test_utils` module, which pytest's assertion rewriting parses; first imported at the
+# run's first checkpoint instead, in the trainer's thread while the trackers' threads
+# imported theirs, two threads' `ast` work at once tripped CPython 3.11's "AST constructor
+# recursion depth mismatch" (a check that is per interpreter, not per thread).
+import orbax.checkpoint  # noqa: F401
 import pytest
 
 from tests.rl_core.host.test_trackers import tfrecords, wandb_history

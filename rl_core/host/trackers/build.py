@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from pathlib import Path
 
 from rl_core.host.trackers.base import Tracker
@@ -18,13 +20,18 @@ def build_trackers(
     """One tracker per entry of ``spec.trackers``; files go under ``run_dir/trackers``.
 
     Nothing is opened here (no network, no files): each tracker opens on its mirror
-    thread. ``allowlist`` bounds where an MLflow server may be (None: anywhere, a
-    single-user machine).
+    thread. Their libraries are imported here, on the caller's thread, before the run
+    starts: wandb's import is about a second and thousands of modules, which would
+    otherwise run beside the pipeline's threads as they import their own (under pytest,
+    two threads' imports rewritten at once tripped CPython 3.11's AST recursion check).
+    ``allowlist`` bounds where an MLflow server may be (None: anywhere, a single-user
+    machine).
     """
     trackers: list[Tracker] = []
     folder = run_dir / "trackers"
     for entry in spec.trackers:
         if isinstance(entry, WandbSpec):
+            _preload("wandb")
             config = spec.model_dump(mode="json", exclude={"trackers"})
             trackers.append(
                 WandbOffline(
@@ -46,8 +53,15 @@ def build_trackers(
                 )
             )
         elif isinstance(entry, TensorboardSpec):
+            _preload("tensorboardX")
             trackers.append(TensorboardFiles(folder / "tensorboard"))
     return trackers
+
+
+def _preload(module: str) -> None:
+    # Missing: the tracker's open fails once, saying what to install (mirror._open).
+    with contextlib.suppress(ImportError):
+        importlib.import_module(module)
 
 
 __all__ = ["build_trackers"]
