@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     dataset_max_line_bytes: int = 1_048_576
     quota_dataset_bytes: int = 1_073_741_824
     log_json: bool = True
+    # The runs' artifacts folder the workers write (RLAAS_ARTIFACTS_PATH as theirs; default
+    # <data dir>/artifacts): checkpoint exports are streamed from it, so a deployment mounts
+    # the workers' volume here too (docker/compose.yaml), until an object store replaces it.
+    artifacts_path: Path | None = None
+
+    def artifacts_dir(self) -> Path:
+        return self.artifacts_path or self.data_dir / "artifacts"
 
     @property
     def embedded(self) -> bool:

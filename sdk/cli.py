@@ -19,6 +19,7 @@ import typer
 
 from rl_core.spec import SpecError, load_spec
 from sdk.cli_datasets import datasets as datasets_cli
+from sdk.cli_download import download
 from sdk.verifiers_cli import verifiers_cli
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ keys = typer.Typer(help="Your API keys over the HTTP API: rotate, revoke.", no_a
 cli.add_typer(keys, name="keys")
 cli.add_typer(datasets_cli, name="datasets")
 cli.add_typer(verifiers_cli, name="verifiers")  # sdk/verifiers_cli.py
+cli.command("download")(download)  # sdk/cli_download.py
 
 ApiUrl = Annotated[str, typer.Option(envvar="RLAAS_API_URL", help="Control plane base URL.")]
 ApiKey = Annotated[str, typer.Option(envvar="RLAAS_API_KEY", help="Your API key.")]

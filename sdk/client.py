@@ -297,6 +297,46 @@ class Client:
         data = self._json("GET", f"{_run(run_id)}/checkpoints")
         return [Checkpoint.from_json(c) for c in data["items"]]
 
+    def download_checkpoint(
+        self,
+        run_id: str,
+        step: int | None = None,
+        *,
+        format: str = "hf",
+        out: str | Path | None = None,
+    ) -> Path:
+        """Download a checkpoint (the newest when ``step`` is None) into the folder ``out``
+        (default ``./<run>-step-<N>-<format>``, which must not hold files yet); returns it.
+
+        ``format="hf"``: the model, any LoRA merged (config.json, model.safetensors, the
+        tokenizer files), for ``transformers.AutoModelForCausalLM.from_pretrained(out)``.
+        ``format="peft"``: a LoRA run's adapter, for ``peft.PeftModel.from_pretrained``.
+        """
+        from sdk.downloads import unpack_export
+
+        if step is None:
+            steps = [c.step for c in self.checkpoints(run_id)]
+            if not steps:
+                raise RlaasError(
+                    f"run {run_id} has no checkpoint yet; wait for its first checkpoint "
+                    "(train.checkpoint_interval steps) or its end"
+                )
+            step = max(steps)
+        target = Path(out) if out is not None else Path(f"{run_id}-step-{step}-{format}")
+        path = f"{_run(run_id)}/checkpoints/{int(step)}/export"
+        # A model is hundreds of MB: no limit on the whole read, only on each silence.
+        timeout = httpx.Timeout(self._http.timeout.connect, read=STREAM_READ_TIMEOUT_S)
+        try:
+            with self._http.stream(
+                "GET", path, params={"format": format}, timeout=timeout
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _error(response)
+                return unpack_export(response.iter_bytes(), target)
+        except httpx.TransportError as exc:
+            raise Unreachable(f"GET {path}: the download broke off ({exc!r}); try again") from exc
+
     def inflight(self, run_id: str) -> Inflight:
         """What the run is waiting on: the episodes in flight, their stage, for how long."""
         return Inflight.from_json(self._json("GET", f"{_run(run_id)}/inflight"))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import StreamingResponse
 
-from app.api.deps import SessionDep, TenantDep
+from app.api.deps import SessionDep, StateDep, TenantDep
 from app.schemas.results import (
     INT32,
     INT64,
@@ -21,8 +22,10 @@ from app.schemas.results import (
     TrajectoryPage,
     TrajectoryRead,
 )
+from app.services import exports as exports_service
 from app.services import lineage as lineage_service
 from app.services import results as service
+from rl_core.artifacts import ExportFormat
 
 router = APIRouter(prefix="/v1/runs", tags=["results"])
 
@@ -74,6 +77,35 @@ async def list_checkpoints(
             )
             for a in rows
         ]
+    )
+
+
+@router.get(
+    "/{run_id}/checkpoints/{step}/export",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}, "description": "A tar archive"}},
+)
+async def export_checkpoint(
+    run_id: str,
+    step: Annotated[int, Path(ge=0, le=INT32)],
+    session: SessionDep,
+    tenant_id: TenantDep,
+    app_state: StateDep,
+    fmt: Annotated[ExportFormat, Query(alias="format")] = "hf",
+) -> StreamingResponse:
+    """The checkpoint as a tar of one folder: ``hf``, the model with any LoRA merged
+    (config.json, model.safetensors, tokenizer files), or ``peft``, a LoRA run's adapter
+    (adapter_config.json, adapter_model.safetensors). docs/exports.md says how to load them."""
+    archive = await exports_service.checkpoint_export(
+        session, tenant_id, run_id, step, fmt, settings=app_state.settings
+    )
+    return StreamingResponse(
+        archive.chunks(),
+        media_type="application/x-tar",
+        headers={
+            "Content-Length": str(archive.size),
+            "Content-Disposition": f'attachment; filename="{archive.name}"',
+        },
     )
 
 

@@ -109,6 +109,20 @@ class BuiltinTokenizer:
         return len(self._pieces)
 
     @property
+    def pieces(self) -> tuple[str, ...]:
+        """Every token's text, by id."""
+        return self._pieces
+
+    @property
+    def special_pieces(self) -> tuple[str, ...]:
+        return _SPECIALS
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """The whole words a text is cut into before single characters (the longest that fits)."""
+        return _WORDS
+
+    @property
     def pad_id(self) -> int:
         return self._ids["<pad>"]
 

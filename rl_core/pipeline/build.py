@@ -52,18 +52,60 @@ SERVER_LOG = "vllm-server.log"  # in the run's artifacts folder
 class OrbaxCheckpointer:
     """`Checkpointer` over `rl_core.training.checkpointing`.
 
-    Writes ``artifacts_dir/checkpoints/step-NNNNNNNN``.
+    Writes ``artifacts_dir/checkpoints/step-NNNNNNNN``, then, when given ``exports``, the
+    checkpoint's downloads beside it (`rl_core.training.exports`): made with the checkpoint,
+    by the process that holds the base model, so the control plane (no JAX) only streams
+    files.
     """
 
-    def __init__(self, artifacts_dir: Path, trainer: Trainer) -> None:
-        self.artifacts_dir, self.trainer = artifacts_dir, trainer
+    def __init__(
+        self,
+        artifacts_dir: Path,
+        trainer: Trainer,
+        exports: Callable[[Path, int], object] | None = None,
+    ) -> None:
+        self.artifacts_dir, self.trainer, self.exports = artifacts_dir, trainer, exports
 
     def save(self, step: int, extra: Mapping[str, Any]) -> CheckpointRecord:
         from rl_core.training.checkpointing import checkpoint_dir, save_checkpoint
 
-        return save_checkpoint(
+        record = save_checkpoint(
             checkpoint_dir(self.artifacts_dir, step), step=step, trainer=self.trainer, extra=extra
         )
+        if self.exports is not None:
+            try:
+                self.exports(Path(record.uri), step)
+            except Exception:
+                # The checkpoint is what a resume needs; a failed export costs a download
+                # (the API answers that it is missing), never the run.
+                log.exception("step %d: the checkpoint's exports failed", step)
+        return record
+
+
+def checkpoint_exports(
+    spec: JobSpec, model: Model, tokenizer: Tokenizer, artifacts_dir: Path
+) -> Callable[[Path, int], object] | None:
+    """``export(checkpoint, step)``: the run's exports of a checkpoint; None for a model
+    no Hugging Face family expresses (ALiBi), which has nothing to export."""
+    from rl_core.training.exports import adapter_base_name, export_all
+
+    if model.config.alibi_slope:
+        return None
+    lora = configs.trainer_config(spec).lora
+    base_name = adapter_base_name(spec.model.source)
+
+    def export(checkpoint: Path, step: int) -> object:
+        return export_all(
+            checkpoint,
+            artifacts_dir,
+            step,
+            base=model,
+            tokenizer=tokenizer,
+            lora=lora,
+            base_name=base_name,
+        )
+
+    return export
 
 
 def snapshot(params: Any) -> Any:
@@ -350,7 +392,13 @@ def build_pipeline(
             sink=sink,
             control=control,
             profiler=Profiler(artifacts_dir / "profiles" if artifacts_dir else None),
-            checkpointer=OrbaxCheckpointer(artifacts_dir, trainer) if artifacts_dir else None,
+            checkpointer=OrbaxCheckpointer(
+                artifacts_dir,
+                trainer,
+                checkpoint_exports(spec, model, tokenizer, artifacts_dir),
+            )
+            if artifacts_dir
+            else None,
             evaluator=evaluator,
             start_step=start_step,
             sessions=broker,

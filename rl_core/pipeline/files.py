@@ -5,7 +5,9 @@
   rewritten at each checkpoint and on close, since a JSON object cannot be appended to;
 - ``trajectories.jsonl``: the sampled `TrajectoryRecord`s, one per line;
 - ``checkpoints.jsonl``: one `CheckpointRecord` per checkpoint written (the
-  checkpoints themselves go to ``DIR/checkpoints/`` when DIR is the run's artifacts_dir).
+  checkpoints themselves go to ``DIR/checkpoints/`` when DIR is the run's artifacts_dir,
+  and their exports, a Hugging Face model and a LoRA run's PEFT adapter, to
+  ``DIR/exports/``: docs/exports.md).
 """
 
 from __future__ import annotations

@@ -20,8 +20,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rl_core.models.config import ModelConfig
 from rl_core.models.decoder import Model
+from rl_core.models.tokenizer import BuiltinTokenizer
+from rl_core.pretrained.builtin_files import write_tokenizer_files
 from rl_core.pretrained.chat_tokenizer import ChatTokenizer
 from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
 from rl_core.pretrained.weights import model_to_tensors
@@ -98,7 +102,7 @@ def export_hf(
     model: Model,
     directory: str | Path,
     *,
-    tokenizer: ChatTokenizer | CheckpointTokenizer | None = None,
+    tokenizer: ChatTokenizer | CheckpointTokenizer | BuiltinTokenizer | None = None,
     chat_template: str | None = None,
     untie: bool = False,
 ) -> Path:
@@ -108,22 +112,47 @@ def export_hf(
     embedding; the same function): what vLLM must serve to reload weights in place,
     since its in-place reload skips a tied LM head and leaves the old one serving.
     """
+    target = write_hf_folder(
+        model.config, {}, directory, tokenizer=tokenizer, chat_template=chat_template, untie=untie
+    )
+    write_weights(model, target, untie=untie)
+    return target
+
+
+def write_hf_folder(
+    config: ModelConfig,
+    tensors: dict[str, np.ndarray],
+    directory: str | Path,
+    *,
+    tokenizer: ChatTokenizer | CheckpointTokenizer | BuiltinTokenizer | None = None,
+    chat_template: str | None = None,
+    untie: bool = False,
+) -> Path:
+    """`export_hf` of a model given as ``tensors`` (HF names and layouts, `model_to_tensors`).
+
+    Writes ``model.safetensors`` only when ``tensors`` is not empty: the exporter of a
+    checkpoint (`rl_core.training.exports`) holds numpy arrays, not a `Model`. A builtin
+    tokenizer is written as the files `rl_core.pretrained.builtin_files` makes of it.
+    """
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     base = tokenizer.tokenizer if isinstance(tokenizer, ChatTokenizer) else tokenizer
     if isinstance(tokenizer, ChatTokenizer) and chat_template is None:
         chat_template = tokenizer.chat_template
-    config = hf_config(
-        model.config,
-        bos_token_id=None if base is None else base.bos_id,
+    hf = hf_config(
+        config,
+        bos_token_id=base.bos_id if isinstance(base, CheckpointTokenizer) else None,
         eos_token_id=None if base is None else base.eos_id,
         pad_token_id=None if base is None else base.pad_id,
     )
     if untie:
-        config["tie_word_embeddings"] = False
-    _write_json(target / "config.json", config)
-    write_weights(model, target, untie=untie)
-    if base is not None:
+        hf["tie_word_embeddings"] = False
+    _write_json(target / "config.json", hf)
+    if tensors:
+        write_tensors(tensors, target, untie=untie)
+    if isinstance(base, BuiltinTokenizer):
+        write_tokenizer_files(base, target)
+    elif base is not None:
         base.backend.save(str(target / "tokenizer.json"))
         tokenizer_config: dict[str, Any] = {
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -141,15 +170,22 @@ def write_weights(model: Model, directory: str | Path, *, untie: bool = False) -
     What a server that already runs the architecture reloads in place (`VllmEngine`);
     ``untie`` as in `export_hf`. Atomic: a reader never sees a half-written file.
     """
+    return write_tensors(model_to_tensors(model), directory, untie=untie)
+
+
+def write_tensors(tensors: dict[str, np.ndarray], directory: str | Path, *, untie: bool) -> Path:
+    """`write_weights` of ``tensors`` (HF names); atomic, as it."""
     from safetensors.numpy import save_file
 
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=target, suffix=".tmp", delete=False) as tmp:
         temp_path = Path(tmp.name)
-    tensors = model_to_tensors(model)
     if untie and "lm_head.weight" not in tensors:
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+        tensors = {**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"].copy()}
+    # safetensors writes an array's buffer as it lies: a Fortran-ordered one (numpy may
+    # give ``W + delta.T`` that layout) would be read back transposed.
+    tensors = {name: np.ascontiguousarray(array) for name, array in tensors.items()}
     save_file(tensors, str(temp_path), metadata={"format": "pt"})
     os.replace(temp_path, target / "model.safetensors")
     return target / "model.safetensors"

@@ -8,12 +8,15 @@ tenant's run answers 404 (never 403, never data); its owner gets an answer.
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from app.api.sessions import ACTIONS
-from tests.app.conftest import Api
+from rl_core.artifacts import export_dir
+from tests.app.conftest import Api, running_api
 from tests.app.test_results_ingest import span, trajectory
 
 pytestmark = pytest.mark.anyio
@@ -36,6 +39,13 @@ BODIES: dict[tuple[str, str], Any] = {
 # A session's own calls take the session's key, not a tenant's: with any tenant's key
 # they answer 404, owner included (tests/app/test_sessions_proxy.py holds them to it).
 SESSION_CALLS = {f"/v1/runs/{{run_id}}/sessions/{{sid}}/{action}" for action in ACTIONS}
+
+
+@pytest.fixture
+async def api(app_database: str, tmp_path: Path) -> AsyncIterator[Api]:
+    # The artifacts folder the export route streams from: each run's checkpoint gets one.
+    async with running_api(app_database, artifacts_path=tmp_path) as running:
+        yield running
 
 
 def run_routes(api: Api) -> list[tuple[str, str]]:
@@ -63,13 +73,16 @@ async def finished_run_with_results(api: Api, auth: dict[str, str]) -> str:
     await api.internal(
         run_id, "artifacts", worker_id="w1", kind="checkpoint", step=1, uri="file:///c"
     )
+    folder = export_dir(api.state.settings.artifacts_dir() / run_id, 1, "hf")
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
     # Finished, so its metrics stream ends and the owner's read of it returns.
     await api.internal(run_id, "status", worker_id="w1", status="succeeded")
     return run_id
 
 
 async def call(api: Api, method: str, path: str, run_id: str, auth: dict[str, str]) -> Any:
-    url = path.replace("{run_id}", run_id).replace("{name}", "s1")
+    url = path.replace("{run_id}", run_id).replace("{name}", "s1").replace("{step}", "1")
     if method == "GET":
         return await api.client.get(url, headers=auth)
     if (method, path) not in BODIES:

@@ -52,6 +52,14 @@ def test_workers_share_artifact_storage_for_resume_after_a_crash() -> None:
         str(m["source"] if isinstance(m, dict) else m.split(":")[0]) for m in mounts.values()
     }
     assert len(sources) == 1
+    # The API streams checkpoint downloads from the same volume, and only reads it.
+    api = services["api"]
+    (mount,) = api["volumes"]
+    source = mount["source"] if isinstance(mount, dict) else mount.split(":")[0]
+    assert str(source) in sources
+    assert (mount.get("read_only") if isinstance(mount, dict) else mount.endswith(":ro")) is True
+    target = mount["target"] if isinstance(mount, dict) else mount.split(":")[1]
+    assert api["environment"]["RLAAS_ARTIFACTS_PATH"] == f"{target}/artifacts"
 
 
 def test_dockerfiles_install_the_right_extras_and_build_from_the_repo() -> None:

@@ -1,17 +1,22 @@
-"""One run through the whole product: tenant key → POST /v1/runs → Celery worker → metrics."""
+"""One run through the whole product: tenant key → POST /v1/runs → Celery worker → metrics,
+and its final checkpoint downloaded as a Hugging Face model."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from rl_core.models.tokenizer import BuiltinTokenizer
+from sdk.client import Client
 from tests.e2e.stack import REPO, Stack, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(3)]
 
 
-def test_tiny_game_run_succeeds_with_reward_per_step(stack: Stack) -> None:
+def test_tiny_game_run_succeeds_with_reward_per_step(stack: Stack, tmp_path: Path) -> None:
     stack.start_api()
     stack.start_worker()
     spec = yaml.safe_load((REPO / "examples" / "tiny-game-short.yaml").read_text())
@@ -53,6 +58,20 @@ def test_tiny_game_run_succeeds_with_reward_per_step(stack: Stack) -> None:
         assert first["step"] >= 1 and first["total_tokens"] > first["model_tokens"] > 0
         assert any(seg["trained"] for seg in first["segments"])
         assert any(not seg["trained"] for seg in first["segments"])
+
+        # The final checkpoint, downloaded as a Hugging Face model (the worker exported it
+        # beside the checkpoint): transformers loads it, and its tokenizer files give the
+        # ids the run trained on (tests/rl_core/training/test_exports.py: its logprobs).
+        with Client(stack.api_url, stack.api_key) as sdk:
+            folder = sdk.download_checkpoint(run_id, format="hf", out=tmp_path / "model")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        text = "Guess the number between 1 and 8."
+        assert AutoTokenizer.from_pretrained(folder)(text)["input_ids"] == (
+            BuiltinTokenizer().encode(text)
+        )
+        assert model.config.vocab_size == BuiltinTokenizer().vocab_size
 
         events = client.get(f"/v1/runs/{run_id}/events").json()
         statuses = [e["to_status"] for e in events["items"]]

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from rl_core.artifacts import export_dir
 from rl_core.errors import UnknownEnvironment, UnsupportedModelSource, UnsupportedSpec
 from rl_core.host.control import RunControl
 from rl_core.host.sinks import MemorySink
@@ -77,6 +78,8 @@ def test_two_steps_report_every_metric_and_the_files(tmp_path: Path) -> None:
     assert {s.name for s in sink.spans} >= {"rollout", "model_call", "train_step", "engine_batch"}
     assert sink.trajectories and sink.trajectories[0].segments
     assert [c.step for c in sink.checkpoints] == [2]
+    assert (export_dir(tmp_path / "a", 2, "hf") / "model.safetensors").is_file()
+    assert not export_dir(tmp_path / "a", 2, "peft").exists()  # no LoRA, no adapter
     profiles = list((tmp_path / "a" / "profiles").rglob("*.xplane.pb"))
     assert profiles, "a requested profile writes an XProf trace under artifacts_dir/profiles"
 
@@ -154,10 +157,21 @@ def test_importing_the_runner_and_spec_loads_no_jax() -> None:
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-def test_a_lora_run_goes_through_the_whole_pipeline() -> None:
+def test_a_lora_run_goes_through_the_whole_pipeline(tmp_path: Path) -> None:
     sink = MemorySink()
-    result = train(small_spec(model={"lora": {"rank": 4, "alpha": 8.0}}), sink=sink)
+    spec = small_spec(model={"lora": {"rank": 4, "alpha": 8.0}})
+    result = train(spec, sink=sink, artifacts_dir=tmp_path)
     assert result.steps_completed == 2
+    # The final checkpoint's downloads were made beside it, before it was reported
+    # (tests/rl_core/training/test_exports.py loads them in transformers and PEFT).
+    assert [c.step for c in sink.checkpoints] == [2]
+    assert {p.name for p in export_dir(tmp_path, 2, "peft").iterdir()} == {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    }
+    assert {"config.json", "model.safetensors"} <= {
+        p.name for p in export_dir(tmp_path, 2, "hf").iterdir()
+    }
     assert [step for step, _ in sink.steps] == [1, 2]
     # (A step whose groups all tie has zero advantages, hence zero gradient: only finiteness here;
     # tests/rl_core/training/test_lora.py shows what the adapters learn.)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from rl_core.models import Model, ModelConfig
 from rl_core.pretrained import load_checkpoint
-from rl_core.pretrained.export import export_hf, hf_config
+from rl_core.pretrained.export import export_hf, hf_config, write_tensors
 from rl_core.pretrained.sources import load_pretrained
 from rl_core.pretrained.weights import model_to_tensors
 from tests.rl_core.models.hf_reference import hf_logits, our_logits
@@ -85,3 +85,13 @@ def test_an_alibi_model_is_refused_with_the_reason(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tiny-alibi"):
         export_hf(Model(config, rngs=nnx.Rngs(0)), tmp_path / "out")
     assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_a_fortran_ordered_tensor_is_written_as_its_values_not_its_buffer(tmp_path: Path) -> None:
+    """numpy lays ``W + delta.T`` out in Fortran order for some sizes (a LoRA merge of
+    SmolLM2's 576 x 576 projections did); safetensors writes the buffer as it lies."""
+    from safetensors.numpy import load_file
+
+    value = np.arange(12, dtype=np.float32).reshape(3, 4)
+    path = write_tensors({"w": np.asfortranarray(value)}, tmp_path, untie=False)
+    np.testing.assert_array_equal(load_file(str(path))["w"], value)

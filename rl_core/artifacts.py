@@ -1,0 +1,30 @@
+"""Where a run's exports lie in its artifacts folder: one layout for the worker and the API.
+
+A run's folder (``RLAAS_DATA_DIR/artifacts/<run>``) holds, beside its checkpoints::
+
+    exports/step-00000012/hf/      config.json, model.safetensors, tokenizer files (merged)
+    exports/step-00000012/peft/    adapter_config.json, adapter_model.safetensors (LoRA runs)
+
+The worker writes each export once, after the checkpoint of that step, under a hidden
+temporary name renamed into place (`rl_core.training.exports`): a folder that exists is
+complete. The control plane streams it (``GET /v1/runs/{id}/checkpoints/{step}/export``).
+Pure Python, so the control plane may import it (it imports no JAX).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final, Literal
+
+ExportFormat = Literal["hf", "peft"]
+EXPORT_FORMATS: Final[tuple[ExportFormat, ...]] = ("hf", "peft")
+
+
+def export_dir(run_dir: Path, step: int, fmt: ExportFormat) -> Path:
+    """The folder of one export of the checkpoint at ``step`` of the run at ``run_dir``."""
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; use one of {EXPORT_FORMATS}")
+    return Path(run_dir) / "exports" / f"step-{int(step):08d}" / fmt
+
+
+__all__ = ["EXPORT_FORMATS", "ExportFormat", "export_dir"]
