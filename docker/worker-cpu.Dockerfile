@@ -15,7 +15,7 @@ COPY rl_core rl_core
 COPY sdk sdk
 COPY worker worker
 COPY migrations migrations
-RUN pip install --no-cache-dir '.[worker]'
+RUN pip install --no-cache-dir '.[worker,trackers]'
 ENV RLAAS_QUEUE=cpu
 # Unprivileged: what a sandboxed program could reach is what this user can.
 USER rlaas

@@ -17,7 +17,7 @@ COPY rl_core rl_core
 COPY sdk sdk
 COPY worker worker
 COPY migrations migrations
-RUN pip install --no-cache-dir '.[worker]' 'jax[cuda12]'
+RUN pip install --no-cache-dir '.[worker,trackers]' 'jax[cuda12]'
 ENV RLAAS_QUEUE=gpu
 # Unprivileged: what a sandboxed program could reach is what this user can.
 USER rlaas

@@ -5,8 +5,8 @@ it). Every model forbids unknown fields, so a typo in a spec is a 422 that names
 the field instead of a silently ignored setting.
 
 Sections (docs/lifecycle.md): ``model``, ``environment``, ``agent``, ``rollout``,
-``algorithm``, ``staleness`` and ``train``. Defaults are chosen so that the
-smallest useful spec is a model and an environment.
+``algorithm``, ``staleness``, ``train`` and ``trackers`` (docs/trackers.md). Defaults are
+chosen so that the smallest useful spec is a model and an environment.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -400,6 +401,83 @@ class TrainSpec(_Section):
     trajectories_per_step: Annotated[int, Field(ge=0, le=1000)] = 4
 
 
+# Names a tracker shows (a W&B project, an MLflow experiment, a run's name): printable,
+# no path separators a tracker would read as nesting.
+TrackerName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w][\w .:+=@-]*$")]
+# W&B refuses / \ # ? % : in a project's name.
+WandbName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w][\w .+=@-]*$")]
+# Keys that would carry a secret: a spec is stored and shown back over the API, so
+# credentials come from the worker's environment (docs/trackers.md), never from here.
+_SECRET_KEYS = frozenset(
+    {"api_key", "apikey", "key", "token", "password", "username", "secret", "credentials"}
+)
+
+
+class _TrackerSection(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if isinstance(key, str) and key.lower() in _SECRET_KEYS:
+                    raise ValueError(
+                        f"{key}: a spec is stored and shown back, so it never holds credentials; "
+                        "set them in the workers' environment (WANDB_API_KEY, "
+                        "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD)"
+                    )
+        return data
+
+
+class WandbSpec(_TrackerSection):
+    """Weights & Biases in offline mode: the run's history in a W&B run folder under the
+    run's artifacts (``trackers/wandb``), which ``wandb sync`` uploads later. No network,
+    no API key on the worker."""
+
+    kind: Literal["wandb"]
+    project: WandbName = "rlaas"
+    name: TrackerName | None = None  # None: the run's id
+    mode: Literal["offline"] = "offline"
+
+
+class MlflowSpec(_TrackerSection):
+    """An MLflow tracking server over its REST API: one MLflow run per rlaas run (a resumed
+    attempt continues it), in ``experiment`` (created when missing)."""
+
+    kind: Literal["mlflow"]
+    tracking_uri: Annotated[str, Field(min_length=8, max_length=2048)]
+    experiment: TrackerName = "rlaas"
+    run_name: TrackerName | None = None  # None: the run's id
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _http_without_credentials(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "must be the http:// or https:// URL of an MLflow tracking server "
+                "(file:, databricks and other stores are not reachable from a shared worker)"
+            )
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(
+                "must not hold credentials (user:password@): a spec is shown back over the "
+                "API; set MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD in the "
+                "workers' environment instead"
+            )
+        if parts.query or parts.fragment:
+            raise ValueError("must not have a query or fragment: give the server's base URL")
+        return value.rstrip("/")
+
+
+class TensorboardSpec(_TrackerSection):
+    """TensorBoard event files under the run's artifacts (``trackers/tensorboard``)."""
+
+    kind: Literal["tensorboard"]
+
+
+TrackerSpec = Annotated[WandbSpec | MlflowSpec | TensorboardSpec, Field(discriminator="kind")]
+TRACKER_KINDS = ("wandb", "mlflow", "tensorboard")
+
+
 class JobSpec(_Section):
     """A whole training job."""
 
@@ -412,6 +490,17 @@ class JobSpec(_Section):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     staleness: StalenessSpec = Field(default_factory=StalenessSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
+    # Where the run's metrics are mirrored as well (docs/trackers.md); at most one per kind.
+    trackers: Annotated[tuple[TrackerSpec, ...], Field(max_length=len(TRACKER_KINDS))] = ()
+
+    @field_validator("trackers")
+    @classmethod
+    def _one_per_kind(cls, value: tuple[TrackerSpec, ...]) -> tuple[TrackerSpec, ...]:
+        kinds: list[str] = [t.kind for t in value]
+        for kind in TRACKER_KINDS:
+            if kinds.count(kind) > 1:
+                raise ValueError(f"{kind} is named {kinds.count(kind)} times; name each kind once")
+        return value
 
     @property
     def batch_size(self) -> int:

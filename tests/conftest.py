@@ -99,3 +99,17 @@ def postgres_url(_services: dict[str, str]) -> str:
 @pytest.fixture(scope="session")
 def redis_url(_services: dict[str, str]) -> str:
     return _services["RLAAS_TEST_REDIS_URL"]
+
+
+@pytest.fixture(scope="session")
+def mlflow_url() -> Iterator[str]:
+    """A real MLflow tracking server (tests/mlflow_server.py), one per test process;
+    ``RLAAS_TEST_MLFLOW_URL`` names one already running instead."""
+    given = os.environ.get("RLAAS_TEST_MLFLOW_URL")
+    if given:
+        yield given
+        return
+    from tests.mlflow_server import mlflow_server
+
+    with mlflow_server() as url:
+        yield url

@@ -18,6 +18,7 @@ from worker.heartbeat import Heartbeater
 from worker.settings import WorkerSettings
 from worker.sinks import HttpRunSink
 from worker.startup import sandbox_wall
+from worker.trackers import RunTrackers
 
 if TYPE_CHECKING:
     from rl_core.envs.webhook import WebhookTarget
@@ -97,21 +98,34 @@ def _train_claimed(
         raw_spec = with_local_dataset(claim.spec, run_id, datasets)
         # A tenant's hf:/gguf: path is read inside the operator's models folder only.
         spec = confine_model_source(parse_spec(raw_spec), settings.models_dir())
+        # The spec's trackers (W&B, MLflow, TensorBoard), fed off the pipeline's path.
+        trackers = RunTrackers(spec, run_id, settings, sink)
         api.report_status(run_id, "running")
-        result = train(
-            spec,
-            sink=sink,
-            control=beats.control,
-            artifacts_dir=settings.artifacts_dir() / run_id,
-            resume_from=resume_from,
-            # The run id first (the control plane routes callbacks by it), then the attempt,
-            # so a resumed attempt's episodes never collide with the dead one's (replays).
-            episode_prefix=f"{run_id}~a{claim.attempt}-",
-            webhooks=webhooks,
-            callbacks=HttpCallbackSource(settings.api_url, claim.lease_token, run_id),
-            gateway=session_gateway(api, run_id, settings),
-            walls=settings.sandbox_walls(),  # deployed: bubblewrap or no tenant code
-        )
+        try:
+            result = train(
+                spec,
+                sink=trackers.sink,
+                control=beats.control,
+                artifacts_dir=settings.artifacts_dir() / run_id,
+                resume_from=resume_from,
+                # The run id first (the control plane routes callbacks by it), then the
+                # attempt, so a resumed attempt's episodes never collide with the dead
+                # one's (replays).
+                episode_prefix=f"{run_id}~a{claim.attempt}-",
+                webhooks=webhooks,
+                callbacks=HttpCallbackSource(settings.api_url, claim.lease_token, run_id),
+                gateway=session_gateway(api, run_id, settings),
+                walls=settings.sandbox_walls(),  # deployed: bubblewrap or no tenant code
+            )
+        except BaseException:
+            trackers.close("failed")
+            raise
+        if beats.lease_lost.is_set():
+            trackers.close("failed")  # this attempt's end; another worker resumes the run
+        elif result.stopped_early and beats.cancel_requested.is_set():
+            trackers.close("cancelled")
+        else:
+            trackers.close("succeeded")
         # Everything reported must be stored before the run may be called finished.
         sink.flush(timeout_s=settings.api_retry_seconds)
     except LeaseLost as exc:

@@ -70,6 +70,10 @@ class WorkerSettings(BaseSettings):
     gateway_port: int = Field(default=0, ge=0, le=65535)  # 0: any free port
     gateway_url: str | None = None
 
+    # How long the end of a run waits for its trackers (docs/trackers.md) to take what is
+    # queued; a tracker that is failing gets no wait at all.
+    tracker_close_seconds: float = Field(default=30.0, ge=0, le=600)
+
     # True: a deployed worker without bubblewrap runs tenant code behind the weaker walls
     # (unshare -rn or the audit hook alone), which do not keep tenants apart; each run is
     # told so. False (the default): it refuses such runs.

@@ -62,14 +62,7 @@ class HttpRunSink:
     # --- RunSink ----------------------------------------------------------------
 
     def on_step(self, step: int, metrics: Mapping[str, float]) -> None:
-        points = []
-        for name, value in metrics.items():
-            value = float(value)
-            if not math.isfinite(value):
-                # JSON has no NaN; a diverged loss shows as a gap plus this line.
-                log.warning("step %d: %s is %s; not sent", step, name, value)
-                continue
-            points.append({"step": step, "name": name, "value": value})
+        points: list[dict[str, Any]] = _points(step, metrics)
         if step > 0 and self._attempt > 0:  # step 0: the evaluation before any update
             base_step, base_attempt = self._policy
             count = metrics.get("optimizer_updates")
@@ -94,6 +87,11 @@ class HttpRunSink:
         self._shipper.add("artifacts", [{"kind": "checkpoint", **record.to_json()}], urgent=True)
 
     # --- the worker's side ----------------------------------------------------
+
+    def add_points(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Report more points of an already reported ``step`` (the trackers' final
+        counters), with no policy update: a point sent again overwrites."""
+        self._shipper.add("metrics", _points(step, metrics), urgent=True)
 
     def flush(self, timeout_s: float) -> None:
         """Wait until everything is stored; raises ApiUnavailable (or LeaseLost) otherwise."""
@@ -124,6 +122,18 @@ class HttpRunSink:
         self._api.send_batch(
             self._run_id, kind, seq, items, retry_seconds=SEND_RETRY_S, extra=extra
         )
+
+
+def _points(step: int, metrics: Mapping[str, float]) -> list[dict[str, Any]]:
+    points: list[dict[str, Any]] = []
+    for name, value in metrics.items():
+        value = float(value)
+        if not math.isfinite(value):
+            # JSON has no NaN; a diverged loss shows as a gap plus this line.
+            log.warning("step %d: %s is %s; not sent", step, name, value)
+            continue
+        points.append({"step": step, "name": name, "value": value})
+    return points
 
 
 # An update travels in the metrics lane, so it is stored in the same batch (and the same

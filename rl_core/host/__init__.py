@@ -2,6 +2,7 @@
 
 `sinks` (where reports go: the `RunSink` protocol), `control` (what the host
 asks of a run: stop, profile, the in-flight snapshot), `telemetry` (stage spans
-and the profiler, always on), `memory` (process settings for long runs). Pure
+and the profiler, always on), `memory` (process settings for long runs), `trackers`
+(the run's metrics mirrored to W&B, MLflow, TensorBoard). Pure
 Python apart from the profiler hook: the agent and the pipeline both report here.
 """

@@ -26,6 +26,7 @@ from rl_core.spec import SESSIONS, JobSpec
 
 if TYPE_CHECKING:
     from rl_core.envs.walls import WallPolicy
+    from rl_core.host.trackers.base import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +100,15 @@ def train_to_folder(
     """`train` with the files of ``rlaas train --out DIR`` (`rl_core.pipeline.files.RunFiles`).
 
     Checkpoints go to ``out/checkpoints``; ``resume`` continues from the newest.
+    The spec's trackers (docs/trackers.md) get the metrics too, their files under
+    ``out/trackers``; on one's own machine an MLflow server may be anywhere.
     The first Ctrl-C asks for a stop at the next step boundary (with a final
     checkpoint); a second one interrupts at once.
     """
     import signal
 
+    from rl_core.host.trackers.build import build_trackers
+    from rl_core.host.trackers.mirror import MirroredSink, TrackerMirror
     from rl_core.pipeline.files import RunFiles
 
     out = Path(out)
@@ -114,6 +119,9 @@ def train_to_folder(
         newest = latest_checkpoint(out)
         resume_from = newest.uri if newest else None
     files = RunFiles(out, append=resume_from is not None)
+    trackers = build_trackers(spec, run_id=out.resolve().name, run_dir=out, allowlist=None)
+    mirror = TrackerMirror(trackers)
+    sink = MirroredSink(files, mirror) if trackers else files
     control = RunControl()
 
     def on_interrupt(signum: int, frame: Any) -> None:
@@ -122,17 +130,23 @@ def train_to_folder(
         control.request_stop()
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
+    outcome: Outcome = "failed"
     try:
-        return train(
+        result = train(
             spec,
-            sink=files,
+            sink=sink,
             control=control,
             artifacts_dir=out,
             resume_from=resume_from,
             gateway=gateway,
         )
+        outcome = "cancelled" if result.stopped_early else "succeeded"
+        return result
     finally:
         signal.signal(signal.SIGINT, previous)
+        final = mirror.close(outcome)
+        if any(final.values()):
+            log.warning("trackers: %s", final)
         files.close()
 
 

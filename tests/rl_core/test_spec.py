@@ -186,3 +186,62 @@ def test_a_model_vllm_cannot_serve_is_refused_at_submit() -> None:
         "rollout.engine" in p and "vLLM cannot serve builtin:tiny-alibi" in p for p in problems
     )
     assert parse_spec({**minimal(), "model": {"source": "builtin:tiny-alibi"}})  # on jax: fine
+
+
+def test_trackers_default_to_none_and_take_one_of_each_kind() -> None:
+    assert parse_spec(minimal()).trackers == ()
+    spec = parse_spec(
+        {
+            **minimal(),
+            "trackers": [
+                {"kind": "wandb", "project": "agents", "name": "lr 3e-3"},
+                {"kind": "mlflow", "tracking_uri": "https://mlflow.example.com/"},
+                {"kind": "tensorboard"},
+            ],
+        }
+    )
+    wandb, mlflow, tensorboard = spec.trackers
+    assert (wandb.kind, wandb.project, wandb.mode) == ("wandb", "agents", "offline")
+    assert mlflow.kind == "mlflow" and mlflow.experiment == "rlaas"
+    assert mlflow.tracking_uri == "https://mlflow.example.com"  # no trailing slash
+    assert tensorboard.kind == "tensorboard"
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+
+
+@pytest.mark.parametrize(
+    ("trackers", "field", "reason"),
+    [
+        ([{"kind": "comet"}], "trackers.0", "'wandb', 'mlflow', 'tensorboard'"),
+        ([{"kind": "tensorboard"}] * 2, "trackers", "tensorboard is named 2 times"),
+        ([{"kind": "wandb", "mode": "online"}], "trackers.0.wandb.mode", "'offline'"),
+        ([{"kind": "wandb", "project": "a/b"}], "trackers.0.wandb.project", "pattern"),
+        ([{"kind": "wandb", "project": "a:b"}], "trackers.0.wandb.project", "pattern"),
+        ([{"kind": "wandb", "api_key": "k"}], "trackers.0.wandb", "WANDB_API_KEY"),
+        (
+            [{"kind": "mlflow", "tracking_uri": "http://h", "token": "t"}],
+            "trackers.0.mlflow",
+            "env",
+        ),
+        ([{"kind": "mlflow"}], "trackers.0.mlflow.tracking_uri", "Field required"),
+        (
+            [{"kind": "mlflow", "tracking_uri": "https://u:p@mlflow.example.com"}],
+            "trackers.0.mlflow.tracking_uri",
+            "MLFLOW_TRACKING_TOKEN",
+        ),
+        (
+            [{"kind": "mlflow", "tracking_uri": "file:///srv/mlruns"}],
+            "trackers.0.mlflow.tracking_uri",
+            "http:// or https://",
+        ),
+        (
+            [{"kind": "mlflow", "tracking_uri": "https://m.example.com/?token=x"}],
+            "trackers.0.mlflow.tracking_uri",
+            "query",
+        ),
+    ],
+)
+def test_a_bad_tracker_names_field_and_reason(
+    trackers: list[dict[str, str]], field: str, reason: str
+) -> None:
+    problems = problems_of({**minimal(), "trackers": trackers})
+    assert any(p.startswith(f"{field}:") and reason in p for p in problems), problems

@@ -18,7 +18,7 @@ from rl_core.errors import UnknownEnvironment, UnsupportedModelSource, Unsupport
 from rl_core.host.control import RunControl
 from rl_core.host.sinks import MemorySink
 from rl_core.pipeline.runner import TrainResult, train, train_to_folder
-from rl_core.spec import JobSpec, parse_spec
+from rl_core.spec import JobSpec, TensorboardSpec, parse_spec
 
 REQUIRED = {
     "reward/mean",
@@ -83,11 +83,16 @@ def test_two_steps_report_every_metric_and_the_files(tmp_path: Path) -> None:
     profiles = list((tmp_path / "a" / "profiles").rglob("*.xplane.pb"))
     assert profiles, "a requested profile writes an XProf trace under artifacts_dir/profiles"
 
-    # Same spec, same seed, through the CLI's files: the same numbers.
+    # Same spec, same seed, through the CLI's files: the same numbers; and mirrored to the
+    # spec's tracker (docs/trackers.md), its counters among the step's metrics.
     out = tmp_path / "out"
-    again = train_to_folder(small_spec(train={"steps": 1}), out)
+    one_step = small_spec(train={"steps": 1})
+    tracked = one_step.model_copy(update={"trackers": (TensorboardSpec(kind="tensorboard"),)})
+    again = train_to_folder(tracked, out)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert again.steps_completed == 1 and [line["step"] for line in lines] == [1]
+    assert lines[0]["tracker/tensorboard/errors"] == lines[0]["tracker/tensorboard/dropped"] == 0
+    assert list((out / "trackers" / "tensorboard").glob("events.out.tfevents.*"))
     for name in ("reward/mean", "loss", "episode/length_mean"):
         assert lines[0][name] == pytest.approx(sink.steps[0][1][name], rel=1e-5), name
     timeline = json.loads((out / "timeline.json").read_text())
