@@ -78,14 +78,14 @@ async def checkpoint_export(
             field="format",
         )
     folder = export_dir(settings.artifacts_dir() / run.id, step, fmt)
-    if fmt == "hf" and not folder.is_dir():
-        if export_dir(settings.artifacts_dir() / run.id, step, "peft").is_dir():
-            raise NotFound(
-                f"run {run.id} keeps the merged (hf) export of its newest checkpoint only; "
-                f"ask for step {steps[-1]}, or for format=peft at step {step} and merge the "
-                "adapter onto the base (docs/exports.md)",
-                field="format",
-            )
+    adapter = export_dir(settings.artifacts_dir() / run.id, step, "peft")
+    if fmt == "hf" and not folder.is_dir() and adapter.is_dir():
+        raise NotFound(
+            f"run {run.id} keeps the merged (hf) export of its newest checkpoint only; "
+            f"ask for step {steps[-1]}, or for format=peft at step {step} and merge the "
+            "adapter onto the base (docs/exports.md)",
+            field="format",
+        )
     if not folder.is_dir():
         raise NotFound(
             f"the checkpoint at step {step} of run {run.id} has no {fmt} export: the worker "
