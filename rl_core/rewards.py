@@ -73,6 +73,7 @@ class VerifierFailed(Exception):
         super().__init__(f"reward {name!r} {reason}: {detail}")
         self.name = name
         self.reason = reason  # error | timeout
+        self.detail = detail
 
 
 RewardFn = Callable[[RewardContext], float] | Callable[[RewardContext], Awaitable[float]]
@@ -163,8 +164,9 @@ async def score_async(
             number = float(value)
         except MissingReference:
             raise
-        except TimeoutError:
-            raise VerifierFailed(term.name, "timeout", f"no answer in {timeout_s:g} s") from None
+        except TimeoutError as exc:  # the limit here, or a check's own (`verify_regex`)
+            detail = str(exc) or f"no answer in {timeout_s:g} s"
+            raise VerifierFailed(term.name, "timeout", detail) from None
         except Exception as exc:
             raise VerifierFailed(term.name, "error", f"{type(exc).__name__}: {exc}") from exc
         if not math.isfinite(number):
@@ -286,10 +288,24 @@ def verify_exact(ctx: RewardContext) -> float:
     return float(normalize(final_answer(_tail(ctx))) == normalize(_reference(ctx, "exact")))
 
 
+# A tenant's pattern may backtrack for ever ("(a+)+$" on a long answer). The `regex`
+# package stops its own match at a deadline and lets go of the GIL while matching, so the
+# check runs in a thread (``slow``) and that thread ends itself, under `score_async`'s
+# default limit, instead of running on after the episode has failed.
+REGEX_TIMEOUT_S = 5.0
+
+
 def verify_regex(ctx: RewardContext) -> float:
     """1 if the reference, a regular expression, matches the whole final (boxed) answer."""
-    pattern = re.compile(str(_reference(ctx, "regex")))
-    return float(pattern.fullmatch(final_answer(_tail(ctx)).strip()) is not None)
+    import regex
+
+    pattern = regex.compile(str(_reference(ctx, "regex")))
+    answer = final_answer(_tail(ctx)).strip()
+    try:
+        found = pattern.fullmatch(answer, timeout=REGEX_TIMEOUT_S, concurrent=True)
+    except TimeoutError:
+        raise TimeoutError(f"the pattern ran past {REGEX_TIMEOUT_S:g} s on the answer") from None
+    return float(found is not None)
 
 
 def verify_numeric(ctx: RewardContext) -> float:
@@ -341,7 +357,9 @@ async def verify_python_tests(ctx: RewardContext) -> float:
 
 register_reward("math", verify_math, slow=True, doc="math-verify: the answer equals the reference")
 register_reward("exact", verify_exact, doc="the final (boxed) answer equals the reference")
-register_reward("regex", verify_regex, doc="the reference pattern matches the final answer")
+register_reward(
+    "regex", verify_regex, doc="the reference pattern matches the final answer", slow=True
+)
 register_reward("numeric", verify_numeric, doc="the last number is within tolerance")
 register_reward(
     "json_schema", verify_json_schema, doc="the answer is JSON valid under the reference schema"

@@ -167,3 +167,32 @@ async def test_a_slow_math_check_does_not_block_the_event_loop() -> None:
     await value("math", "\\boxed{\\frac{1}{3} + \\frac{1}{6}}", "1/2")
     task.cancel()
     assert ticks > 0
+
+
+async def test_a_backtracking_pattern_fails_the_check_and_leaves_the_loop_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    import rl_core.rewards as rewards
+
+    monkeypatch.setattr(rewards, "REGEX_TIMEOUT_S", 0.3)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    threads = threading.active_count()
+    started = time.monotonic()
+    with pytest.raises(VerifierFailed) as failed:  # catastrophic backtracking: Fibonacci(60) paths
+        await value("regex", "a" * 60 + "!", r"(a|aa)+$")
+    task.cancel()
+    assert failed.value.reason == "timeout" and "ran past 0.3 s" in failed.value.detail
+    assert time.monotonic() - started < 5  # the match stopped itself at its deadline
+    assert ticks >= 10  # the event loop ran meanwhile
+    await asyncio.sleep(0.05)
+    assert threading.active_count() <= threads + 1  # no matching thread left running
