@@ -39,6 +39,7 @@ from rl_core.host.control import RunControl
 from rl_core.host.sinks import RunSink
 from rl_core.host.telemetry import Profiler, SpanRecorder
 from rl_core.models.tokenizer import Tokenizer
+from rl_core.pipeline.cadence import CheckpointCadence
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.metrics import Readings, StepMeter
@@ -79,7 +80,12 @@ class PipelineConfig:
     max_staleness: int = 1
     concurrency: int = 64  # episodes in flight at most (rollout.concurrency)
     stale_policy: str = "drop"
+    # Checkpoints between steps (rl_core.pipeline.cadence): every `checkpoint_interval`
+    # steps; else every `checkpoint_every_s` seconds; else, with `checkpoint_auto`, by time
+    # at an interval from the checkpoint's measured cost; else only at the end.
     checkpoint_interval: int = 0
+    checkpoint_every_s: float | None = None
+    checkpoint_auto: bool = False
     eval_interval: int = 0
     trajectories_per_step: int = 4
 
@@ -145,6 +151,11 @@ class Pipeline:
         self.step = start_step
         self._lags: list[float] = []
         self._saved_step = start_step  # a resumed run's own checkpoint is not written again
+        self.cadence = CheckpointCadence(
+            every_steps=config.checkpoint_interval,
+            every_s=config.checkpoint_every_s,
+            auto=config.checkpoint_auto,
+        )
 
     # --- the run ---------------------------------------------------------------
 
@@ -248,7 +259,7 @@ class Pipeline:
             self._report(step, final, groups, finished)
             done += 1
             log.info("step %d: reward %.3f (%.2fs)", step, final["reward/mean"], wall)
-            if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0:
+            if self.cadence.due(step):
                 await self._checkpoint(step)
         last = self.start_step + done
         if last > self.start_step or stopped:
@@ -359,8 +370,18 @@ class Pipeline:
             with self.recorder.span("checkpoint", track="trainer", step=step, annotate=True):
                 return checkpointer.save(step, extra)
 
+        started = time.perf_counter()
         record = await self.device.run_trainer(save)
+        cost = time.perf_counter() - started
+        self.cadence.saved(cost)
         self._saved_step = step
+        interval = self.cadence.interval_s
+        log.info(
+            "checkpoint of step %d: %.3fs%s",
+            step,
+            cost,
+            "" if interval is None else f"; the next in {interval:.0f}s",
+        )
         self.sink.on_checkpoint(record)
         self._flush_spans()
 
