@@ -10,7 +10,7 @@ from the checkpoint's own measured cost::
 so writing checkpoints takes at most ``AUTO_COST_FRACTION`` of the run's wall time (the
 floor bounds how often a cheap one is written, the ceiling how much a preemption can
 lose). Before the first checkpoint its cost is unknown: the first comes ``AUTO_FLOOR_S``
-after the start. A spec can set the interval instead, in steps
+after the attempt's first step (whose time is mostly compiling, which no checkpoint saves). A spec can set the interval instead, in steps
 (``train.checkpoint_interval``) or seconds (``train.checkpoint_every_s``).
 """
 
@@ -76,6 +76,11 @@ class CheckpointCadence:
         if self.every_steps:
             return step % self.every_steps == 0
         return self.by_time and self.clock() - self._since >= self._interval_s
+
+    def restart(self) -> None:
+        """The interval starts again now (the end of an attempt's first step: its time is
+        mostly compiling, which a checkpoint would not save)."""
+        self._since = self.clock()
 
     def saved(self, cost_s: float) -> None:
         """A checkpoint was written, costing ``cost_s``: the next interval starts now."""

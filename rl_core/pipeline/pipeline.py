@@ -259,7 +259,9 @@ class Pipeline:
             self._report(step, final, groups, finished)
             done += 1
             log.info("step %d: reward %.3f (%.2fs)", step, final["reward/mean"], wall)
-            if self.cadence.due(step):
+            if step == self.start_step + 1 and self.cadence.by_time:
+                self.cadence.restart()
+            elif self.cadence.due(step):
                 await self._checkpoint(step)
         last = self.start_step + done
         if last > self.start_step or stopped:

@@ -1,54 +1,47 @@
-"""A run's worker is SIGKILLed three times at different points; a fresh worker takes over
-each time. The run succeeds, its final policy holds each step's update exactly once, and its
-parameters are those of an uninterrupted run of the same spec and seed.
+"""The demo spec as a user with preemptible workers runs it: its worker is SIGKILLed three
+times, a few steps apart, a fresh worker taking over each time. The spec sets nothing about
+checkpoints (they come by time, at an interval from their measured cost) and nothing about
+retries; the run succeeds, and its final policy holds each step's update exactly once.
 
-The kills, each on an event the test observes (not a clock):
+examples/tiny-game.yaml as it is but for ``train.steps`` (fewer, to fit CI). The kills,
+each on an event the test observes (not a clock):
 
-1. before the first checkpoint: once step 1's metrics are stored (its update is lost with
-   the worker and step 1 is trained again from the initial policy);
-2. mid-step: as soon as step 3's metrics are stored (and step 2's checkpoint recorded),
-   while step 4's episodes are being played (step 3's update is lost and redone);
-3. during or just after a checkpoint write: the moment the folder of step 6's checkpoint
-   (or its temporary folder) appears on disk. Whether or not the API heard of it, the next
-   attempt resumes from a checkpoint the API recorded and redoes what came after.
+1. once step 2's metrics are stored: attempt 1 is taken before its first checkpoint
+   (due 10 s after its first step);
+2. two steps after attempt 2 recorded its first checkpoint: it is taken mid-run, and the
+   next attempt resumes from that checkpoint and trains those two steps again;
+3. two steps past the furthest step any attempt had trained: attempt 3 got further than
+   ever before, but maybe saved no checkpoint of its own.
 
-Four attempts in all, more than ``RLAAS_MAX_ATTEMPTS`` (3): the crash-loop guard counts only
-attempts in a row that saved no checkpoint, and only the first did not.
+Four attempts in all, each dying after progress (a checkpoint or a step no attempt before
+had reached), so the crash-loop rule (app.services.crash_loop) queues the run again each
+time. Async mode (the spec's own) is not reproducible step for step, so the check is the
+lineage: every step's update once in the final policy, each step's metrics once.
 """
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 import yaml
 
-from tests.e2e.stack import REPO, Stack, rlaas, wait_until
+from tests.e2e.stack import REPO, Stack, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(4)]
 
-STEPS = 8
-# The final parameters may differ from the uninterrupted run's by float32 rounding only:
-# the rollout engine batches episodes as they come (continuous batching), so the sampler's
-# log-probabilities of the same tokens differ in their last bits with the batch they were
-# computed in (each process, and each attempt after a resume, batches differently), and the
-# loss's importance weight pi_old / mu carries that into the gradient. Two uninterrupted runs
-# differ as much (about 1e-7 after 15 steps; this test has seen up to 1.6e-6, Adam scaling
-# the tiny differences of gradients near 0). One step's update moves the weights by about the
-# learning rate (3e-3, Adam): a step missing or trained twice is 60 times the bound.
-ATOL = 5e-5
+# Attempt 2's first checkpoint comes 10 s after its first step (the auto interval's floor):
+# step ~12 at CI's ~0.8 s a step. Kill 3 then lands near step 16, and 30 leaves attempt 4
+# steps to train after the checkpoint it resumes from.
+STEPS = 30
 
 
 def test_a_worker_killed_three_times_trains_each_step_into_the_policy_once(
-    private_stack: tuple[Stack, str], tmp_path: Path
+    private_stack: tuple[Stack, str],
 ) -> None:
     started = time.monotonic()
     stack, _ = private_stack
@@ -60,27 +53,13 @@ def test_a_worker_killed_three_times_trains_each_step_into_the_policy_once(
             "RLAAS_QUOTA_REQUESTS_PER_MINUTE": "100000",
         }
     )
-    spec = yaml.safe_load((REPO / "examples" / "tiny-game-short.yaml").read_text())
-    spec["staleness"] = {"mode": "sync"}
-    spec["train"].update({"steps": STEPS, "checkpoint_interval": 2, "seed": 3})
-    spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-
-    # The uninterrupted run, meanwhile, with no server: the parameters to match.
-    reference = tmp_path / "reference"
-    with (stack.logs / "reference.log").open("ab") as log:
-        uninterrupted = subprocess.Popen(
-            [*rlaas(), "train", str(spec_path), "--out", str(reference)],
-            env=stack.env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    spec = yaml.safe_load((REPO / "examples" / "tiny-game.yaml").read_text())
+    assert "checkpoint_interval" not in spec["train"], "the demo spec's default is the point"
+    spec["train"]["steps"] = STEPS
     stack.start_api()
     stack.start_worker("worker-1")
     with stack.client() as client:
         run_id = client.post("/v1/runs", json={"spec": spec}).json()["id"]
-        artifacts = Path(stack.env["RLAAS_DATA_DIR"]) / "artifacts" / run_id / "checkpoints"
 
         def run() -> dict[str, Any]:
             return dict(client.get(f"/v1/runs/{run_id}").json())
@@ -89,35 +68,38 @@ def test_a_worker_killed_three_times_trains_each_step_into_the_policy_once(
             items = client.get(f"/v1/runs/{run_id}/checkpoints").json()["items"]
             return {c["step"]: c["attempt"] for c in items}
 
-        # 1. Before the first checkpoint: step 1 trained, nothing saved.
-        poll(lambda: run()["current_step"] >= 1, 300, "step 1 of attempt 1", stack)
+        def before_the_end(check: Callable[[], bool]) -> Callable[[], bool]:
+            def checked() -> bool:
+                now = run()
+                assert now["status"] in ("queued", "starting", "running"), (
+                    f"the run ended before the kill (lengthen it): {now}"
+                )
+                return check()
+
+            return checked
+
+        # 1. Step 2 trained, before the first checkpoint (due 10 s after step 1).
+        poll(before_the_end(lambda: run()["current_step"] >= 2), 300, "step 2", stack)
         kill(stack, "worker-1", started)
-        assert run()["current_step"] == 1 and checkpoints() == {}, "killed too late"
         stack.start_worker("worker-2")
 
-        # 2. Mid-step: step 3 trained and step 2 saved, so step 4's episodes are being played.
-        def step_3_done() -> bool:
-            return run()["current_step"] >= 3 and 2 in checkpoints()
+        # 2. Two steps after attempt 2's first checkpoint.
+        def two_past_a_checkpoint_of_attempt_2() -> bool:
+            saved = [step for step, attempt in checkpoints().items() if attempt == 2]
+            return bool(saved) and run()["current_step"] >= max(saved) + 2
 
-        poll(step_3_done, 300, "attempt 2 to train step 3", stack)
+        poll(before_the_end(two_past_a_checkpoint_of_attempt_2), 300, "attempt 2", stack)
         kill(stack, "worker-2", started)
-        assert run()["current_step"] == 3 and max(checkpoints()) == 2, "killed too late"
+        furthest = run()["current_step"]
         stack.start_worker("worker-3")
 
-        # 3. During or just after the write of step 6's checkpoint.
-        def writing_step_6() -> str | None:
-            if (artifacts / "step-00000006").exists():
-                return "written"
-            if any(artifacts.glob(".tmp-step-00000006-*")):
-                return "writing"
-            return None
+        # 3. Two steps past the furthest step trained so far.
+        def past_the_furthest() -> bool:
+            now = run()
+            return bool(now["attempts"] == 3 and now["current_step"] >= furthest + 2)
 
-        moment = poll(
-            writing_step_6, 300, "attempt 3 to write step 6's checkpoint", stack, every_s=0.01
-        )
+        poll(before_the_end(past_the_furthest), 300, "attempt 3 to go further", stack)
         kill(stack, "worker-3", started)
-        recorded = checkpoints()
-        assert run()["attempts"] == 3 and 4 in recorded and max(recorded) <= 6, recorded
         stack.start_worker("worker-4")
 
         def finished() -> dict[str, Any] | None:
@@ -135,58 +117,15 @@ def test_a_worker_killed_three_times_trains_each_step_into_the_policy_once(
         steps = lineage["steps"]
         assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
         assert [s["optimizer_updates"] for s in steps] == list(range(1, STEPS + 1))
-        # Attempt 4 resumed from the newest checkpoint the API had recorded: step 4's, or
-        # step 6's if its record reached the API before the kill.
-        resumed = min(s["base_step"] for s in steps if s["attempt"] == 4)
-        assert resumed in (4, 6), resumed
-        trained_by = [2, 2] + [3] * (resumed - 2) + [4] * (STEPS - resumed)
-        assert [s["attempt"] for s in steps] == trained_by
-        # The updates lost with a killed worker and trained again: attempt 1's step 1,
-        # attempt 2's step 3, and attempt 3's steps after the checkpoint attempt 4 resumed
-        # from (step 6's only if its metrics were stored before the kill).
-        replaced = {s["step"]: s["replaced"] for s in steps}
-        assert replaced[1] == [1] and replaced[3] == [2], replaced
-        assert all(replaced[n] == [] for n in (2, 4, 7, 8)), replaced
-        if resumed == 4:
-            assert replaced[5] == [3] and replaced[6] in ([3], []), replaced
-
+        # The progress survived the kills in checkpoints the default cadence wrote: attempt 4
+        # resumed from one (not from the initial policy), and attempt 2's steps up to its
+        # checkpoint are in the final policy.
+        resumed = {s["attempt"]: s["base_step"] for s in steps if s["base_attempt"] != s["attempt"]}
+        print(f"attempts in the final policy, and the step each resumed from: {resumed}")
+        assert resumed[4] > 0 and 2 in resumed, resumed
         for name in ("reward/mean", "loss"):
             points = client.get(f"/v1/runs/{run_id}/metrics", params={"name": name}).json()
             assert [p["step"] for p in points["points"]] == list(range(1, STEPS + 1)), name
-        rewards = [
-            p["value"]
-            for p in client.get(
-                f"/v1/runs/{run_id}/metrics", params={"name": "reward/mean"}
-            ).json()["points"]
-        ]
-        final_uri = next(
-            c["uri"]
-            for c in client.get(f"/v1/runs/{run_id}/checkpoints").json()["items"]
-            if c["step"] == STEPS
-        )
-
-    assert uninterrupted.wait(timeout=300) == 0, stack.dump_logs()
-    print(f"{time.monotonic() - started:6.1f}s: the uninterrupted run ended")
-    # The same episodes were played and trained on: the same rewards, step by step.
-    reference_rewards = [
-        row["reward/mean"]
-        for row in map(json.loads, (reference / "metrics.jsonl").read_text().splitlines())
-    ]
-    assert rewards == reference_rewards
-    ours, theirs = (
-        trainable(Path(final_uri)),
-        trainable(reference / "checkpoints" / f"step-{STEPS:08d}"),
-    )
-    assert ours.keys() == theirs.keys()
-    worst = max(float(np.max(np.abs(ours[k] - theirs[k]))) for k in ours)
-    print(f"kill 3 came {moment}; largest parameter difference {worst:.3g}")
-    assert worst <= ATOL, worst
-    # And the bound is far below what updates move: the last two steps' (between the
-    # uninterrupted run's checkpoints of steps 6 and 8) move the weights 40 times more at least.
-    before = trainable(reference / "checkpoints" / f"step-{STEPS - 2:08d}")
-    moved = max(float(np.max(np.abs(theirs[k] - before[k]))) for k in theirs)
-    print(f"steps 7 and 8 moved the weights by up to {moved:.3g}")
-    assert moved > 40 * ATOL, moved
 
 
 def poll(
@@ -213,12 +152,3 @@ def kill(stack: Stack, name: str, started: float) -> None:
     proc = stack.procs.pop(name)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=20)
-
-
-def trainable(checkpoint: Path) -> dict[str, np.ndarray]:
-    """The trainable weights of a checkpoint, by their dotted path, as float64."""
-    import orbax.checkpoint as ocp
-
-    with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as reader:
-        state = reader.restore(checkpoint.absolute() / "state")
-    return {k: np.asarray(v, np.float64) for k, v in state.items() if k.startswith("trainable.")}
