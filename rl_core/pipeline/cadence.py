@@ -10,8 +10,9 @@ from the checkpoint's own measured cost::
 so writing checkpoints takes at most ``AUTO_COST_FRACTION`` of the run's wall time (the
 floor bounds how often a cheap one is written, the ceiling how much a preemption can
 lose). Before the first checkpoint its cost is unknown: the first comes ``AUTO_FLOOR_S``
-after the attempt's first step (whose time is mostly compiling, which no checkpoint saves). A spec can set the interval instead, in steps
-(``train.checkpoint_interval``) or seconds (``train.checkpoint_every_s``).
+after the attempt's first step (whose time is mostly compiling, which no checkpoint
+saves). A spec can set the interval instead, in steps (``train.checkpoint_interval``)
+or seconds (``train.checkpoint_every_s``).
 """
 
 from __future__ import annotations

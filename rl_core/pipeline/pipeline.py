@@ -231,6 +231,9 @@ class Pipeline:
                 stopped = True
                 break
             metrics, busy, blocked = await self._train(step, groups)
+            if self.control.aborted:  # the run is not this host's any more: not a word more
+                stopped = True
+                break
             finished = self.collector.drain_finished()
             if self.sessions is not None:  # sessions its clients failed, slots offered again
                 finished += self.sessions.drain_faulted()
@@ -261,10 +264,10 @@ class Pipeline:
             log.info("step %d: reward %.3f (%.2fs)", step, final["reward/mean"], wall)
             if step == self.start_step + 1 and self.cadence.by_time:
                 self.cadence.restart()
-            elif self.cadence.due(step):
+            elif self.cadence.due(step) and not self.control.aborted:
                 await self._checkpoint(step)
         last = self.start_step + done
-        if last > self.start_step or stopped:
+        if (last > self.start_step or stopped) and not self.control.aborted:
             await self._checkpoint(last)
         self._set_trainer("idle")
         return TrainResult(steps_completed=done, stopped_early=stopped, final_metrics=final)
@@ -406,6 +409,8 @@ class Pipeline:
                 self.sink.on_trajectories(records)
 
     def _report_cancelled(self) -> None:
+        if self.control.aborted:
+            return
         n = self.config.trajectories_per_step
         cancelled = self.collector.cancelled
         if self.sessions is not None:
