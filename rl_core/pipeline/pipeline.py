@@ -371,13 +371,19 @@ class Pipeline:
         checkpointer = self.checkpointer
         extra = {"collector": self.collector.position(), "step": step}
 
-        def save() -> CheckpointRecord:
-            with self.recorder.span("checkpoint", track="trainer", step=step, annotate=True):
-                return checkpointer.save(step, extra)
+        timing: dict[str, float] = {}
 
-        started = time.perf_counter()
+        def save() -> CheckpointRecord:
+            # Timed in the device thread: the save's own cost, not the wait for the thread
+            # (busy with the engine's batches in async mode), which the cadence must not see.
+            started = time.perf_counter()
+            with self.recorder.span("checkpoint", track="trainer", step=step, annotate=True):
+                record = checkpointer.save(step, extra)
+            timing["cost"] = time.perf_counter() - started
+            return record
+
         record = await self.device.run_trainer(save)
-        cost = time.perf_counter() - started
+        cost = timing["cost"]
         self.cadence.saved(cost)
         self._saved_step = step
         interval = self.cadence.interval_s
