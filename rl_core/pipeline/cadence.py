@@ -9,10 +9,12 @@ from the checkpoint's own measured cost::
 
 so writing checkpoints takes at most ``AUTO_COST_FRACTION`` of the run's wall time (the
 floor bounds how often a cheap one is written, the ceiling how much a preemption can
-lose). Before the first checkpoint its cost is unknown: the first comes ``AUTO_FLOOR_S``
-after the attempt's first step (whose time is mostly compiling, which no checkpoint
-saves). A spec can set the interval instead, in steps (``train.checkpoint_interval``)
-or seconds (``train.checkpoint_every_s``).
+lose). The cost is measured, not guessed: each attempt (each worker, whose disk and
+accelerator may differ from the last one's) writes its first checkpoint right after its
+first step, and times it. A spec can set the interval instead, in steps
+(``train.checkpoint_interval``) or seconds (``train.checkpoint_every_s``, counted from
+the end of the attempt's first step: its time is mostly compiling, which no checkpoint
+saves).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from collections.abc import Callable
 
 # Checkpoints take at most 2% of a run's wall time when the auto interval is above its floor.
 AUTO_COST_FRACTION = 0.02
-# A checkpoint of the tiny model costs ~0.1 s (50x is 5 s): the floor bounds how many such
-# folders a run writes (every checkpoint is kept), and is still short next to a worker's start.
+# A checkpoint of the tiny model costs 0.45-0.75 s on two busy cores (50x: 23-38 s), less on
+# an idle machine: the floor bounds how many such folders a run writes (every checkpoint is
+# kept), and is still short next to a worker's start.
 AUTO_FLOOR_S = 10.0
 # A model whose checkpoint costs 20 s or more is checkpointed every 15 minutes: the most a
 # preemption can take from it, whatever the cost.
@@ -59,6 +62,7 @@ class CheckpointCadence:
     clock: Callable[[], float] = time.monotonic
     _since: float = dataclasses.field(init=False)
     _interval_s: float = dataclasses.field(init=False)
+    _first: bool = dataclasses.field(init=False, default=True)
 
     def __post_init__(self) -> None:
         self._since = self.clock()
@@ -74,14 +78,18 @@ class CheckpointCadence:
         return self._interval_s if self.by_time else None
 
     def due(self, step: int) -> bool:
+        """Asked once at the end of each step of the attempt."""
         if self.every_steps:
             return step % self.every_steps == 0
-        return self.by_time and self.clock() - self._since >= self._interval_s
-
-    def restart(self) -> None:
-        """The interval starts again now (the end of an attempt's first step: its time is
-        mostly compiling, which a checkpoint would not save)."""
-        self._since = self.clock()
+        if not self.by_time:
+            return False
+        if self._first:  # the attempt's first step
+            self._first = False
+            if self.every_s is None:
+                return True  # auto: write one now, to measure what one costs here
+            self._since = self.clock()  # seconds: counted from here, not from the compile
+            return False
+        return self.clock() - self._since >= self._interval_s
 
     def saved(self, cost_s: float) -> None:
         """A checkpoint was written, costing ``cost_s``: the next interval starts now."""

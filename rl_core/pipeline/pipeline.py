@@ -262,9 +262,7 @@ class Pipeline:
             self._report(step, final, groups, finished)
             done += 1
             log.info("step %d: reward %.3f (%.2fs)", step, final["reward/mean"], wall)
-            if step == self.start_step + 1 and self.cadence.by_time:
-                self.cadence.restart()
-            elif self.cadence.due(step) and not self.control.aborted:
+            if self.cadence.due(step) and not self.control.aborted:
                 await self._checkpoint(step)
         last = self.start_step + done
         if (last > self.start_step or stopped) and not self.control.aborted:

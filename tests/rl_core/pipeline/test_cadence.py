@@ -28,15 +28,17 @@ def test_the_auto_interval_keeps_checkpoints_to_two_percent_between_its_bounds()
     assert auto_interval_s(60.0) == AUTO_CEILING_S  # a costly one: a preemption's bound
 
 
-def test_by_default_the_first_checkpoint_comes_after_the_floor_then_at_the_cost_interval() -> None:
+def test_by_default_the_first_step_is_checkpointed_then_at_the_cost_interval() -> None:
     clock = Clock()
     cadence = CheckpointCadence(auto=True, clock=clock)
-    clock.now += 60.0  # the first step: compiling
-    cadence.restart()
+    clock.now += 60.0  # the attempt's first step (of a run resumed at step 6): compiling
+    assert cadence.due(7)  # a checkpoint now, to measure its cost
+    cadence.saved(cost_s=0.05)  # cheap: the floor
+    assert cadence.interval_s == AUTO_FLOOR_S
     clock.now += AUTO_FLOOR_S - 0.5
-    assert not cadence.due(3)
+    assert not cadence.due(8)
     clock.now += 0.5
-    assert cadence.due(4)
+    assert cadence.due(9)
     cadence.saved(cost_s=2.0)  # 2 s a checkpoint: one every 100 s
     assert cadence.interval_s == pytest.approx(100.0)
     clock.now += 99.0
@@ -48,11 +50,14 @@ def test_by_default_the_first_checkpoint_comes_after_the_floor_then_at_the_cost_
 def test_a_spec_sets_seconds_or_steps_and_zero_steps_is_only_at_the_end() -> None:
     clock = Clock()
     seconds = CheckpointCadence(every_s=30.0, clock=clock)
-    seconds.saved(cost_s=100.0)  # a fixed interval ignores the cost
-    clock.now += 29.9
+    clock.now += 60.0  # the first step, compiling: not counted
     assert not seconds.due(1)
+    clock.now += 29.9
+    assert not seconds.due(2)
     clock.now += 0.1
-    assert seconds.due(2)
+    assert seconds.due(3)
+    seconds.saved(cost_s=100.0)  # a fixed interval ignores the cost
+    assert seconds.interval_s == 30.0
 
     steps = CheckpointCadence(every_steps=3, clock=clock)
     assert [s for s in range(1, 10) if steps.due(s)] == [3, 6, 9]
