@@ -3,7 +3,10 @@ at the same place every time fail with the reason (app.services.crash_loop)."""
 
 from __future__ import annotations
 
+import pytest
+
 from app.services.crash_loop import AttemptRecord, Policy, decide, progress
+from app.settings import Settings
 
 POLICY = Policy(crash_loop_attempts=3, attempt_budget=10, backoff_s=5.0, backoff_max_s=60.0)
 
@@ -65,3 +68,21 @@ def test_the_backoff_is_capped() -> None:
     run = attempts((9, True), (None, False), (None, False))
     big = Policy(crash_loop_attempts=10, backoff_s=40.0, backoff_max_s=60.0)
     assert decide(run, big).delay_s == 60.0
+
+
+def test_the_operator_sets_the_policy_and_the_old_name_is_still_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().requeue_policy() == Policy()  # the defaults documented in lifecycle.md
+    monkeypatch.setenv("RLAAS_MAX_ATTEMPTS", "5")  # the name before
+    assert Settings().requeue_policy().crash_loop_attempts == 5
+    for name, value in {
+        "RLAAS_CRASH_LOOP_ATTEMPTS": "4",
+        "RLAAS_RUN_ATTEMPT_BUDGET": "50",
+        "RLAAS_REQUEUE_BACKOFF_S": "2",
+        "RLAAS_REQUEUE_BACKOFF_MAX_S": "60",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert Settings().requeue_policy() == Policy(
+        crash_loop_attempts=4, attempt_budget=50, backoff_s=2.0, backoff_max_s=60.0
+    )
