@@ -79,7 +79,7 @@ def test_a_worker_killed_three_times_trains_each_step_into_the_policy_once(
                 saved = attempt in checkpoints().values()
                 return bool(now["attempts"] == attempt and saved and now["current_step"] >= target)
 
-            poll(before_the_end(progressed), 300, f"attempt {attempt} to progress", stack)
+            poll(before_the_end(progressed), 900, f"attempt {attempt} to progress", stack)
             kill(stack, f"worker-{attempt}", started)
             furthest = run()["current_step"]
             stack.start_worker(f"worker-{attempt + 1}")
@@ -88,7 +88,7 @@ def test_a_worker_killed_three_times_trains_each_step_into_the_policy_once(
             now = run()
             return now if now["status"] in ("succeeded", "failed", "cancelled") else None
 
-        final = wait_until(finished, 300, f"run {run_id} to finish", stack)
+        final = wait_until(finished, 900, f"run {run_id} to finish", stack)
         print(f"{time.monotonic() - started:6.1f}s: the run {final['status']}")
         assert final["status"] == "succeeded", f"{final}\n{stack.dump_logs()}"
         assert final["attempts"] == 4
