@@ -1,13 +1,13 @@
 """The demo spec as a user with preemptible workers runs it: its worker is SIGKILLed three
-times, three steps apart, a fresh worker taking over each time. The spec says nothing about
+times, two steps apart, a fresh worker taking over each time. The spec says nothing about
 checkpoints (they come by time, at an interval from their measured cost, and each attempt
 writes one after its first step to measure it) nor about retries; the run succeeds, and its
 final policy holds each step's update exactly once.
 
 examples/tiny-game.yaml as it is but for ``train.steps`` (fewer, to fit CI). Each kill
 comes on an event the test observes (not a clock): once the attempt has recorded a
-checkpoint and trained three steps past the furthest step trained before it (steps 3, 6
-and 9). So every attempt dies after progress, and the crash-loop rule
+checkpoint and trained two steps past the furthest step trained before it (steps 2, 4
+and 6 of 8). So every attempt dies after progress, and the crash-loop rule
 (app.services.crash_loop) queues the run again each time, and each next attempt resumes
 from a checkpoint of the one before and trains again what that one had trained after it.
 Async mode (the spec's own) is not reproducible step for step, so the check is the
@@ -29,7 +29,7 @@ from tests.e2e.stack import REPO, Stack, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(4)]
 
-APART = 3  # steps between kills
+APART = 2  # steps between kills
 STEPS = 4 * APART  # three kills, then as many steps for the last attempt
 
 
