@@ -177,7 +177,7 @@ async def reap_once(app_state: AppState) -> list[str]:
     """
     settings = app_state.settings
     async with app_state.sessions() as session:
-        requeued = await reap_expired_leases(session, max_attempts=settings.max_attempts)
+        requeued = await reap_expired_leases(session, policy=settings.requeue_policy())
         # Before the redispatch, so a run that waited out its limit is not sent again.
         unclaimed = await fail_unclaimed_runs(session, after_s=settings.max_queued_s)
         stranded = await stranded_queued_runs(session, after_s=settings.redispatch_after_s)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.services.crash_loop import Policy
 
 
 class SettingsError(RuntimeError):
@@ -20,7 +22,7 @@ class SettingsError(RuntimeError):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RLAAS_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RLAAS_", extra="ignore", populate_by_name=True)
 
     data_dir: Path = Field(default_factory=lambda: Path("~/.rlaas").expanduser())
     database_url: str | None = None
@@ -42,7 +44,20 @@ class Settings(BaseSettings):
     # same host that does not pass the client's address on, every client is loopback:
     # set the token there.
     metrics_token: str | None = None
-    max_attempts: int = 3
+    # What the reaper does with a run whose worker died (app.services.crash_loop): this
+    # many attempts in a row that made no progress (no checkpoint, no step further than
+    # before) fail it as a crash loop (RLAAS_MAX_ATTEMPTS, its name before, still read)...
+    crash_loop_attempts: int = Field(
+        default=3,
+        ge=1,
+        validation_alias=AliasChoices("RLAAS_CRASH_LOOP_ATTEMPTS", "RLAAS_MAX_ATTEMPTS"),
+    )
+    # ... and a run gets at most this many attempts in all, progress or not (0: no bound).
+    run_attempt_budget: int = Field(default=20, ge=0)
+    # A run taken from its worker is queued again this long after its lease expired,
+    # doubled for each attempt in a row without progress, up to the max.
+    requeue_backoff_s: float = Field(default=5.0, ge=0)
+    requeue_backoff_max_s: float = Field(default=300.0, ge=0)
     # Seconds of quiet before a metrics stream sends a keep-alive comment.
     stream_keepalive_s: float = 15.0
     # A stream's feed reads the database this often even without a note (a lost NOTIFY).
@@ -94,6 +109,14 @@ class Settings(BaseSettings):
 
     def artifacts_dir(self) -> Path:
         return self.artifacts_path or self.data_dir / "artifacts"
+
+    def requeue_policy(self) -> Policy:
+        return Policy(
+            crash_loop_attempts=self.crash_loop_attempts,
+            attempt_budget=self.run_attempt_budget,
+            backoff_s=self.requeue_backoff_s,
+            backoff_max_s=self.requeue_backoff_max_s,
+        )
 
     @property
     def embedded(self) -> bool:

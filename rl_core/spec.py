@@ -390,7 +390,13 @@ class StalenessSpec(_Section):
 
 class TrainSpec(_Section):
     steps: Annotated[int, Field(ge=1, le=10_000_000)] = 20
-    checkpoint_interval: Annotated[int, Field(ge=0)] = 0  # 0: only at the end
+    # When a checkpoint is written between steps (one is always written at the end and on
+    # a stop): every `checkpoint_interval` steps (0: only at the end), or every
+    # `checkpoint_every_s` seconds; with neither set, by time at an interval chosen from
+    # the checkpoint's measured cost (rl_core/pipeline/cadence.py), so a run whose worker
+    # is taken away keeps its progress.
+    checkpoint_interval: Annotated[int, Field(ge=0)] | None = None
+    checkpoint_every_s: Annotated[float, Field(gt=0, le=86_400)] | None = None
     seed: int = 0
     # Held-out evaluation (rl_core/pipeline/evaluate.py): every eval_interval steps and
     # once before the first, eval_episodes fixed episodes at eval_temperature (0: greedy).
@@ -399,6 +405,15 @@ class TrainSpec(_Section):
     eval_temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 0.0
     # Trajectories per step sent to the sink as readable records (0: none).
     trajectories_per_step: Annotated[int, Field(ge=0, le=1000)] = 4
+
+    @model_validator(mode="after")
+    def _one_checkpoint_interval(self) -> TrainSpec:
+        if self.checkpoint_interval is not None and self.checkpoint_every_s is not None:
+            raise ValueError(
+                "set checkpoint_interval (steps) or checkpoint_every_s (seconds), not both; "
+                "leave both unset for checkpoints by time at an interval the run measures"
+            )
+        return self
 
 
 # Names a tracker shows (a W&B project, an MLflow experiment, a run's name): printable,

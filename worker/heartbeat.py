@@ -47,9 +47,11 @@ class Heartbeater:
                     self._run_id, snapshot.to_json() if snapshot is not None else None
                 )
             except LeaseLost as exc:
-                log.error("lease on %s lost: %s; stopping at the next step", self._run_id, exc)
+                # Another worker holds the run: stop at once, and write nothing (a checkpoint
+                # of this attempt's policy would go where the new holder writes its own).
+                log.error("lease on %s lost: %s; stopping now", self._run_id, exc)
                 self.lease_lost.set()
-                self.control.request_stop()
+                self.control.abort()
                 return
             except ControlPlaneError as exc:
                 # The API is away; the lease may still be valid. Keep trying.

@@ -11,6 +11,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
+from rl_core.host.control import RunControl
 from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
 from worker.callbacks import HttpCallbackSource
 from worker.datasets import HttpDatasets, with_local_dataset
@@ -57,6 +58,7 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
         run_id = claim.run_id
     # Three clients, one per thread: this one, the shipper's and the heartbeat's.
     api = claimer.for_lease(claim)
+    control = RunControl()
     try:
         sink = HttpRunSink(
             claimer.for_lease(claim),
@@ -64,9 +66,14 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
             first_seq=claim.attempt * SEQ_BLOCK,
             attempt=claim.attempt,
             resumed_from=resumed_from(claim),
+            # A refused report (a doubled step, a lease taken over) means another worker
+            # holds the run: train no further step, report nothing more, release it.
+            on_refused=lambda exc: refused(control, run_id, exc),
         )
         try:
-            with Heartbeater(claimer.for_lease(claim), run_id, settings.heartbeat_seconds) as beats:
+            with Heartbeater(
+                claimer.for_lease(claim), run_id, settings.heartbeat_seconds, control
+            ) as beats:
                 return _train_claimed(api, claim, beats, sink, settings)
         finally:
             sink.close()
@@ -145,6 +152,11 @@ def _train_claimed(
         return "cancelled"
     api.report_status(run_id, "succeeded")
     return "succeeded"
+
+
+def refused(control: RunControl, run_id: str, exc: Exception) -> None:
+    log.error("run %s: a report was refused (%s); stopping the attempt now", run_id, exc)
+    control.abort()
 
 
 def resumed_from(claim: Claim) -> tuple[int, int]:

@@ -76,9 +76,12 @@ class Shipper:
         lanes: dict[str, tuple[int, int | None]],
         interval_s: float = 1.0,
         max_backoff_s: float = 10.0,
+        on_refused: Callable[[ControlPlaneError], None] | None = None,
     ) -> None:
-        """``lanes``: kind -> (items per batch, most items kept while the API is away)."""
+        """``lanes``: kind -> (items per batch, most items kept while the API is away).
+        ``on_refused``: called (on this thread) once a batch is refused for good."""
         self._send = send
+        self._on_refused = on_refused
         self._lanes = {
             kind: _Lane(batch_items=size, max_buffered=cap, next_seq=first_seq)
             for kind, (size, cap) in lanes.items()
@@ -170,6 +173,8 @@ class Shipper:
                 except (LeaseLost, ControlPlaneError) as exc:
                     log.error("%s batch %d refused: %s; reporting stops", kind, seq, exc)
                     self.fatal = exc
+                    if self._on_refused is not None:
+                        self._on_refused(exc)
                     return False
                 with self._lock:
                     # Unless add() dropped it meanwhile, the batch just stored is still the head.

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rl_core.records import CheckpointRecord, Span, TrajectoryRecord
-from worker.api_client import ControlPlane
+from worker.api_client import ControlPlane, ControlPlaneError
 from worker.shipper import Shipper
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,11 @@ class HttpRunSink:
         max_buffered_spans: int = 500_000,
         max_buffered_trajectories: int = 2_000,
         interval_s: float = 0.5,
+        on_refused: Callable[[ControlPlaneError], None] | None = None,
     ) -> None:
+        """``on_refused``: what to do once the control plane refuses a batch for good (a
+        step it already holds from this attempt, a lease another worker holds now): the
+        worker stops the run at once (worker.job), as nothing it trains can be reported."""
         self._api = api
         self._run_id = run_id
         # Every step the pipeline reports applied one policy update, to the policy of the
@@ -57,6 +61,7 @@ class HttpRunSink:
                 "trajectories": (batch_trajectories, max_buffered_trajectories),
             },
             interval_s=interval_s,
+            on_refused=on_refused,
         )
 
     # --- RunSink ----------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The lease reaper: a dead worker never strands a run.
 
-A run whose lease expired goes back to the queue (and is dispatched again
-after the commit), until ``max_attempts`` claims in a row have saved no
-checkpoint; then it fails with the reason. Celery's own redelivery is not
-relied on: a run outlives any broker visibility timeout.
+A run whose lease expired goes back to the queue after a backoff (and is dispatched
+again after the commit), unless its attempts show a crash loop or used up the
+deployment's attempt budget; then it fails with the reason (``app.services.crash_loop``
+decides). Celery's own redelivery is not relied on: a run outlives any broker
+visibility timeout. During the backoff the run keeps its expired lease: a heartbeat
+of its worker that comes back (a network blip, not a death) still renews it.
 
 Nor a lost message: a run still ``queued`` ``redispatch_after_s`` after it was
 queued (or last sent) is sent again, since the broker may have been down when
@@ -17,33 +19,49 @@ the tenant can read, and so stops counting against the tenant's runs in flight.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import Artifact, Run, utcnow
+from app.db.models import Artifact, Run, StepUpdate, utcnow
 from app.services import run_states
+from app.services.crash_loop import AttemptRecord, Policy, decide
+
+# The reaper driven by hand (tests, tools) queues again at once; the API's loop passes
+# the deployment's policy (app.main.reap_once).
+NO_BACKOFF = Policy(backoff_s=0.0)
 
 
-async def _last_attempt_with_progress(session: AsyncSession, run_id: str) -> int:
-    """The last attempt (claim number) that saved a checkpoint; 0 if none did."""
-    last = await session.scalar(
-        select(func.max(Artifact.attempt)).where(
-            Artifact.run_id == run_id, Artifact.kind == "checkpoint"
+async def attempt_records(session: AsyncSession, run: Run) -> list[AttemptRecord]:
+    """Each attempt's furthest trained step and whether it saved a checkpoint."""
+    rows = await session.execute(
+        select(StepUpdate.attempt, func.max(StepUpdate.step))
+        .where(StepUpdate.run_id == run.id)
+        .group_by(StepUpdate.attempt)
+    )
+    trained = {int(attempt): int(step) for attempt, step in rows.all()}
+    saved = set(
+        await session.scalars(
+            select(Artifact.attempt)
+            .where(Artifact.run_id == run.id, Artifact.kind == "checkpoint")
+            .distinct()
         )
     )
-    return int(last or 0)
+    return [
+        AttemptRecord(number=n, trained_to=trained.get(n), saved_checkpoint=n in saved)
+        for n in range(1, run.attempts + 1)
+    ]
 
 
 async def reap_expired_leases(
-    session: AsyncSession, now: datetime | None = None, *, max_attempts: int = 3
+    session: AsyncSession, now: datetime | None = None, *, policy: Policy = NO_BACKOFF
 ) -> list[str]:
     """Re-queue or fail runs whose lease expired; returns the ids to dispatch again.
 
-    ``max_attempts`` bounds the attempts in a row that made no progress (saved no
-    checkpoint), not all attempts: a run that advances between preemptions is never
-    failed for being preempted often, a run that crashes before its first checkpoint is.
+    ``policy`` (app.services.crash_loop): a run that advances between preemptions is
+    queued again, after a backoff, within the attempt budget; one whose last attempts
+    died in a row without progress fails as a crash loop.
     """
     now = now or utcnow()
     expired = await session.scalars(
@@ -56,21 +74,28 @@ async def reap_expired_leases(
     requeued: list[str] = []
     for run in expired:
         lost = f"lease held by {run.lease_owner} expired"
-        stalled = run.attempts - await _last_attempt_with_progress(session, run.id)
-        if stalled >= max_attempts:
-            reason = (
-                f"lease expired on {stalled} attempts in a row that saved no checkpoint; giving up"
-            )
+        verdict = decide(await attempt_records(session, run), policy)
+        if not verdict.requeue:
+            reason = verdict.reason or "lease expired"
             run_states.transition(session, run, run_states.FAILED, reason=reason, now=now)
             run.error = f"{reason} (last: {lost})"
         elif run.cancel_requested:
             # The owner asked to stop and the worker died: nothing left to resume.
             run_states.transition(session, run, run_states.CANCELLED, reason=lost, now=now)
+        elif _naive(run.lease_expires_at) > _naive(now) - timedelta(seconds=verdict.delay_s):
+            continue  # still backing off: a later pass queues it
         else:
             run_states.transition(session, run, run_states.QUEUED, reason=lost, now=now)
             requeued.append(run.id)
     await session.flush()
     return requeued
+
+
+def _naive(moment: datetime | None) -> datetime:
+    """UTC without its zone: SQLite reads timestamps back naive, Postgres with a zone."""
+    if moment is None:
+        return datetime.min
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
 
 async def stranded_queued_runs(

@@ -17,6 +17,7 @@ class RunControl:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._abort = threading.Event()
         self._profile_steps = 0
         self._inflight: InflightSnapshot | None = None
 
@@ -24,6 +25,13 @@ class RunControl:
 
     def request_stop(self) -> None:
         """Stop at the next step boundary (a final checkpoint is written)."""
+        self._stop.set()
+
+    def abort(self) -> None:
+        """Stop at once, and write nothing more: no further step is trained or reported,
+        no checkpoint is written. For a host that no longer owns the run (another worker
+        holds it: the control plane refused this one's reports)."""
+        self._abort.set()
         self._stop.set()
 
     def request_profile(self, steps: int) -> None:
@@ -40,6 +48,10 @@ class RunControl:
     @property
     def stop_requested(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def aborted(self) -> bool:
+        return self._abort.is_set()
 
     def take_profile_request(self) -> int:
         """Steps to profile that were asked for since the last call (0: none)."""

@@ -149,7 +149,11 @@ def pipeline_config(spec: JobSpec) -> PipelineConfig:
         max_staleness=spec.staleness.max_staleness,
         concurrency=spec.rollout.concurrency,
         stale_policy=spec.staleness.policy,
-        checkpoint_interval=t.checkpoint_interval,
+        checkpoint_interval=t.checkpoint_interval or 0,
+        checkpoint_every_s=t.checkpoint_every_s,
+        # Neither set: by time, from the checkpoint's measured cost (0 steps is "only at
+        # the end", which a spec asks for explicitly).
+        checkpoint_auto=t.checkpoint_interval is None and t.checkpoint_every_s is None,
         eval_interval=t.eval_interval,
         trajectories_per_step=t.trajectories_per_step,
     )

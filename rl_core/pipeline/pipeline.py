@@ -39,6 +39,7 @@ from rl_core.host.control import RunControl
 from rl_core.host.sinks import RunSink
 from rl_core.host.telemetry import Profiler, SpanRecorder
 from rl_core.models.tokenizer import Tokenizer
+from rl_core.pipeline.cadence import CheckpointCadence
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.metrics import Readings, StepMeter
@@ -79,7 +80,12 @@ class PipelineConfig:
     max_staleness: int = 1
     concurrency: int = 64  # episodes in flight at most (rollout.concurrency)
     stale_policy: str = "drop"
+    # Checkpoints between steps (rl_core.pipeline.cadence): every `checkpoint_interval`
+    # steps; else every `checkpoint_every_s` seconds; else, with `checkpoint_auto`, by time
+    # at an interval from the checkpoint's measured cost; else only at the end.
     checkpoint_interval: int = 0
+    checkpoint_every_s: float | None = None
+    checkpoint_auto: bool = False
     eval_interval: int = 0
     trajectories_per_step: int = 4
 
@@ -145,6 +151,11 @@ class Pipeline:
         self.step = start_step
         self._lags: list[float] = []
         self._saved_step = start_step  # a resumed run's own checkpoint is not written again
+        self.cadence = CheckpointCadence(
+            every_steps=config.checkpoint_interval,
+            every_s=config.checkpoint_every_s,
+            auto=config.checkpoint_auto,
+        )
 
     # --- the run ---------------------------------------------------------------
 
@@ -220,6 +231,9 @@ class Pipeline:
                 stopped = True
                 break
             metrics, busy, blocked = await self._train(step, groups)
+            if self.control.aborted:  # the run is not this host's any more: not a word more
+                stopped = True
+                break
             finished = self.collector.drain_finished()
             if self.sessions is not None:  # sessions its clients failed, slots offered again
                 finished += self.sessions.drain_faulted()
@@ -248,10 +262,10 @@ class Pipeline:
             self._report(step, final, groups, finished)
             done += 1
             log.info("step %d: reward %.3f (%.2fs)", step, final["reward/mean"], wall)
-            if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0:
+            if self.cadence.due(step) and not self.control.aborted:
                 await self._checkpoint(step)
         last = self.start_step + done
-        if last > self.start_step or stopped:
+        if (last > self.start_step or stopped) and not self.control.aborted:
             await self._checkpoint(last)
         self._set_trainer("idle")
         return TrainResult(steps_completed=done, stopped_early=stopped, final_metrics=final)
@@ -355,12 +369,28 @@ class Pipeline:
         checkpointer = self.checkpointer
         extra = {"collector": self.collector.position(), "step": step}
 
+        timing: dict[str, float] = {}
+
         def save() -> CheckpointRecord:
+            # Timed in the device thread: the save's own cost, not the wait for the thread
+            # (busy with the engine's batches in async mode), which the cadence must not see.
+            started = time.perf_counter()
             with self.recorder.span("checkpoint", track="trainer", step=step, annotate=True):
-                return checkpointer.save(step, extra)
+                record = checkpointer.save(step, extra)
+            timing["cost"] = time.perf_counter() - started
+            return record
 
         record = await self.device.run_trainer(save)
+        cost = timing["cost"]
+        self.cadence.saved(cost)
         self._saved_step = step
+        interval = self.cadence.interval_s
+        log.info(
+            "checkpoint of step %d: %.3fs%s",
+            step,
+            cost,
+            "" if interval is None else f"; the next in {interval:.0f}s",
+        )
         self.sink.on_checkpoint(record)
         self._flush_spans()
 
@@ -383,6 +413,8 @@ class Pipeline:
                 self.sink.on_trajectories(records)
 
     def _report_cancelled(self) -> None:
+        if self.control.aborted:
+            return
         n = self.config.trajectories_per_step
         cancelled = self.collector.cancelled
         if self.sessions is not None:

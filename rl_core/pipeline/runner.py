@@ -47,8 +47,8 @@ def train(
     """Train ``spec`` to ``train.steps`` steps, reporting to ``sink``; see the module docstring.
 
     ``control`` is the host's handle (stop at a step boundary, profile, read
-    what is in flight). ``artifacts_dir`` receives checkpoints (every
-    ``train.checkpoint_interval`` steps, at the end and on a stop) and profiles.
+    what is in flight). ``artifacts_dir`` receives checkpoints (by time by default,
+    `rl_core.pipeline.cadence`; at the end and on a stop) and profiles.
     ``resume_from`` is a checkpoint written by an earlier attempt: the run
     continues after its step, with the collector where it stood. Episode ids
     are ``f"{episode_prefix}g<task>-e<member>"``. ``webhooks``/``callbacks``

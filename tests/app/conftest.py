@@ -119,6 +119,8 @@ def app_settings(database_url: str, **overrides: Any) -> Settings:
         "worker_token": WORKER_TOKEN,
         "secret_key": SECRET_KEY,
         "reaper_interval_s": 3600,
+        # A lost run is queued again at once unless a test asks for a backoff.
+        "requeue_backoff_s": 0.0,
     }
     return Settings(**{**values, **overrides})
 

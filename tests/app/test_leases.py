@@ -68,12 +68,52 @@ async def test_attempts_are_bounded_then_the_run_fails(api: Api) -> None:
             assert requeued == [run_id] and run["status"] == "queued"
         else:
             assert requeued == [] and run["status"] == "failed"
-            assert "3 attempts in a row that saved no checkpoint" in run["error"]
+            assert "crash loop: the worker died on 3 attempts in a row" in run["error"]
             assert run["finished_at"]
     assert api.dispatcher.sent == [run_id, run_id]  # dispatched again after each re-queue
     events = (await api.client.get(f"/v1/runs/{run_id}/events", headers=auth)).json()["items"]
-    assert events[-1]["reason"].startswith("lease expired on 3 attempts in a row")
+    assert events[-1]["reason"].startswith("crash loop: the worker died on 3 attempts")
     assert (await api.internal(run_id, "heartbeat", worker_id="w3")).status_code == 403
+
+
+async def test_a_run_preempted_while_advancing_is_queued_again_after_a_backoff(
+    app_database: str,
+) -> None:
+    """Four workers die, each after training further than the one before and none saving
+    a checkpoint: a crash loop by the old rule, preemption by this one. Each goes back to
+    the queue only once the backoff after its lease's end has passed."""
+    async with running_api(app_database, requeue_backoff_s=30.0) as api:
+        auth = await api.tenant()
+        run_id = await api.submit(auth)
+        for attempt in range(1, 5):
+            claim = await api.internal(run_id, "claim", worker_id=f"w{attempt}", lease_seconds=1)
+            assert claim.json()["attempt"] == attempt
+            step = 2 * attempt
+            update_ = {"step": step, "attempt": attempt, "base_step": step - 1,
+                       "base_attempt": attempt, "optimizer_updates": step}  # fmt: skip
+            answer = await api.internal(
+                run_id,
+                "metrics",
+                worker_id=f"w{attempt}",
+                seq=attempt * 1000,
+                points=[{"step": step, "name": "loss", "value": 0.5}],
+                updates=[update_],
+            )
+            assert answer.status_code == 200, answer.text
+            await api.db(lambda s: _expire(s, run_id))  # expired 1 s ago
+            assert await reap_with_policy(api, 0) == []
+            run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+            assert run["status"] in ("starting", "running")  # backing off, lease expired
+            assert await reap_with_policy(api, 30) == [run_id]
+        run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
+        assert run["status"] == "queued" and run["attempts"] == 4
+
+
+async def reap_with_policy(api: Api, seconds_from_now: float) -> list[str]:
+    """One pass with the deployment's policy (its backoff), at now + ``seconds_from_now``."""
+    now = utcnow() + timedelta(seconds=seconds_from_now)
+    policy = api.state.settings.requeue_policy()
+    return await api.db(lambda s: reap_expired_leases(s, now, policy=policy))
 
 
 async def _expire(session: AsyncSession, run_id: str) -> None:
@@ -155,7 +195,7 @@ async def test_a_run_that_saves_checkpoints_survives_any_number_of_preemptions(a
         await reap_once(api.state)
         run = (await api.client.get(f"/v1/runs/{run_id}", headers=auth)).json()
         assert run["status"] == ("failed" if attempt == 8 else "queued"), (attempt, run)
-    assert "3 attempts in a row that saved no checkpoint" in run["error"]
+    assert "crash loop: the worker died on 3 attempts in a row" in run["error"]
 
 
 async def fail_unclaimed_at(api: Api, seconds_from_now: float) -> list[str]:

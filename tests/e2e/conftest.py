@@ -36,6 +36,8 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
         "RLAAS_WORKER_TOKEN": secrets.token_urlsafe(24),
         "RLAAS_SECRET_KEY": secrets.token_urlsafe(32),
         "RLAAS_DATA_DIR": str(tmp_path / "data"),
+        # A run whose worker died is queued again 1 s after its lease ended (5 s by default).
+        "RLAAS_REQUEUE_BACKOFF_S": "1",
         "RLAAS_API_URL": f"http://127.0.0.1:{port}",
         "PYTHONUNBUFFERED": "1",
     }

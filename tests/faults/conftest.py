@@ -71,6 +71,8 @@ def private_stack(tmp_path: Path) -> Iterator[tuple[Stack, str]]:
         "RLAAS_API_URL": f"http://127.0.0.1:{port}",
         "RLAAS_REAPER_INTERVAL_S": "1",
         "RLAAS_REDISPATCH_AFTER_S": "3",
+        # A run whose worker died is queued again 1 s after its lease ended (5 s by default).
+        "RLAAS_REQUEUE_BACKOFF_S": "1",
         "PYTHONUNBUFFERED": "1",
     }
     for argv in (["migrate"], ["tenants", "create", "faults"]):

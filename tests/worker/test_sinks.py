@@ -180,11 +180,17 @@ def test_non_finite_values_are_left_out_instead_of_breaking_the_batch(
 )
 def test_a_lost_lease_stops_shipping_and_flush_says_so(fake: FakeControlPlane, status: int) -> None:
     fake.lease_lost = status
-    sink = make_sink(fake)
+    refusals: list[Exception] = []
+    sink = make_sink(fake, on_refused=refusals.append)
     sink.on_step(1, {"loss": 1.0})
     with pytest.raises(LeaseLost):
         sink.flush(timeout_s=5)
+    # The worker is told at once (it stops the run: worker.job), and once: nothing is sent
+    # after the refusal.
+    calls = fake.calls
+    sink.on_step(2, {"loss": 1.0})
     sink.close()
+    assert [type(e) for e in refusals] == [LeaseLost] and fake.calls == calls
 
 
 def test_each_step_reports_its_update_linked_to_the_policy_it_was_applied_to(

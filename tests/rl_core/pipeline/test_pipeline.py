@@ -5,9 +5,17 @@ from __future__ import annotations
 import threading
 
 from rl_core.host.control import RunControl
+from rl_core.pipeline.queue import Group
 from rl_core.records import STAGES
 
-from .conftest import Behaviour, RecordingTrainer, ScriptEnv, parse_id, run_pipeline
+from .conftest import (
+    Behaviour,
+    MemoryCheckpointer,
+    RecordingTrainer,
+    ScriptEnv,
+    parse_id,
+    run_pipeline,
+)
 
 
 def test_sync_and_async_both_train_every_step() -> None:
@@ -107,3 +115,36 @@ def test_stop_lands_on_a_step_boundary_and_cancels_what_is_in_flight() -> None:
     assert all(parse_id(t.episode_id)[0] >= 6 for t in cancelled)
     assert set(env.resets) == set(env.closed)  # every episode closed, cancelled ones too
     assert run.pipeline.collector.inflight == {}
+
+
+class AbortingTrainer(RecordingTrainer):
+    """Its ``abort_at``-th update is in the device thread when the host aborts (the worker
+    heard that the control plane refused a report: another worker holds the run)."""
+
+    def __init__(self, control: RunControl, abort_at: int) -> None:
+        super().__init__()
+        self.control, self.abort_at = control, abort_at
+
+    def train_step(self, groups: list[Group]) -> dict[str, float]:
+        if self.updates + 1 == self.abort_at:
+            self.control.abort()
+        return super().train_step(groups)
+
+
+def test_an_abort_trains_no_further_step_and_writes_and_reports_nothing_more() -> None:
+    control = RunControl()
+    checkpointer = MemoryCheckpointer()
+    run = run_pipeline(
+        steps=10,
+        mode="sync",
+        control=control,
+        trainer=AbortingTrainer(control, abort_at=3),
+        checkpointer=checkpointer,
+        checkpoint_interval=1,
+    )
+    assert run.result.stopped_early and run.result.steps_completed == 2
+    # Step 3's update (made when the abort came) is neither reported nor checkpointed, and
+    # no final checkpoint follows: it would be written where the run's holder writes.
+    assert [step for step, _ in run.sink.steps] == [1, 2]
+    assert sorted(checkpointer.saved) == [1, 2]
+    assert all(t.step <= 2 and t.end_state != "cancelled" for t in run.sink.trajectories)

@@ -77,7 +77,8 @@ def test_two_steps_report_every_metric_and_the_files(tmp_path: Path) -> None:
     assert result.final_metrics == sink.steps[-1][1]
     assert {s.name for s in sink.spans} >= {"rollout", "model_call", "train_step", "engine_batch"}
     assert sink.trajectories and sink.trajectories[0].segments
-    assert [c.step for c in sink.checkpoints] == [2]
+    # The default cadence: one after the first step (to time it), and the final one.
+    assert [c.step for c in sink.checkpoints] == [1, 2]
     assert (export_dir(tmp_path / "a", 2, "hf") / "model.safetensors").is_file()
     assert not export_dir(tmp_path / "a", 2, "peft").exists()  # no LoRA, no adapter
     profiles = list((tmp_path / "a" / "profiles").rglob("*.xplane.pb"))
@@ -115,7 +116,7 @@ class StopAfter(MemorySink):
 
 
 def test_a_stopped_run_resumes_exactly_where_it_left_off(tmp_path: Path) -> None:
-    spec = small_spec(train={"steps": 3})
+    spec = small_spec(train={"steps": 3, "checkpoint_interval": 0})  # only the stop's
     whole = MemorySink()
     train(spec, sink=whole)
 
