@@ -164,8 +164,10 @@ def test_a_lora_run_goes_through_the_whole_pipeline(tmp_path: Path) -> None:
     result = train(spec, sink=sink, artifacts_dir=tmp_path)
     assert result.steps_completed == 2
     # The final checkpoint's downloads were made beside it, before it was reported
-    # (tests/rl_core/training/test_exports.py loads them in transformers and PEFT).
-    assert [c.step for c in sink.checkpoints] == [2]
+    # (tests/rl_core/training/test_exports.py loads them in transformers and PEFT). The
+    # default cadence wrote one after step 1 too: its adapter stays, its merged model went.
+    assert [c.step for c in sink.checkpoints] == [1, 2]
+    assert export_dir(tmp_path, 1, "peft").is_dir() and not export_dir(tmp_path, 1, "hf").exists()
     assert {p.name for p in export_dir(tmp_path, 2, "peft").iterdir()} == {
         "adapter_config.json",
         "adapter_model.safetensors",
