@@ -92,9 +92,7 @@ def save_checkpoint(
         extra_text = json.dumps(dict(extra), sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint extra must be JSON-serialisable: {exc}") from exc
-    for stale in directory.parent.glob(f".tmp-{directory.name}-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # a crashed earlier attempt at this step
-    tmp = directory.parent / f".tmp-{directory.name}-{uuid.uuid4().hex[:8]}"
+    tmp = staging_dir(directory)
     tmp.mkdir()
     try:
         with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
@@ -105,17 +103,31 @@ def save_checkpoint(
             json.dump(marker, f)
             f.flush()
             os.fsync(f.fileno())
-        if directory.exists():  # saved again at the same step (a resumed attempt): replace it
-            old = directory.parent / f".tmp-{directory.name}-old-{uuid.uuid4().hex[:8]}"
-            directory.rename(old)
-            tmp.rename(directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(directory)
+        publish_dir(tmp, directory)  # saved again at the same step (a resumed attempt): replaced
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return CheckpointRecord(step=step, uri=str(directory), size_bytes=_size(directory))
+
+
+def staging_dir(target: Path) -> Path:
+    """A hidden sibling of ``target`` to write into (not created), once the leftovers of
+    earlier writes of it that crashed are gone: a folder is written there, then published."""
+    for stale in target.parent.glob(f".tmp-{target.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return target.parent / f".tmp-{target.name}-{uuid.uuid4().hex[:8]}"
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Move the written ``tmp`` into place as ``target`` by renames, so a reader sees the
+    old folder or the new one, whole; an existing ``target`` goes only once ``tmp`` is in."""
+    if target.exists():
+        old = target.parent / f".tmp-{target.name}-old-{uuid.uuid4().hex[:8]}"
+        target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(target)
 
 
 def _local_path(uri: str) -> Path:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,12 @@ from rl_core.pretrained.chat_tokenizer import ChatTokenizer
 from rl_core.pretrained.export import write_hf_folder
 from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
 from rl_core.pretrained.weights import hf_name, model_to_tensors
-from rl_core.training.checkpointing import CheckpointError, read_marker
+from rl_core.training.checkpointing import (
+    CheckpointError,
+    publish_dir,
+    read_marker,
+    staging_dir,
+)
 from rl_core.training.lora import LoraConfig
 
 _POLICY = "trainable.policy."
@@ -90,9 +94,7 @@ def export_checkpoint(
     if arrays is None:
         arrays = policy_arrays(Path(checkpoint))
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".tmp-{out.name}-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # a crashed earlier attempt at this export
-    tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
+    tmp = staging_dir(out)
     try:
         if fmt == "hf":
             tensors = (
@@ -107,13 +109,7 @@ def export_checkpoint(
         else:
             assert lora is not None
             write_peft_adapter(_adapters(arrays), lora, tmp, base_name=base_name)
-        if out.is_dir():  # replaced: the old one goes only once the new one is in place
-            old = out.parent / f".tmp-{out.name}-old-{uuid.uuid4().hex[:8]}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -154,19 +154,29 @@ async def test_scored_fails_the_episode_and_counts_the_reason() -> None:
     assert (await ok.step("e", 0, Action(content="\\boxed{A}"))).reward == 1.0
 
 
-async def test_a_slow_math_check_does_not_block_the_event_loop() -> None:
-    ticks = 0
+class Ticker:
+    """Counts the event loop's turns while a check runs: none means the check held it."""
 
-    async def ticker() -> None:
-        nonlocal ticks
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.ticks = every_s, 0
+
+    async def _run(self) -> None:
         while True:
-            await asyncio.sleep(0.001)
-            ticks += 1
+            await asyncio.sleep(self.every_s)
+            self.ticks += 1
 
-    task = asyncio.create_task(ticker())
-    await value("math", "\\boxed{\\frac{1}{3} + \\frac{1}{6}}", "1/2")
-    task.cancel()
-    assert ticks > 0
+    async def __aenter__(self) -> Ticker:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._task.cancel()
+
+
+async def test_a_slow_math_check_does_not_block_the_event_loop() -> None:
+    async with Ticker(0.001) as ticker:
+        await value("math", "\\boxed{\\frac{1}{3} + \\frac{1}{6}}", "1/2")
+    assert ticker.ticks > 0
 
 
 async def test_a_backtracking_pattern_fails_the_check_and_leaves_the_loop_free(
@@ -177,22 +187,13 @@ async def test_a_backtracking_pattern_fails_the_check_and_leaves_the_loop_free(
     import rl_core.rewards as rewards
 
     monkeypatch.setattr(rewards, "REGEX_TIMEOUT_S", 0.3)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    task = asyncio.create_task(ticker())
     threads = threading.active_count()
     started = time.monotonic()
-    with pytest.raises(VerifierFailed) as failed:  # catastrophic backtracking: Fibonacci(60) paths
-        await value("regex", "a" * 60 + "!", r"(a|aa)+$")
-    task.cancel()
+    async with Ticker(0.01) as ticker:
+        with pytest.raises(VerifierFailed) as failed:  # backtracking: Fibonacci(60) paths
+            await value("regex", "a" * 60 + "!", r"(a|aa)+$")
     assert failed.value.reason == "timeout" and "ran past 0.3 s" in failed.value.detail
     assert time.monotonic() - started < 5  # the match stopped itself at its deadline
-    assert ticks >= 10  # the event loop ran meanwhile
+    assert ticker.ticks >= 10  # the event loop ran meanwhile
     await asyncio.sleep(0.05)
     assert threading.active_count() <= threads + 1  # no matching thread left running
