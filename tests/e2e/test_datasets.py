@@ -33,7 +33,10 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
                 "reward": "math",
                 "config": {"dataset": ds.id, "prompt": "question", "split": {"eval": 0.1}},
             },
-            "agent": {"max_turns": 1, "max_new_tokens": 8, "max_context": 128},
+            # The random-init model ends a turn by chance: its stop token is about one in
+            # 117 at each position, so about two turns in three end within 128 tokens, and
+            # that none of a run's episodes ends is a chance under 1e-4 (8 tokens: 1 in 3).
+            "agent": {"max_turns": 1, "max_new_tokens": 128, "max_context": 256},
             "rollout": {"group_size": 4, "concurrency": 16},
             "algorithm": {"batch_groups": 2},
             "train": {"steps": STEPS, "seed": 0},
@@ -61,11 +64,11 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
                 f"/v1/runs/{run_id}/metrics", params={"name": "failures/total"}
             ).json()["points"]
             assert [p["value"] for p in failures] == [0.0] * STEPS
-            # The trained steps' episodes (step 0 holds the untrained ones cut at the end,
-            # which can fill a first page by themselves).
+            # Every step's episodes, step by step (step 0 holds the untrained ones cut at
+            # the end, which could fill a first page by themselves).
             items = [
                 t
-                for step in range(1, STEPS + 1)
+                for step in range(STEPS + 1)
                 for t in client.get(
                     f"/v1/runs/{run_id}/trajectories", params={"step": step, "limit": 50}
                 ).json()["items"]
