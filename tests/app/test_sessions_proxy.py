@@ -14,10 +14,11 @@ from collections.abc import Iterator
 import pytest
 
 from app.api.sessions import ACTIONS
-from app.services.gateways import CACHE_S, GatewayCache
+from app.services.gateways import CACHE_S, Gateway, GatewayCache
 from app.services.session_ends import session_key
 from sdk.sessions import SessionGateway
 from tests.app.conftest import Api, spec
+from tests.app.test_limits import set_quota
 from tests.worker.test_gateway import ANSWER, ARGUMENTS, TOKEN, TOOLS, Served
 
 pytestmark = pytest.mark.anyio
@@ -133,6 +134,37 @@ async def test_what_the_gateway_refuses_comes_back_as_it_said_it(api: Api, gatew
     assert full.status_code == 429 and full.headers["retry-after"] == "1"
 
 
+async def test_a_sessions_calls_spend_its_tenants_requests_and_only_with_its_key(
+    api: Api, gateway: Served
+) -> None:
+    """Sessions are rate-limited with the tenant's own bucket (the one its /v1 calls
+    spend): past it, 429 with Retry-After; a call without the session's key spends
+    nothing; another tenant's budget is untouched."""
+    auth, other = await api.tenant(), await api.tenant()
+    await set_quota(api, auth, requests_per_minute=8)
+    run_id = await sessions_run(api, auth, gateway)  # the submit spends one
+    session = (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)).json()
+    base = f"/v1/runs/{run_id}/sessions/{session['session_id']}"
+    for _ in range(20):  # nobody without one of the tenant's keys can spend its budget
+        wrong = await api.client.post(
+            f"{base}/chat/completions", json=QUESTION, headers={"Authorization": "Bearer x"}
+        )
+        assert wrong.status_code in (401, 404), wrong.text
+    key = {"Authorization": f"Bearer {session['api_key']}"}
+    statuses = []
+    for _ in range(8):
+        answer = await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=key)
+        statuses.append(answer.status_code)
+        if answer.status_code == 429:
+            break
+    # 8 a minute: the submit and the open spent two, so the seventh call is refused.
+    assert statuses == [200] * 6 + [429], statuses
+    assert 1 <= int(answer.headers["Retry-After"]) <= 8
+    assert answer.json()["error"]["quota"] == {"name": "requests_per_minute", "limit": 8}
+    assert (await api.client.get("/v1/runs", headers=auth)).status_code == 429  # one bucket
+    assert (await api.client.get("/v1/runs", headers=other)).status_code == 200
+
+
 async def test_sessions_need_a_served_sessions_run_of_ones_own(api: Api) -> None:
     auth, other = await api.tenant(), await api.tenant()
     run_id = await sessions_run(api, auth, gateway=None)
@@ -175,11 +207,11 @@ async def test_only_the_lease_holder_registers_a_gateway(api: Api) -> None:
 def test_the_gateway_cache_expires_and_forgets_a_gateway_that_did_not_answer() -> None:
     now = [100.0]
     cache = GatewayCache(clock=lambda: now[0])
-    cache.put("run_1", "http://10.0.0.5:9000", "token")
-    assert cache.get("run_1") == ("http://10.0.0.5:9000", "token")
+    cache.put("run_1", Gateway("http://10.0.0.5:9000", "token", "ten_1"))
+    assert cache.get("run_1") == Gateway("http://10.0.0.5:9000", "token", "ten_1")
     now[0] += CACHE_S + 0.01
     assert cache.get("run_1") is None  # read from the database again
-    cache.put("run_1", "http://10.0.0.6:9000", "token")
+    cache.put("run_1", Gateway("http://10.0.0.6:9000", "token", "ten_1"))
     cache.drop("run_1")  # it did not answer: the run may have moved
     assert cache.get("run_1") is None
 
@@ -187,19 +219,19 @@ def test_the_gateway_cache_expires_and_forgets_a_gateway_that_did_not_answer() -
 async def test_calls_that_miss_the_gateway_cache_together_share_one_lookup() -> None:
     cache, loads = GatewayCache(), []
 
-    async def load() -> tuple[str, str]:
+    async def load() -> Gateway:
         loads.append(1)
         await asyncio.sleep(0.05)  # the database read
         if len(loads) == 1:
             raise ConnectionError("the database went away")
-        return "http://10.0.0.7:8080", "token"
+        return Gateway("http://10.0.0.7:8080", "token", "ten_1")
 
     first = await asyncio.gather(
         *(cache.lookup("run_1", load) for _ in range(20)), return_exceptions=True
     )
     assert len(loads) == 1 and all(isinstance(r, ConnectionError) for r in first)
     again = await asyncio.gather(*(cache.lookup("run_1", load) for _ in range(20)))
-    assert len(loads) == 2 and set(again) == {("http://10.0.0.7:8080", "token")}
+    assert len(loads) == 2 and set(again) == {Gateway("http://10.0.0.7:8080", "token", "ten_1")}
     assert await cache.lookup("run_1", load) == again[0] and len(loads) == 2  # cached
 
 
