@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.deps import AppState, SessionDep, StateDep, TenantDep
 from app.errors import AppError, NotFound, Unavailable
+from app.observability import Observability
 from app.services import gateways, session_ends
 
 router = APIRouter(prefix="/v1/runs", tags=["sessions"])
@@ -82,7 +83,7 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
     try:
         gateway = await app_state.gateway_cache.lookup(run_id, load)
     except NotFound:
-        await _if_ended(run_id, sid, request, app_state)
+        await _if_gone(run_id, sid, request, app_state)
         raise
     await _spend_request(gateway, sid, request, app_state)
     try:
@@ -94,7 +95,7 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
         )
     except Unavailable as exc:
         app_state.gateway_cache.drop(run_id)  # the run may have moved: look it up again
-        await _if_ended(run_id, sid, request, app_state)
+        await _if_gone(run_id, sid, request, app_state)
         raise NotFound(
             f"no open session {sid!r} of run {run_id}: its worker did not answer (it may "
             "be restarting; sessions do not outlive it). Open a new session",
@@ -104,6 +105,8 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
     if answer.content_type == "text/event-stream":
         return StreamingResponse(chunks, status_code=answer.status, headers=headers)
     body = b"".join([c async for c in chunks])
+    if answer.status == 404:  # a session the gateway does not know: maybe the last attempt's
+        await _if_gone(run_id, sid, request, app_state)
     return Response(body, status_code=answer.status, headers=headers)
 
 
@@ -125,14 +128,18 @@ async def _spend_request(
         await app_state.limits.take_request(session, gateway.tenant_id)
 
 
-async def _if_ended(run_id: str, sid: str, request: Request, app_state: AppState) -> None:
-    """410 naming the run's end, to the holder of the session's key once the run has
-    ended (its gateway is gone with it); to anyone else the 404 that follows."""
+async def _if_gone(run_id: str, sid: str, request: Request, app_state: AppState) -> None:
+    """410 to the holder of the session's key once the session is gone for good (its run
+    ended, or the attempt serving it was replaced: `session_ends.session_gone`); to anyone
+    else the 404 that follows."""
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not key:
         return
     async with app_state.sessions() as session:
-        gone = await session_ends.run_ended(session, run_id, sid, key.strip(), app_state.secrets)
+        gone = await session_ends.session_gone(session, run_id, sid, key.strip(), app_state.secrets)
+    if isinstance(gone, session_ends.SessionLost):
+        observability: Observability = request.app.state.observability
+        observability.sessions_lost.inc()
     if gone is not None:
         raise gone
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 
 from app.api.sessions import ACTIONS
+from app.db.models import utcnow
 from app.services.gateways import CACHE_S, Gateway, GatewayCache
+from app.services.leases import reap_expired_leases
 from app.services.session_ends import session_key
 from sdk.sessions import SessionGateway
 from tests.app.conftest import Api, spec
@@ -276,6 +279,61 @@ async def test_a_session_open_when_its_run_ends_is_told_how_it_ended(
     # Opening a session of an ended run names its state too.
     refused = await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)
     assert refused.status_code == 409 and status in refused.json()["error"]["message"]
+
+
+async def test_a_session_of_an_attempt_that_died_is_told_it_was_lost(api: Api) -> None:
+    """A worker holding a sessions run dies; the run goes on in a new attempt with a new
+    gateway. The old session's calls answer 410 ``session_lost`` (play the episode
+    again) to its key, counted for the operator; other keys still learn nothing."""
+    auth = await api.tenant()
+    first = Served(groups=1, group_size=2, timeout_s=30.0)
+    try:
+        run_id = await sessions_run(api, auth, first)
+        session = (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)).json()
+        base = f"/v1/runs/{run_id}/sessions/{session['session_id']}"
+        key = {"Authorization": f"Bearer {session['api_key']}"}
+        answer = await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=key)
+        assert answer.status_code == 200
+    finally:
+        first.close()  # the worker dies with its gateway
+    # While nobody holds the run again, the worker may only be slow: the 404 says so.
+    waiting = await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=key)
+    assert waiting.status_code == 404 and "did not answer" in waiting.json()["error"]["message"]
+    later = utcnow() + timedelta(hours=1)
+    assert await api.db(lambda s: reap_expired_leases(s, later)) == [run_id]
+    assert (await api.internal(run_id, "claim", worker_id="w2")).status_code == 200
+    lost_calls = "rlaas_sessions_lost_calls_total"
+    registry = api.app.state.observability.registry
+    before = registry.get_sample_value(lost_calls)
+    for action in ACTIONS:  # the new attempt has not served yet
+        gone = await api.client.post(f"{base}/{action}", json=QUESTION, headers=key)
+        assert gone.status_code == 410, (action, gone.text)
+        assert gone.json()["error"]["code"] == "session_lost"
+        assert "play the episode again" in gone.json()["error"]["message"]
+    second = Served(groups=1, group_size=2, timeout_s=30.0, token="the-second-attempts-token")
+    try:
+        registered = await api.internal(
+            run_id, "gateway", worker_id="w2", url=second.url, token=second.token
+        )
+        assert registered.status_code == 200
+        await asyncio.sleep(CACHE_S + 0.1)  # the first gateway's cache entry has expired
+        gone = await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=key)
+        assert gone.status_code == 410 and gone.json()["error"]["code"] == "session_lost"
+        for other in ({"Authorization": "Bearer not-its-key"}, auth):
+            answer = await api.client.post(f"{base}/end", json={"reward": 1}, headers=other)
+            assert answer.status_code == 404, answer.text
+        # The new attempt serves new sessions.
+        again = (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)).json()
+        new_key = {"Authorization": f"Bearer {again['api_key']}"}
+        answer = await api.client.post(
+            f"/v1/runs/{run_id}/sessions/{again['session_id']}/chat/completions",
+            json=QUESTION,
+            headers=new_key,
+        )
+        assert answer.status_code == 200, answer.text
+    finally:
+        second.close()
+    assert registry.get_sample_value(lost_calls) == (before or 0.0) + len(ACTIONS) + 1
 
 
 def test_the_control_plane_derives_a_sessions_key_as_the_gateway_does() -> None:
