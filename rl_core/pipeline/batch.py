@@ -47,6 +47,7 @@ def build_batch(
     pad_id: int,
     scale_rewards: bool,
     min_length: int = 32,
+    max_length: int | None = None,
     credit: Credit = "episode",
     baseline: Baseline = "group",
     gamma: float = 1.0,
@@ -92,6 +93,7 @@ def build_batch(
         rows=n_rows,
         pad_id=pad_id,
         min_length=min_length,
+        max_length=max_length,
         rewards=row_rewards,
     )
 

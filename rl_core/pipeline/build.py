@@ -377,6 +377,7 @@ def build_pipeline(
                 pad_id=tokenizer.pad_id,
                 scale_rewards=spec.algorithm.scale_rewards,
                 min_length=configs.TRAIN_MIN_LENGTH,
+                max_length=spec.agent.max_context,
                 credit=spec.algorithm.credit,
                 baseline=spec.algorithm.baseline,
                 gamma=spec.algorithm.gamma,

@@ -86,12 +86,19 @@ class TrainBatch:
         *,
         rows: int,
         min_length: int = 32,
+        max_length: int | None = None,
         pad_id: int = 0,
         rewards: Sequence[float] | None = None,
     ) -> TrainBatch:
+        """``max_length``: no row is longer (the run's context), so no bucket need be:
+        a 96-token context trains at 96, not at the bucket of 128 (a quarter of a train
+        step's work was padding). A longer row still gets its own length, never cut."""
         if len(tokens) > rows:
             raise ValueError(f"{len(tokens)} trajectories do not fit in {rows} rows")
-        length = next_bucket(max((len(t) for t in tokens), default=1), min_length)
+        longest = max((len(t) for t in tokens), default=1)
+        length = next_bucket(longest, min_length)
+        if max_length is not None:
+            length = min(length, max(max_length, longest))
         tok = np.full((rows, length), pad_id, np.int32)
         mask = np.zeros((rows, length), np.float32)
         lp = np.zeros((rows, length), np.float32)
