@@ -168,19 +168,6 @@ async def test_over_the_row_cap_and_the_tenant_quota_are_413(dapi: Api, tmp_path
     assert [p.name for p in stored(tmp_path)] == [f"{first.json()['sha256']}.jsonl"]
 
 
-async def test_parquet_is_refused_with_415(dapi: Api) -> None:
-    auth = await dapi.tenant()
-    r = await upload(dapi, auth, b"PAR1\x00\x00rest-of-a-parquet-file")
-    assert r.status_code == 415 and "JSONL" in r.json()["error"]["message"]
-    typed = await dapi.client.post(
-        "/v1/datasets",
-        params={"name": "p"},
-        content=b"x",
-        headers={**auth, "Content-Type": "application/vnd.apache.parquet"},
-    )
-    assert typed.status_code == 415
-
-
 async def test_a_run_pins_the_content_and_the_worker_downloads_exactly_that(
     dapi: Api, tmp_path: Path
 ) -> None:
