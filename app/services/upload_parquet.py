@@ -43,6 +43,8 @@ PARQUET_TYPES = ("application/vnd.apache.parquet", "application/x-parquet")
 # Rows per record batch: small enough that a batch's Python rows stay a few MB.
 BATCH_ROWS = 1024
 
+# json.dumps(row, ensure_ascii=False) with NaN refused; one encoder, not one a row.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 _TIME_FIX = "cast the column to a string (ISO 8601) or to an integer (seconds since the epoch)"
 
 
@@ -195,7 +197,7 @@ def _refuse_values(
 
 def _line(row: dict[str, Any], number: int) -> bytes:
     try:
-        return json.dumps(row, ensure_ascii=False, allow_nan=False).encode() + b"\n"
+        return _ENCODER.encode(row).encode() + b"\n"
     except ValueError:  # NaN or an infinity somewhere in the row: find the field
         name = next(k for k, v in row.items() if not _finite(v))
         raise bad_line(
