@@ -162,6 +162,12 @@ class DatasetConfig(BaseModel):
                 "a share of an unbounded procedural source is not a number of rows; hold out "
                 "'size' rows (split: {size: 200}), or give config.size"
             )
+        size = info.data.get("size")
+        if value.size is not None and size is not None and value.size >= size:
+            raise ValueError(
+                f"split.size holds out {value.size} of the source's {size} rows and leaves "
+                "none to train on; hold out fewer, or raise config.size"
+            )
         return value
 
     @model_validator(mode="after")

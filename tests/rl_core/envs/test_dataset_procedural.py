@@ -112,6 +112,7 @@ def test_the_config_refuses_what_a_procedural_source_cannot_use() -> None:
     assert "chain_sum" in message  # the list of tasks
     assert refused(split={"field": "split"})[0] == "split"
     assert refused(split={"eval": 0.1})[0] == "split"  # a share of an unbounded source
+    assert refused(size=20, split={"size": 20})[0] == "split"  # nothing left to train on
     assert refused(path="/tmp/rows.jsonl")[0] == "path"
     assert refused(dataset_config={"seed": 3})[0] == "dataset_config"
     with pytest.raises(ValidationError, match="procedural source"):
