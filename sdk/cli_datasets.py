@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 datasets = typer.Typer(
-    help="Your datasets (JSONL) for the `dataset` environment, over the HTTP API.",
+    help="Your datasets (JSONL or Parquet) for the `dataset` environment, over the HTTP API.",
     no_args_is_help=True,
 )
 
@@ -25,7 +25,8 @@ def upload(
     api_url: ApiUrl = URL,
     api_key: ApiKey = "",
 ) -> None:
-    """Upload a JSONL file; prints its id (the environment's config.dataset)."""
+    """Upload a JSONL or Parquet (.parquet) file; prints its id (the environment's
+    config.dataset)."""
     from sdk.cli import _call
 
     fields = [f.strip() for f in required.split(",") if f.strip()]

@@ -395,13 +395,17 @@ class Client:
         required: Sequence[str] = (),
         timeout_s: float = 600.0,
     ) -> Dataset:
-        """Upload a JSONL file (one JSON object a line), streamed from disk.
+        """Upload a JSONL file (one JSON object a line) or a Parquet file (``.parquet``,
+        ``.pq``: stored as the JSONL of its rows), streamed from disk.
 
         ``name`` defaults to the file's name without its suffix; a name already used
         replaces that dataset's content (runs already submitted keep theirs).
-        ``required``: fields every row must have (a row without one is refused, by line).
+        ``required``: fields every row must have (a row without one is refused, by line
+        or, in a Parquet file, by row).
         """
         path = Path(path)
+        parquet = path.suffix.lower() in (".parquet", ".pq")
+        content_type = "application/vnd.apache.parquet" if parquet else "application/x-ndjson"
         params = _params(name=name or path.stem, required=",".join(required) or None)
 
         def chunks() -> Iterator[bytes]:
@@ -414,7 +418,7 @@ class Client:
             "/v1/datasets",
             params=params,
             content=chunks(),
-            headers={"Content-Type": "application/x-ndjson"},
+            headers={"Content-Type": content_type},
             timeout=timeout_s,
         )
         return Dataset.from_json(response.json())

@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from rl_core.protocol.datasets import procedural_task
+
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 16
@@ -117,11 +119,13 @@ def _message(response: httpx.Response) -> str:
 
 def with_local_dataset(spec: dict[str, Any], run_id: str, source: DatasetSource) -> dict[str, Any]:
     """``spec`` with its ``dataset`` environment's pinned content fetched and named by
-    ``config.path``; any other spec unchanged."""
+    ``config.path``; any other spec (a procedural source's too) unchanged."""
     env = spec.get("environment")
     if not isinstance(env, dict) or env.get("name") != "dataset":
         return spec
     config = env.get("config") or {}
+    if procedural_task(config.get("dataset")) is not None:
+        return spec  # generated on the worker (rl_core.envs.procedural): nothing to fetch
     sha256 = config.get("sha256")
     if not isinstance(sha256, str):
         raise DatasetUnavailable(

@@ -1,6 +1,7 @@
 """Public dataset routes: /v1/datasets. Parse, call one service, render.
 
-The upload's body is the file itself (``Content-Type: application/x-ndjson``),
+The upload's body is the file itself, JSONL (``Content-Type: application/x-ndjson``) or
+Parquet (``application/vnd.apache.parquet``, or any body that begins with ``PAR1``),
 streamed to the service chunk by chunk, never read whole.
 """
 
@@ -15,19 +16,24 @@ from app.api.deps import LeaseDep, LeaseGate, SessionDep, StateDep, TenantDep
 from app.errors import Unprocessable
 from app.schemas.datasets import DatasetPage, DatasetRead
 from app.services import datasets as service
-from app.services.upload import parquet_refused
+from app.services.upload_parquet import PARQUET_TYPES
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 # The worker's copy of a run's pinned content, behind that run's lease token.
 internal_router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[LeaseGate])
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-_PARQUET_TYPES = ("application/vnd.apache.parquet", "application/x-parquet")
 _UPLOAD_DOC = {
     "requestBody": {
         "required": True,
-        "description": "The JSONL file: one JSON object a line.",
-        "content": {"application/x-ndjson": {"schema": {"type": "string", "format": "binary"}}},
+        "description": (
+            "The file: JSONL (one JSON object a line) or Parquet (read row group by row "
+            "group and stored as JSONL, one line a row; docs/datasets.md)."
+        ),
+        "content": {
+            kind: {"schema": {"type": "string", "format": "binary"}}
+            for kind in ("application/x-ndjson", *PARQUET_TYPES)
+        },
     }
 }
 
@@ -40,8 +46,12 @@ _UPLOAD_DOC = {
     responses={
         200: {"model": DatasetRead, "description": "The dataset of that name, content replaced"},
         413: {"description": "Over the size or row cap, or the tenant's dataset quota"},
-        415: {"description": "Parquet (not taken yet)"},
-        422: {"description": "A bad line: its number under 'line', the field under 'field'"},
+        422: {
+            "description": (
+                "A bad row: its number under 'line' (JSONL) or 'row' (Parquet), the field "
+                "under 'field'; or a Parquet file that cannot be read"
+            )
+        },
     },
 )
 async def upload(
@@ -57,10 +67,9 @@ async def upload(
     ] = None,
     content_type: Annotated[str | None, Header()] = None,
 ) -> DatasetRead:
-    """Upload a JSONL file. A name already used replaces that dataset's content (200); runs
-    already submitted keep the content they pinned."""
-    if content_type is not None and content_type.split(";")[0].strip() in _PARQUET_TYPES:
-        raise parquet_refused()
+    """Upload a JSONL or Parquet file. A name already used replaces that dataset's content
+    (200); runs already submitted keep the content they pinned."""
+    declared = (content_type or "").split(";")[0].strip().lower()
     fields = tuple(f.strip() for f in (required or "").split(",") if f.strip())
     if len(fields) > 100:
         raise Unprocessable("required names at most 100 fields", field="required")
@@ -71,6 +80,7 @@ async def upload(
         request.stream(),
         settings=app_state.settings,
         required=fields,
+        parquet=declared in PARQUET_TYPES,
     )
     if not created:
         response.status_code = 200

@@ -304,7 +304,7 @@ class Dataset(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)  # ds_<hex>
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    format: Mapped[str] = mapped_column(String(16))  # jsonl
+    format: Mapped[str] = mapped_column(String(16))  # as uploaded: jsonl, parquet
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     rows: Mapped[int] = mapped_column(Integer)

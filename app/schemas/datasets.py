@@ -12,9 +12,14 @@ class DatasetRead(BaseModel):
 
     id: str
     name: str
-    format: str = Field(description="'jsonl' (Parquet is not taken yet: 415).")
-    sha256: str = Field(description="SHA-256 of the file as uploaded; a run pins it at submit.")
-    size_bytes: int
+    format: str = Field(
+        description="The format uploaded: 'jsonl' or 'parquet' (stored as JSONL either way)."
+    )
+    sha256: str = Field(
+        description="SHA-256 of the content stored: the JSONL file as uploaded, or a Parquet "
+        "file's rows as JSONL (docs/datasets.md); a run pins it at submit."
+    )
+    size_bytes: int = Field(description="Bytes of the content stored (JSONL).")
     rows: int
     fields: list[str] = Field(description="The fields every row has, sorted.")
     created_at: Timestamp

@@ -4,7 +4,9 @@ Storage. The content is a file in the data folder, ``datasets/<tenant>/<sha256>.
 (the folder where the embedded control plane keeps everything; the artifact store of
 issue #32 replaces it). An upload streams into ``datasets/tmp/`` while `JsonlCheck`
 validates and hashes it, and is moved into place with one ``os.replace`` only once
-every line passed: a refused upload leaves nothing behind.
+every line passed: a refused upload leaves nothing behind. A Parquet upload is
+received whole into ``datasets/tmp/`` first, then read row group by row group into
+the same JSONL form (`app.services.upload_parquet`): the content stored is always JSONL.
 
 Pinning. A run that names ``dataset: ds_...`` gets the dataset's current SHA-256
 written into its spec at submit (``environment.config.sha256``); the worker fetches
@@ -28,9 +30,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 from sqlalchemy import func, select
@@ -41,9 +43,10 @@ from app.db.models import Dataset, Run, Tenant, utcnow
 from app.errors import Conflict, NotFound, PayloadTooLarge, Unprocessable
 from app.security import LeaseProof
 from app.services import run_states
-from app.services.upload import Caps, JsonlCheck
+from app.services.upload import PARQUET_MAGIC, Caps, JsonlCheck
+from app.services.upload_parquet import ParquetReceive
 from app.settings import Settings
-from rl_core.protocol.datasets import SERVER_KEYS, SHA256, DatasetConfig
+from rl_core.protocol.datasets import PROCEDURAL_FIELDS, SERVER_KEYS, SHA256, DatasetConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +71,11 @@ async def upload(
     *,
     settings: Settings,
     required: tuple[str, ...] = (),
+    parquet: bool = False,
 ) -> tuple[Dataset, bool]:
-    """Check and store an upload; returns (dataset, created). See the module docstring."""
+    """Check and store an upload; returns (dataset, created). See the module docstring.
+    ``parquet``: the body was declared Parquet (its content type); a body that begins with
+    Parquet's magic bytes is read as Parquet too."""
     caps = Caps(
         max_bytes=settings.dataset_max_bytes,
         max_rows=settings.dataset_max_rows,
@@ -78,14 +84,14 @@ async def upload(
     tmp_dir = root(settings) / "tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     _sweep_parts(tmp_dir)
-    tmp = tmp_dir / f"{uuid.uuid4().hex}.part"
+    token = uuid.uuid4().hex
+    tmp = tmp_dir / f"{token}.part"
+    raw = tmp_dir / f"{token}.parquet.part"  # a Parquet body as received, before reading
     try:
         with tmp.open("wb") as out:
-            check = JsonlCheck(out, caps, required)
-            async for chunk in chunks:
-                # Parsing a 64 KiB chunk's lines takes a while: off the event loop.
-                await asyncio.to_thread(check.feed, chunk)
-            checked = check.finish()
+            check = await _receive(chunks, out, raw, caps, required, parquet=parquet)
+            # Reading a Parquet file's row groups takes a while: off the event loop.
+            checked = await asyncio.to_thread(check.finish)
         # Under the tenant's lock (submits take it too: app.services.quotas.admit_run).
         await session.scalar(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
         existing = await session.scalar(
@@ -97,19 +103,22 @@ async def upload(
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, final)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        for path in (tmp, raw):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    fmt = "parquet" if isinstance(check, ParquetReceive) else "jsonl"
     now = utcnow()
     if existing is not None:
         existing.sha256, existing.size_bytes = checked.sha256, checked.size_bytes
         existing.rows, existing.fields, existing.updated_at = checked.rows, checked.fields, now
+        existing.format = fmt
         await session.flush()
         return existing, False
     dataset = Dataset(
         id=f"{ID_PREFIX}{uuid.uuid4().hex}",
         tenant_id=tenant_id,
         name=name,
-        format="jsonl",
+        format=fmt,
         sha256=checked.sha256,
         size_bytes=checked.size_bytes,
         rows=checked.rows,
@@ -125,6 +134,48 @@ async def upload(
             f"a dataset named {name!r} was made meanwhile; retry", field="name"
         ) from None
     return dataset, True
+
+
+async def _receive(
+    chunks: AsyncIterator[bytes],
+    out: BinaryIO,
+    raw: Path,
+    caps: Caps,
+    required: tuple[str, ...],
+    *,
+    parquet: bool,
+) -> JsonlCheck | ParquetReceive:
+    """The body fed to the check its format takes: Parquet when declared so or when it
+    begins with ``PAR1`` (no JSONL line can), JSONL otherwise."""
+    check: JsonlCheck | ParquetReceive | None = None
+    head = b""  # the body's first bytes, until there are enough to see the magic
+    async for chunk in chunks:
+        if check is None:
+            head += chunk
+            if len(head) < len(PARQUET_MAGIC):
+                continue
+            chunk, head = head, b""
+            check = _check_for(chunk, out, raw, caps, required, parquet=parquet)
+        # Parsing a 64 KiB chunk's lines takes a while: off the event loop.
+        await asyncio.to_thread(check.feed, chunk)
+    if check is None:  # a body shorter than the magic
+        check = _check_for(head, out, raw, caps, required, parquet=parquet)
+        check.feed(head)
+    return check
+
+
+def _check_for(
+    head: bytes,
+    out: BinaryIO,
+    raw: Path,
+    caps: Caps,
+    required: tuple[str, ...],
+    *,
+    parquet: bool,
+) -> JsonlCheck | ParquetReceive:
+    if parquet or head.startswith(PARQUET_MAGIC):
+        return ParquetReceive(raw, out, caps, required)
+    return JsonlCheck(out, caps, required)
 
 
 def _sweep_parts(tmp_dir: Path, older_than_s: float = 24 * 3600) -> None:
@@ -254,10 +305,12 @@ _CONFIG_FIELD = "spec.environment.config"
 
 
 async def pin(session: AsyncSession, tenant_id: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """``spec`` with its dataset's content hash pinned (a ``dataset`` environment's only).
+    """``spec`` with its dataset's content hash pinned (a ``dataset`` environment's only;
+    a procedural source, ``reasoning_gym:<task>``, is checked and has nothing to pin).
 
     422 naming the key for a config the environment cannot run: a key the server sets,
-    a dataset that is not the tenant's, a prompt or answer field its rows lack.
+    a dataset that is not the tenant's, an unknown reasoning-gym task, a prompt or answer
+    field its rows lack.
     """
     config = _dataset_config(spec)
     if config is None:
@@ -281,6 +334,9 @@ async def pin(session: AsyncSession, tenant_id: str, spec: dict[str, Any]) -> di
         ) from None
     except ValueError as exc:
         raise Unprocessable(f"dataset config: {exc}", field=f"{_CONFIG_FIELD}.prompt") from None
+    if parsed.task is not None:  # generated by the worker: nothing to look up or pin
+        _fields_among(parsed, needed, PROCEDURAL_FIELDS, f"{parsed.dataset}'s rows")
+        return spec
     dataset_id = parsed.dataset
     dataset = await session.scalar(
         select(Dataset).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
@@ -291,17 +347,23 @@ async def pin(session: AsyncSession, tenant_id: str, spec: dict[str, Any]) -> di
             "returns",
             field=f"{_CONFIG_FIELD}.dataset",
         )
-    for name in needed:
-        if name not in dataset.fields:
-            key = "answer" if name == parsed.answer else "prompt"
-            raise Unprocessable(
-                f"dataset {dataset.id} has no field {name!r} in every row (its fields: "
-                f"{', '.join(dataset.fields) or 'none'}); name one of those",
-                field=f"{_CONFIG_FIELD}.{key}",
-            )
+    _fields_among(parsed, needed, dataset.fields, f"dataset {dataset.id}")
     env = dict(spec["environment"])
     env["config"] = {**config, "sha256": dataset.sha256}
     return {**spec, "environment": env}
+
+
+def _fields_among(
+    parsed: DatasetConfig, needed: list[str], fields: Sequence[str], source: str
+) -> None:
+    for name in needed:
+        if name not in fields:
+            key = "answer" if name == parsed.answer else "prompt"
+            raise Unprocessable(
+                f"{source} has no field {name!r} in every row (its fields: "
+                f"{', '.join(fields) or 'none'}); name one of those",
+                field=f"{_CONFIG_FIELD}.{key}",
+            )
 
 
 async def content_for_run(

@@ -80,8 +80,10 @@ def build_environment(
         env = CodeExec(walls or SINGLE_USER)
     else:
         env = get_environment(name)
-        if isinstance(env, ReasoningGym):
-            env.prepare(env_spec.config)  # a bad dataset config fails the run here
+        if isinstance(env, ReasoningGym | DatasetEnv):
+            # A bad reasoning-gym config (its own env, or a dataset's procedural source)
+            # fails the run here, before its first episode.
+            env.prepare(env_spec.config)
     if env_spec.reward:
         env = Scored(env, parse_reward(env_spec.reward))
     return env

@@ -30,9 +30,10 @@ from __future__ import annotations
 import array
 import asyncio
 import dataclasses
+import functools
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,11 @@ from rl_core.envs.calculator import _run_tool as run_calculator
 from rl_core.envs.code_exec import TOOL as PYTHON_TOOL
 from rl_core.envs.code_exec import CodeExecConfig, describe
 from rl_core.envs.episodes import episode_position
+from rl_core.envs.procedural import ProceduralRows
+from rl_core.envs.row_order import EpochOrder, held_out
 from rl_core.envs.sandbox import run_python
 from rl_core.errors import EnvironmentFailure
-from rl_core.protocol.datasets import DatasetConfig, Split
+from rl_core.protocol.datasets import DatasetConfig
 from rl_core.rewards import RewardContext, verify_exact
 
 _TOOL_SPECS = {"calculator": CALCULATOR_TOOL, "python": PYTHON_TOOL}
@@ -82,14 +85,13 @@ class RowFile:
         else:
             order = list(everything)
             random.Random(f"{cfg.seed}:split").shuffle(order)
-            share = cfg.split.eval or 0.0
-            n_eval = min(len(order) - 1, max(1 if share > 0 else 0, round(len(order) * share)))
+            n_eval = min(len(order) - 1, held_out(cfg.split, len(order)))
             self.eval, self.train = sorted(order[:n_eval]), sorted(order[n_eval:])
         if not self.train:
             raise EnvironmentFailure(
                 f"dataset: the split leaves no training rows of {len(offsets)}; hold out fewer"
             )
-        self._orders: dict[int, list[int]] = {}
+        self._order = EpochOrder(self.train)
 
     def read(self, row: int) -> dict[str, Any]:
         with self.path.open("rb") as f:
@@ -101,20 +103,7 @@ class RowFile:
 
     def train_row(self, task: int, cfg: DatasetConfig) -> int:
         """The row training task ``task`` plays: see the module docstring."""
-        epoch, position = divmod(task, len(self.train))
-        if cfg.epochs is not None and epoch >= cfg.epochs:
-            raise EnvironmentFailure(
-                f"dataset: all {cfg.epochs} epochs of {len(self.train)} rows are played "
-                f"(task {task}); ask for fewer train.steps or more epochs"
-            )
-        if not cfg.shuffle:
-            return self.train[position]
-        order = self._orders.get(epoch)
-        if order is None:
-            order = list(self.train)
-            random.Random(f"{cfg.seed}:epoch:{epoch}").shuffle(order)
-            self._orders = {epoch: order}  # one epoch at a time: tasks run near in order
-        return order[position]
+        return self._order.row(task, cfg)
 
     def eval_row(self, index: int) -> int:
         rows = self.eval or self.train
@@ -125,22 +114,40 @@ class RowFile:
 class _Episode:
     cfg: DatasetConfig
     answer: Any
+    # A procedural source's own scorer of this row; None: `exact` against ``answer``.
+    scorer: Callable[[str], float] | None = None
     turns: int = 0
     done: bool = False
     results: dict[int, Step] = dataclasses.field(default_factory=dict)
 
 
 class DatasetEnv:
-    """One instance serves many concurrent episodes, over any number of files."""
+    """One instance serves many concurrent episodes, over any number of files and
+    procedural sources."""
 
     name = "dataset"
 
     def __init__(self) -> None:
-        self._files: dict[tuple[str, Split | None, int], RowFile] = {}
-        self._opening: dict[tuple[str, Split | None, int], asyncio.Lock] = {}
+        self._files: dict[tuple[Any, ...], RowFile | ProceduralRows] = {}
+        self._opening: dict[tuple[Any, ...], asyncio.Lock] = {}
         self._episodes: dict[str, _Episode] = {}
 
-    async def rows(self, cfg: DatasetConfig) -> RowFile:
+    def prepare(self, config: Mapping[str, Any]) -> None:
+        """Build a procedural source now (the run's build calls it), so a task config that
+        reasoning-gym refuses fails the run at its start; a file is opened at first use."""
+        cfg = _parse(config)
+        if cfg.task is not None:
+            key = _procedural_key(cfg)
+            if key not in self._files:
+                self._files[key] = ProceduralRows(cfg)
+
+    async def rows(self, cfg: DatasetConfig) -> RowFile | ProceduralRows:
+        if cfg.task is not None:
+            key = _procedural_key(cfg)
+            async with self._opening.setdefault(key, asyncio.Lock()):
+                if key not in self._files:  # reasoning-gym's import takes seconds: a thread
+                    self._files[key] = await asyncio.to_thread(ProceduralRows, cfg)
+            return self._files[key]
         if cfg.path is None:
             raise EnvironmentFailure(
                 f"dataset: {cfg.dataset} has no local copy here; run it through the control "
@@ -161,10 +168,7 @@ class DatasetEnv:
         return self._files[key]
 
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
-        try:
-            cfg = DatasetConfig.model_validate(dict(config))
-        except ValidationError as exc:
-            raise EnvironmentFailure(f"dataset: bad config: {exc}") from None
+        cfg = _parse(config)
         rows = await self.rows(cfg)
         # An id of the caller's own (not the collector's) plays the task its seed names.
         kind, index = episode_position(episode_id) or ("train", seed)
@@ -175,7 +179,8 @@ class DatasetEnv:
         if cfg.system:
             messages.append({"role": "system", "content": cfg.system})
         messages.append({"role": "user", "content": _prompt(cfg, row, number)})
-        self._episodes[episode_id] = _Episode(cfg=cfg, answer=answer)
+        scorer = functools.partial(rows.score, number) if isinstance(rows, ProceduralRows) else None
+        self._episodes[episode_id] = _Episode(cfg=cfg, answer=answer, scorer=scorer)
         info: dict[str, Any] = {"answer": answer, "row": number + 1, "split": kind}
         if isinstance(row.get("data_source"), str):
             info["data_source"] = row["data_source"]
@@ -198,7 +203,7 @@ class DatasetEnv:
             out_of_turns = episode.turns >= episode.cfg.max_turns
             result = Step(messages, 0.0, out_of_turns, {})
         else:
-            result = Step([], _own_reward(action.content, episode.answer), True, {})
+            result = Step([], _own_reward(action.content, episode), True, {})
         episode.done = result.done
         episode.results[step] = result
         return result
@@ -219,10 +224,29 @@ def _prompt(cfg: DatasetConfig, row: Mapping[str, Any], number: int) -> str:
         ) from None
 
 
-def _own_reward(content: str, answer: Any) -> float:
-    if answer is None:
+def _parse(config: Mapping[str, Any]) -> DatasetConfig:
+    try:
+        return DatasetConfig.model_validate(dict(config))
+    except ValidationError as exc:
+        raise EnvironmentFailure(f"dataset: bad config: {exc}") from None
+
+
+def _procedural_key(cfg: DatasetConfig) -> tuple[Any, ...]:
+    # What decides a procedural source's rows and order; prompt, tools and the rest do not.
+    task_config = json.dumps(cfg.dataset_config, sort_keys=True, default=str)
+    return (cfg.dataset, task_config, cfg.size, cfg.split, cfg.seed)
+
+
+def _own_reward(content: str, episode: _Episode) -> float:
+    """The reward without ``environment.reward``: a procedural source's own scorer, else
+    `exact` against the row's answer."""
+    if episode.scorer is not None:
+        return episode.scorer(content)
+    if episode.answer is None:
         return 0.0
-    ctx = RewardContext(contents=(content,), reference=answer, env_reward=0.0, turns=1, info={})
+    ctx = RewardContext(
+        contents=(content,), reference=episode.answer, env_reward=0.0, turns=1, info={}
+    )
     return verify_exact(ctx)
 
 

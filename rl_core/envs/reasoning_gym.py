@@ -77,6 +77,14 @@ def extract(text: str) -> str:
     return tagged if tagged is not None else text.strip()
 
 
+def score(dataset: Any, entry: dict[str, Any], content: str) -> tuple[str, float]:
+    """The answer in ``content`` (`extract`) and the dataset's own score of it for
+    ``entry``: 1.0 right, less for wrong or partly right. The ``dataset`` environment's
+    procedural sources score with it too."""
+    answer = extract(content)
+    return answer, float(dataset.score_answer(answer, entry))
+
+
 @dataclasses.dataclass
 class _Episode:
     dataset: Any  # scores the entry's answers
@@ -134,13 +142,12 @@ class ReasoningGym:
 
     @staticmethod
     def _judge(episode: _Episode, content: str) -> Step:
-        answer = extract(content)
-        score = float(episode.dataset.score_answer(answer, episode.entry))
+        answer, value = score(episode.dataset, episode.entry, content)
         episode.attempts_left -= 1
-        done = episode.finished = score >= 1.0 or episode.attempts_left <= 0
-        messages = [] if done else [{"role": "user", "content": RETRY.format(score=score)}]
-        info = {"answer": answer, "expected": episode.entry.get("answer"), "score": score}
-        return Step(messages=messages, reward=score if done else 0.0, done=done, info=info)
+        done = episode.finished = value >= 1.0 or episode.attempts_left <= 0
+        messages = [] if done else [{"role": "user", "content": RETRY.format(score=value)}]
+        info = {"answer": answer, "expected": episode.entry.get("answer"), "score": value}
+        return Step(messages=messages, reward=value if done else 0.0, done=done, info=info)
 
 
 def _system_prompt(name: str) -> str:
@@ -154,4 +161,4 @@ def _system_prompt(name: str) -> str:
     return str(SYSTEM_PROMPTS[name])
 
 
-__all__ = ["ReasoningGym", "extract", "load_dataset"]
+__all__ = ["ReasoningGym", "extract", "load_dataset", "score"]

@@ -168,19 +168,6 @@ async def test_over_the_row_cap_and_the_tenant_quota_are_413(dapi: Api, tmp_path
     assert [p.name for p in stored(tmp_path)] == [f"{first.json()['sha256']}.jsonl"]
 
 
-async def test_parquet_is_refused_with_415(dapi: Api) -> None:
-    auth = await dapi.tenant()
-    r = await upload(dapi, auth, b"PAR1\x00\x00rest-of-a-parquet-file")
-    assert r.status_code == 415 and "JSONL" in r.json()["error"]["message"]
-    typed = await dapi.client.post(
-        "/v1/datasets",
-        params={"name": "p"},
-        content=b"x",
-        headers={**auth, "Content-Type": "application/vnd.apache.parquet"},
-    )
-    assert typed.status_code == 415
-
-
 async def test_a_run_pins_the_content_and_the_worker_downloads_exactly_that(
     dapi: Api, tmp_path: Path
 ) -> None:
@@ -247,3 +234,34 @@ async def test_a_spec_naming_a_missing_field_or_a_server_key_is_422(dapi: Api) -
     assert (await submit({"prompt": "question", "shuffle": "maybe"}))["field"] == (
         "spec.environment.config.shuffle"
     )
+
+
+async def test_a_procedural_source_is_checked_at_submit_and_pins_nothing(dapi: Api) -> None:
+    auth = await dapi.tenant()
+
+    async def submit(config: dict[str, Any]) -> httpx.Response:
+        env = {"name": "dataset", "config": config}
+        return await dapi.client.post(
+            "/v1/runs", json={"spec": {"environment": env, "train": {"steps": 2}}}, headers=auth
+        )
+
+    good = {
+        "dataset": "reasoning_gym:basic_arithmetic",
+        "dataset_config": {"min_terms": 2, "max_terms": 2},
+        "prompt": "Compute: {question}",
+        "split": {"size": 50},
+    }
+    r = await submit(good)
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["environment"]["config"] == good  # no content to pin
+    unknown = await submit({**good, "dataset": "reasoning_gym:basic_arithmetc"})
+    assert unknown.status_code == 422, unknown.text
+    error = unknown.json()["error"]
+    assert error["field"] == "spec.environment.config.dataset"
+    assert "did you mean basic_arithmetic" in error["message"] and "chain_sum" in error["message"]
+    lacking = await submit({**good, "prompt": "Solve {problem}"})
+    assert lacking.status_code == 422
+    assert lacking.json()["error"]["field"] == "spec.environment.config.prompt"
+    assert "prompt, question" in lacking.json()["error"]["message"]
+    shared = await submit({**good, "split": {"eval": 0.1}})  # a share of an unbounded source
+    assert shared.json()["error"]["field"] == "spec.environment.config.split", shared.text

@@ -29,8 +29,12 @@ from app.main import create_app
 from tests.app.conftest import WORKER, app_settings, lease
 from tests.app.webhook_server import serve_app
 
-# A dataset upload's body is the JSONL file's bytes: sent as such, like any binary body.
-schemathesis.serializer.alias("application/x-ndjson", "application/octet-stream")
+# A dataset upload's body is the JSONL or Parquet file's bytes: sent as such, like any
+# binary body.
+schemathesis.serializer.alias(
+    ["application/x-ndjson", "application/vnd.apache.parquet", "application/x-parquet"],
+    "application/octet-stream",
+)
 
 BUDGET_S = 45.0  # generation plus calls; the app's start and stop come on top
 EXAMPLES = 15

@@ -46,3 +46,19 @@ def test_the_client_reports_a_bad_line_by_number(live: LiveApi, tmp_path: Path) 
             client.upload_dataset(file)
         assert refused.value.status == 422 and "line 4" in str(refused.value)
         assert client.list_datasets() == []
+
+
+def test_a_parquet_file_uploads_from_the_command_line(live: LiveApi, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    file = tmp_path / "capitals.parquet"
+    pq.write_table(pa.table({"q": ["France?", "Peru?"], "a": ["Paris", None]}), file)
+    env = {"RLAAS_API_URL": live.url, "RLAAS_API_KEY": live.tenant()}
+    runner = CliRunner()
+    uploaded = runner.invoke(cli, ["datasets", "upload", str(file), "--required", "q"], env=env)
+    assert uploaded.exit_code == 0, uploaded.output
+    assert "capitals: 2 rows, fields q, sha256" in uploaded.stderr
+    # The content type comes from the suffix: a required field null in row 2 is named by row.
+    refused = runner.invoke(cli, ["datasets", "upload", str(file), "--required", "q,a"], env=env)
+    assert refused.exit_code != 0 and "row 2: field 'a' is missing" in refused.output

@@ -60,5 +60,8 @@ def test_the_spec_gets_the_local_path(tmp_path: Path) -> None:
     assert "path" not in spec["environment"]["config"]  # the claim's own spec is untouched
     other = {"environment": {"name": "guess_number"}}
     assert with_local_dataset(other, "run_1", source) is other
+    # A procedural source is generated on the worker: no content, no fetch.
+    generated = {"environment": {"name": "dataset", "config": {"dataset": "reasoning_gym:gcd"}}}
+    assert with_local_dataset(generated, "run_1", source) is generated
     with pytest.raises(DatasetUnavailable, match="no pinned content"):
         with_local_dataset({"environment": {"name": "dataset", "config": {}}}, "run_1", source)

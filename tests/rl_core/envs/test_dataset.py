@@ -94,6 +94,9 @@ async def test_splits_hold_rows_out_of_training(rows_file: Path) -> None:
     train = set(await played(env, by_share, range(8)))
     held = {await row_of(env, eval_episode_id("", 0, i), by_share) for i in range(2)}
     assert len(held) == 2 and not train & held and len(train | held) == N
+    # A number of rows: the same seeded pick as a share of that many.
+    by_size = config(rows_file, split={"size": 2})
+    assert {await row_of(env, eval_episode_id("", 0, i), by_size) for i in range(2)} == held
 
 
 async def test_prompt_template_system_and_the_answer_for_verifiers(rows_file: Path) -> None:

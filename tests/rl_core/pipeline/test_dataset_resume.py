@@ -1,5 +1,6 @@
 """The dataset environment under the real collector: a run stopped at a checkpoint and
-resumed from it trains every row of the epoch's prefix once, none twice, none skipped."""
+resumed from it trains every row of the epoch's prefix once, none twice, none skipped;
+a file's rows, and a procedural source's (reasoning-gym, generated)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rl_core.envs.base import Reset
 from rl_core.envs.dataset import DatasetEnv
@@ -29,10 +32,10 @@ ROWS = 200
 class DatasetScript(ScriptEnv):
     """`ScriptEnv`'s scripted play, on the rows the dataset environment picks per task."""
 
-    def __init__(self, path: Path, plan: Any = None) -> None:
+    def __init__(self, config: dict[str, Any], plan: Any = None) -> None:
         super().__init__(plan)
         self.inner = DatasetEnv()
-        self.config = {"path": str(path), "prompt": "q", "answer": "a", "seed": 3}
+        self.config = config
         self.rows: dict[int, int] = {}
 
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
@@ -43,9 +46,15 @@ class DatasetScript(ScriptEnv):
         return await super().reset(episode_id, seed, config)
 
 
-def test_a_resumed_run_trains_each_row_once_and_skips_none(tmp_path: Path) -> None:
-    path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps({"q": f"q{i}", "a": str(i)}) + "\n" for i in range(ROWS)))
+@pytest.mark.parametrize("source", ["file", "procedural"])
+def test_a_resumed_run_trains_each_row_once_and_skips_none(tmp_path: Path, source: str) -> None:
+    if source == "file":
+        path = tmp_path / "rows.jsonl"
+        lines = (json.dumps({"q": f"q{i}", "a": str(i)}) + "\n" for i in range(ROWS))
+        path.write_text("".join(lines))
+        config: dict[str, Any] = {"path": str(path), "prompt": "q", "answer": "a", "seed": 3}
+    else:
+        config = {"dataset": "reasoning_gym:gcd", "split": {"size": 5}, "seed": 3}
     control = RunControl()
 
     def plan(task: int, member: int, attempt: int) -> Behaviour:
@@ -54,7 +63,7 @@ def test_a_resumed_run_trains_each_row_once_and_skips_none(tmp_path: Path) -> No
         return Behaviour(delay_s=0.005 * (task % 3))
 
     saver = MemoryCheckpointer()
-    first_env = DatasetScript(path, plan)
+    first_env = DatasetScript(config, plan)
     first = run_pipeline(
         steps=20,
         env=first_env,
@@ -68,7 +77,7 @@ def test_a_resumed_run_trains_each_row_once_and_skips_none(tmp_path: Path) -> No
     )
     step = max(saver.saved)
     position = saver.saved[step]["collector"]
-    second_env = DatasetScript(path)
+    second_env = DatasetScript(config)
     second = run_pipeline(
         steps=step + 4, env=second_env, start_step=step, position=position, policy="requeue"
     )
@@ -92,12 +101,12 @@ def test_a_resumed_run_trains_each_row_once_and_skips_none(tmp_path: Path) -> No
     assert set(range(position["next_index"])) <= tasks  # and no task, so no row, skipped
     # Whichever attempt played a task, it got the same row: the epoch's seeded order.
     played = {**first_env.rows, **second_env.rows}
-    assert asyncio.run(rows_of(path, sorted(played))) == [played[t] for t in sorted(played)]
+    assert asyncio.run(rows_of(config, sorted(played))) == [played[t] for t in sorted(played)]
 
 
-async def rows_of(path: Path, tasks: list[int]) -> list[int]:
+async def rows_of(config: dict[str, Any], tasks: list[int]) -> list[int]:
     """The row a fresh environment gives each task."""
-    script = DatasetScript(path)
+    script = DatasetScript(config)
     resets = [
         await script.inner.reset(train_episode_id("x-", t, 0), 0, script.config) for t in tasks
     ]
