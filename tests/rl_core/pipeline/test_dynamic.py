@@ -9,8 +9,10 @@ import pytest
 
 from rl_core.agent.ledger import Trajectory
 from rl_core.host.control import RunControl
+from rl_core.pipeline.configs import pipeline_config
 from rl_core.pipeline.dynamic import DROPPED_EQUAL, EqualRewardScreen, carries_signal
 from rl_core.pipeline.queue import Admission, Group, GroupQueue, GroupTask
+from rl_core.spec import parse_spec
 
 from .conftest import Behaviour, MemoryCheckpointer, RecordingTrainer, ScriptEnv, run_pipeline
 
@@ -250,3 +252,22 @@ def test_a_resumed_run_neither_repeats_nor_skips_a_task() -> None:
     assert not any(_equal(t) for t in trained)  # none without a signal
     # None skipped: every task with a signal that the first run had started was trained.
     assert {t for t in range(position["next_index"]) if not _equal(t)} <= set(trained)
+
+
+def test_the_spec_reaches_the_pipeline() -> None:
+    spec = parse_spec(
+        {
+            "environment": {"name": "guess_number"},
+            "algorithm": {
+                "batch_groups": 4,
+                "credit": "turn",
+                "dynamic_sampling": {"enabled": True},
+            },
+        }
+    )
+    config = pipeline_config(spec)
+    assert config.drop_equal_groups and config.turn_credit
+    assert config.max_dropped_equal == 16
+    assert not pipeline_config(
+        parse_spec({"environment": {"name": "guess_number"}})
+    ).drop_equal_groups
