@@ -50,13 +50,13 @@ def carries_signal(group: Group, *, turn_credit: bool = False) -> bool:
     advantages' dtype). Turn credit: their per-turn rewards differ, so the
     returns-to-go at some turn do (equal episode rewards reached by different
     turns still teach which turn earned them). A ``first`` part counts as carrying
-    one (module docstring); so does a group with fewer than two kept members,
-    which the collector never sends."""
+    one (module docstring). A lone kept member (``group_size`` 1, where the spec
+    refuses dynamic sampling) has none: it is its own group's mean."""
     if group.part == "first":
         return True
     kept = group.kept
     if len(kept) < 2:
-        return True
+        return False
     if turn_credit:
         first = np.asarray(kept[0].turn_rewards, np.float32)
         return any(

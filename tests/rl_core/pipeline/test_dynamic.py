@@ -11,7 +11,7 @@ from rl_core.agent.ledger import Trajectory
 from rl_core.host.control import RunControl
 from rl_core.pipeline.configs import pipeline_config
 from rl_core.pipeline.dynamic import DROPPED_EQUAL, EqualRewardScreen, carries_signal
-from rl_core.pipeline.queue import Admission, Group, GroupQueue, GroupTask
+from rl_core.pipeline.queue import Admission, Group, GroupPart, GroupQueue, GroupTask
 from rl_core.spec import parse_spec
 
 from .conftest import Behaviour, MemoryCheckpointer, RecordingTrainer, ScriptEnv, run_pipeline
@@ -20,7 +20,7 @@ from .conftest import Behaviour, MemoryCheckpointer, RecordingTrainer, ScriptEnv
 def _group(
     rewards: list[float],
     *,
-    part: str = "whole",
+    part: GroupPart = "whole",
     turn_rewards: list[list[float]] | None = None,
     failed: tuple[int, ...] = (),
 ) -> Group:
@@ -30,7 +30,7 @@ def _group(
         t.turn_rewards = turn_rewards[k] if turn_rewards else [r]
         t.end_state = "env_error" if k in failed else "done"
         trajs.append(t)
-    return Group(task=GroupTask(0), trajectories=trajs, part=part)  # type: ignore[arg-type]
+    return Group(task=GroupTask(0), trajectories=trajs, part=part)
 
 
 # --- the pure pieces ----------------------------------------------------------------
@@ -47,8 +47,8 @@ def test_a_group_carries_a_signal_when_its_kept_rewards_differ() -> None:
     # A first part may be measured against the stragglers' estimate: never judged.
     assert carries_signal(_group([1.0, 1.0], part="first"))
     assert not carries_signal(_group([1.0, 1.0], part="rest"))
-    # One kept member: no group to compare with (the collector never sends one).
-    assert carries_signal(_group([1.0, 0.0], failed=(1,)))
+    # One kept member (group_size 1): it is its own mean, so its advantage is zero.
+    assert not carries_signal(_group([1.0]))
 
 
 def test_turn_credit_compares_the_rewards_of_each_turn() -> None:
@@ -214,12 +214,8 @@ def test_a_resumed_run_neither_repeats_nor_skips_a_task() -> None:
         return b
 
     saver = MemoryCheckpointer()
-    common = {
-        "drop_equal_groups": True,
-        "max_dropped_equal": 100,
-        # A group gone stale is played again, so every task's fate is its rewards'.
-        "policy": "requeue",
-    }
+    # A group gone stale is played again (policy requeue), so every task's fate is its
+    # rewards'.
     first = run_pipeline(
         steps=20,
         env=ScriptEnv(plan),
@@ -227,7 +223,9 @@ def test_a_resumed_run_neither_repeats_nor_skips_a_task() -> None:
         checkpointer=saver,
         checkpoint_interval=2,
         trainer=RecordingTrainer(delay_s=0.01),
-        **common,  # type: ignore[arg-type]
+        drop_equal_groups=True,
+        max_dropped_equal=100,
+        policy="requeue",
     )
     assert first.result.stopped_early
     step = max(saver.saved)
@@ -236,7 +234,9 @@ def test_a_resumed_run_neither_repeats_nor_skips_a_task() -> None:
         env=ScriptEnv(_signal_plan),
         start_step=step,
         position=saver.saved[step]["collector"],
-        **common,  # type: ignore[arg-type]
+        drop_equal_groups=True,
+        max_dropped_equal=100,
+        policy="requeue",
     )
     position = saver.saved[step]["collector"]
     # A group split around its stragglers trains as two parts (first, rest): one task. A
