@@ -304,6 +304,30 @@ class RolloutSpec(_Section):
         return self
 
 
+# The default cap of dynamic sampling, in batches of extra play per step.
+DYNAMIC_SAMPLING_CAP_BATCHES = 4
+
+
+class DynamicSamplingSpec(_Section):
+    """DAPO's dynamic sampling (rl_core/pipeline/dynamic.py): a GRPO group whose rewards
+    are all equal has zero advantages, so it is dropped and another group is played in
+    its place, until the batch holds ``batch_groups`` groups that carry a signal.
+
+    ``max_dropped_groups`` bounds the extra play per step (each dropped group is
+    one more group to play); past it the step trains the groups as they come, equal
+    ones included (``groups/trained_equal``). None: 4 x ``batch_groups``, so a step
+    plays at most five batches' worth."""
+
+    enabled: bool = False
+    max_dropped_groups: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+
+    def cap(self, batch_groups: int) -> int:
+        """Groups dropped per step at most."""
+        if self.max_dropped_groups is not None:
+            return self.max_dropped_groups
+        return DYNAMIC_SAMPLING_CAP_BATCHES * batch_groups
+
+
 class AlgorithmSpec(_Section):
     """The policy-gradient objective and its optimiser.
 
@@ -356,6 +380,8 @@ class AlgorithmSpec(_Section):
     gae_lambda: Annotated[float, Field(ge=0, le=1)] = 0.95
     value_coef: Annotated[float, Field(ge=0)] = 0.5
     value_clip: Annotated[float, Field(gt=0)] = 0.2
+    # Drop the groups whose rewards are all equal and play others instead (DAPO).
+    dynamic_sampling: DynamicSamplingSpec = Field(default_factory=DynamicSamplingSpec)
 
     @model_validator(mode="after")
     def _mini_batches_divide(self) -> AlgorithmSpec:
@@ -371,6 +397,17 @@ class AlgorithmSpec(_Section):
             raise ValueError("baseline 'batch' is GRPO's; PPO's baseline is its value head")
         if self.gamma != 1.0 and self.credit != "turn":
             raise ValueError("gamma discounts turn credit: set credit: turn, or leave gamma at 1")
+        if self.dynamic_sampling.enabled and self.name == "ppo":
+            raise ValueError(
+                "dynamic_sampling is GRPO's: under PPO's value head a group of equal rewards "
+                "still has advantages; leave it off or use name: grpo"
+            )
+        if self.dynamic_sampling.enabled and self.baseline == "batch":
+            raise ValueError(
+                "dynamic_sampling drops groups with no signal under the group baseline; with "
+                "baseline 'batch' a group of equal rewards has one (against the batch's mean): "
+                "leave one of them off"
+            )
         return self
 
 
@@ -521,6 +558,15 @@ class JobSpec(_Section):
     def batch_size(self) -> int:
         """Trajectories per optimiser step."""
         return self.algorithm.batch_groups * self.rollout.group_size
+
+    @model_validator(mode="after")
+    def _groups_to_compare(self) -> JobSpec:
+        if self.algorithm.dynamic_sampling.enabled and self.rollout.group_size < 2:
+            raise ValueError(
+                "algorithm.dynamic_sampling needs rollout.group_size >= 2: a group of one "
+                "always has equal rewards, so every group would be dropped"
+            )
+        return self
 
     @model_validator(mode="after")
     def _engine_serves_the_model(self) -> JobSpec:

@@ -156,4 +156,7 @@ def pipeline_config(spec: JobSpec) -> PipelineConfig:
         checkpoint_auto=t.checkpoint_interval is None and t.checkpoint_every_s is None,
         eval_interval=t.eval_interval,
         trajectories_per_step=t.trajectories_per_step,
+        drop_equal_groups=a.dynamic_sampling.enabled,
+        max_dropped_equal=a.dynamic_sampling.cap(a.batch_groups),
+        turn_credit=a.credit == "turn",
     )

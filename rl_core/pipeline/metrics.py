@@ -8,6 +8,18 @@ reading. Names, all floats:
   ``episode/<end state>`` counts every episode that ended during the step.
 - ``failures/<reason>``: episodes removed from the batch (not the policy's
   doing), by end reason; ``groups/{dropped_failed,dropped_stale,requeued}``.
+- ``groups/dropped_equal`` and ``groups/dropped_equal_frac``: groups dynamic
+  sampling dropped for equal rewards (`rl_core.pipeline.dynamic`), and their
+  share of the groups the step took from the queue (trained + dropped);
+  ``groups/trained_equal``: groups trained although their rewards were all equal
+  (every such group without the option; with it, those past its cap);
+  ``reward/drawn_mean``: the mean reward over the kept episodes of the groups
+  the step took, dropped ones included (``reward/mean`` leaves them out, so with
+  the option it stays away from 0 and 1 whatever the policy does).
+- ``reward/mean/<source>``, ``episode/trained/<source>``: per ``data_source`` of
+  the episodes' info (the ``dataset`` environment's rows), over the trajectories
+  trained on; the first `SOURCES_MAX` names a run meets, each made a metric name
+  (`source_name`), the rest under ``other``.
 - ``staleness/{mean,max}`` and ``staleness/bucket_<k>`` for k = 0..max_staleness:
   the histogram, over the episodes trained on, of the oldest token trained on
   (see `rl_core.pipeline.queue`); ``stale/calls_masked``: model calls left out
@@ -36,6 +48,7 @@ reading. Names, all floats:
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -43,11 +56,57 @@ import numpy as np
 
 from rl_core.agent.ledger import END_STATES, Trajectory
 from rl_core.host.telemetry import fractions
+from rl_core.pipeline.dynamic import carries_signal
 from rl_core.pipeline.queue import GateCounts, Group
 from rl_core.records import STAGES
 
 # The end reasons of episodes removed from the batch (rl_core.agent.agent), always reported.
 FAILURE_REASONS = ("episode_timeout", "env_timeout", "env_reset", "env_step", "cancelled")
+# Distinct data sources with metrics of their own: each costs two series per step.
+SOURCES_MAX = 32
+OTHER_SOURCE = "other"
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+_SOURCE_CHARS = 64
+
+
+def source_name(source: str) -> str:
+    """``source`` as one segment of a metric name: runs of anything but letters, digits,
+    ``_ . -`` become ``_`` (a ``/`` would nest), at most 64 characters."""
+    # Cut before and after: a long name costs no more than a short one.
+    return _NOT_IN_NAME.sub("_", source[: 4 * _SOURCE_CHARS]).strip("_")[:_SOURCE_CHARS] or "_"
+
+
+class SourceNames:
+    """The metric names of data sources: the first ``limit`` distinct names met get their
+    own (two sources that read alike share one), the rest `OTHER_SOURCE`."""
+
+    def __init__(self, limit: int = SOURCES_MAX) -> None:
+        self.limit = limit
+        self._given: set[str] = set()
+
+    def __call__(self, source: str) -> str:
+        name = source_name(source)
+        if name in self._given:
+            return name
+        if len(self._given) < self.limit:
+            self._given.add(name)
+            return name
+        return OTHER_SOURCE
+
+
+def source_metrics(trajectories: Sequence[Trajectory], names: SourceNames) -> dict[str, float]:
+    """``reward/mean/<source>`` and ``episode/trained/<source>`` over the trajectories whose
+    info names a ``data_source``; none for trajectories without one."""
+    rewards: dict[str, list[float]] = {}
+    for t in trajectories:
+        source = t.info.get("data_source")
+        if isinstance(source, str):
+            rewards.setdefault(names(source), []).append(t.reward)
+    out: dict[str, float] = {}
+    for name, values in sorted(rewards.items()):
+        out[f"reward/mean/{name}"] = _mean(values)
+        out[f"episode/trained/{name}"] = float(len(values))
+    return out
 
 
 @dataclasses.dataclass
@@ -63,8 +122,10 @@ class Readings:
 
 
 class StepMeter:
-    def __init__(self, first: Readings) -> None:
+    def __init__(self, first: Readings, *, turn_credit: bool = False) -> None:
         self._last = first
+        self.turn_credit = turn_credit  # what makes a group's rewards "equal" (dynamic.py)
+        self.sources = SourceNames()
 
     def measure(
         self,
@@ -81,9 +142,12 @@ class StepMeter:
         queue_depth: int,
         lag_s: Sequence[float],
         policy_version: int,
+        dropped_equal: Sequence[Group] = (),
     ) -> dict[str, float]:
         last, self._last = self._last, readings
         used = [t for g in groups for t in g.to_train]
+        drawn = used + [t for g in dropped_equal for t in g.to_train]
+        equal = sum(not carries_signal(g, turn_credit=self.turn_credit) for g in groups)
         rewards = np.array([t.reward for t in used] or [0.0], np.float64)
         ends = Counter(t.end_state for t in finished)
         failures = Counter(t.end_reason or t.end_state for t in finished if not t.kept)
@@ -104,6 +168,7 @@ class StepMeter:
                 "reward/std": float(rewards.std()),
                 "reward/min": float(rewards.min()),
                 "reward/max": float(rewards.max()),
+                "reward/drawn_mean": _mean([t.reward for t in drawn]),
                 "episode/trained": float(len(used)),
                 "episode/turns_mean": _mean([t.turns for t in used]),
                 "episode/length_mean": _mean([t.total_tokens for t in used]),
@@ -125,6 +190,10 @@ class StepMeter:
                 ),
                 "groups/requeued": float(readings.gate.requeued - last.gate.requeued),
                 "groups/split": float(readings.gate.split - last.gate.split),
+                "groups/dropped_equal": float(len(dropped_equal)),
+                "groups/dropped_equal_frac": len(dropped_equal)
+                / max(len(dropped_equal) + len(groups), 1),
+                "groups/trained_equal": float(equal),
                 "stale/calls_masked": float(
                     readings.gate.calls_masked_stale - last.gate.calls_masked_stale
                 ),
@@ -155,6 +224,7 @@ class StepMeter:
                 "loop/lag_ms_max": 1e3 * max(lag_s, default=0.0),
                 "policy_version": float(policy_version),
                 "step_time_s": wall_s,
+                **source_metrics(used, self.sources),
             }
         )
         return out
@@ -164,4 +234,12 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else 0.0
 
 
-__all__ = ["Readings", "StepMeter"]
+__all__ = [
+    "OTHER_SOURCE",
+    "SOURCES_MAX",
+    "Readings",
+    "SourceNames",
+    "StepMeter",
+    "source_metrics",
+    "source_name",
+]

@@ -2,7 +2,8 @@
 
 One step, as the trainer sees it::
 
-    queue_wait   take B groups from the queue (staleness gate applied)
+    queue_wait   take B groups from the queue (staleness gate applied; with dynamic
+                 sampling, groups of equal rewards dropped and replaced: dynamic.py)
     train_step   pack them and update the policy, in the device thread
     weight_sync  snapshot the new weights and hand them to the engine as version = step
     report       sink.on_step / on_spans / on_trajectories; checkpoint every N steps
@@ -42,6 +43,7 @@ from rl_core.models.tokenizer import Tokenizer
 from rl_core.pipeline.cadence import CheckpointCadence
 from rl_core.pipeline.collector import Collector
 from rl_core.pipeline.device import DeviceThread
+from rl_core.pipeline.dynamic import EqualRewardScreen
 from rl_core.pipeline.metrics import Readings, StepMeter
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
 from rl_core.pipeline.reported import trained_records, untrained_records
@@ -88,6 +90,11 @@ class PipelineConfig:
     checkpoint_auto: bool = False
     eval_interval: int = 0
     trajectories_per_step: int = 4
+    # Dynamic sampling (rl_core.pipeline.dynamic): drop groups whose rewards are all equal,
+    # at most `max_dropped_equal` a step; `turn_credit` says what "equal" compares.
+    drop_equal_groups: bool = False
+    max_dropped_equal: int = 0
+    turn_credit: bool = False
 
 
 class Pipeline:
@@ -130,6 +137,11 @@ class Pipeline:
         self.sessions = sessions
         sync = config.mode == "sync"
         bound = 0 if sync else config.max_staleness
+        self.screen = (
+            EqualRewardScreen(max_dropped=config.max_dropped_equal, turn_credit=config.turn_credit)
+            if config.drop_equal_groups
+            else None
+        )
         self.admission = Admission(
             batch_groups=config.batch_groups,
             max_staleness=bound,
@@ -145,6 +157,7 @@ class Pipeline:
             # Admission keeps at most max(M, 1) batches waiting when a group may start;
             # the groups in flight then may all finish before the trainer takes one.
             maxsize=(max(bound, 1) + 1) * config.batch_groups + config.concurrency,
+            screen=self.screen,
         )
         self.collector = collector_factory(self.admission, self.queue)
         self.trainer_state, self.trainer_since = "idle", time.monotonic()
@@ -215,7 +228,7 @@ class Pipeline:
 
     async def _train_loop(self) -> TrainResult:
         cfg = self.config
-        meter = StepMeter(self._readings())
+        meter = StepMeter(self._readings(), turn_credit=cfg.turn_credit)
         done, final, stopped = 0, {}, False
         if self.start_step == 0 and self._eval_due(0):
             self.sink.on_step(0, await self._evaluate(0))
@@ -230,6 +243,7 @@ class Pipeline:
             if groups is None:
                 stopped = True
                 break
+            dropped = self.screen.drain() if self.screen is not None else []
             metrics, busy, blocked = await self._train(step, groups)
             if self.control.aborted:  # the run is not this host's any more: not a word more
                 stopped = True
@@ -253,13 +267,14 @@ class Pipeline:
                 queue_depth=self.queue.depth,
                 lag_s=self._take_lags(),
                 policy_version=step,
+                dropped_equal=dropped,
             )
             if self.sessions is not None:
                 final.update(self.sessions.step_metrics())
             final.update(self._env_metrics())
             if self._eval_due(step):
                 final.update(await self._evaluate(step))
-            self._report(step, final, groups, finished)
+            self._report(step, final, groups, finished, dropped)
             done += 1
             log.info("step %d: reward %.3f (%.2fs)", step, final["reward/mean"], wall)
             if self.cadence.due(step) and not self.control.aborted:
@@ -277,6 +292,8 @@ class Pipeline:
         groups: list[Group] = []
         wanted = self.config.batch_groups * self.config.group_size
         failed_before = self.collector.dropped_groups
+        if self.screen is not None:
+            self.screen.begin_step()
         started = time.perf_counter()
         with self.recorder.span("queue_wait", track="trainer", step=step) as args:
             while sum(g.members for g in groups) < wanted:
@@ -295,6 +312,14 @@ class Pipeline:
                         return None, time.perf_counter() - started
                     self._check_stall(self.collector.dropped_groups - failed_before)
             args["groups"] = len(groups)
+        if self.screen is not None and self.screen.capped:
+            log.warning(
+                "step %d: dynamic sampling dropped %d groups of equal rewards, its cap "
+                "(algorithm.dynamic_sampling.max_dropped_groups); the step trains the groups "
+                "that came after as they are, equal ones included (groups/trained_equal)",
+                step,
+                self.screen.max_dropped,
+            )
         return groups, time.perf_counter() - started
 
     def _check_stall(self, failed_groups: int) -> None:
@@ -402,13 +427,16 @@ class Pipeline:
         metrics: dict[str, float],
         groups: list[Group],
         finished: list[Trajectory],
+        dropped: list[Group],
     ) -> None:
         self.sink.on_step(step, metrics)
         self._flush_spans()
         n = self.config.trajectories_per_step
         if n:
             records = trained_records(groups, self.tokenizer, step=step, n=n)
-            records += untrained_records(finished, self.tokenizer, n=n)
+            records += untrained_records(
+                finished, self.tokenizer, n=n, dropped=[t for g in dropped for t in g.to_train]
+            )
             if records:
                 self.sink.on_trajectories(records)
 

@@ -30,7 +30,9 @@ Two mechanisms keep it, with batches of B groups of N episodes:
   Only an episode with no fresh call at all is left out of the loss (its reward
   still in its group's baseline), and only a group with no such call anywhere is
   dropped, or with ``policy: requeue`` played again under the newest policy
-  (same task, a new attempt). Both are counted by reason.
+  (same task, a new attempt). Both are counted by reason. A group that passes
+  may still be dropped by the queue's ``screen``: with dynamic sampling, one
+  whose rewards are all equal (`rl_core.pipeline.dynamic`).
 
 Why masking rather than dropping or waiting: dropping a straggler's group threw
 away its finished members and biased training toward short episodes (the
@@ -46,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 from rl_core.agent.ledger import Sample, Trajectory
 
@@ -226,6 +228,12 @@ class GateCounts:
     split: int = 0  # groups whose finished members were trained before their stragglers
 
 
+class Screen(Protocol):
+    """A last say on a group the gate would hand over: `rl_core.pipeline.dynamic`'s."""
+
+    def drops(self, group: Group) -> bool: ...
+
+
 class GroupQueue:
     """Finished groups in completion order; `take` applies the staleness gate."""
 
@@ -236,10 +244,12 @@ class GroupQueue:
         policy: Literal["drop", "requeue"],
         requeue: Callable[[GroupTask], None],
         maxsize: int,
+        screen: Screen | None = None,
     ) -> None:
         self.admission = admission
         self.policy = policy
         self._requeue = requeue
+        self.screen = screen
         self._queue: asyncio.Queue[Group] = asyncio.Queue(maxsize=maxsize)
         self.counts = GateCounts()
         # Per trained episode, the age of its oldest trained call, since `drain_staleness`.
@@ -265,6 +275,10 @@ class GroupQueue:
             admission.dequeued()
             fresh_from = admission.version - admission.max_staleness
             trainable = group.trainable(fresh_from)
+            if trainable and self.screen is not None and self.screen.drops(group):
+                # Played and finished, but no signal: its place goes to a new group.
+                admission.release(group)
+                continue
             if trainable:
                 group.fresh_from = fresh_from
                 admission.consume(group)
@@ -292,4 +306,4 @@ class GroupQueue:
         return values
 
 
-__all__ = ["Admission", "GateCounts", "Group", "GroupQueue", "GroupTask", "fresh_mask"]
+__all__ = ["Admission", "GateCounts", "Group", "GroupQueue", "GroupTask", "Screen", "fresh_mask"]

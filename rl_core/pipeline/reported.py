@@ -5,7 +5,9 @@
   of one group still shows n of its members, and a step of many shows many tasks.
 - Up to n of the episodes that ended without being trained (failed, timed out,
   cancelled, a session its client gave up), each only when it holds something to
-  read (tokens, or an error): a slot no client ever opened is no row.
+  read (tokens, or an error): a slot no client ever opened is no row. Then, while
+  there is room, episodes of groups dynamic sampling dropped for equal rewards
+  (`rl_core.pipeline.dynamic`; their info says ``"dropped": "equal_rewards"``).
 
 A segment's ``trained`` is what the trainer's loss mask was there: the model's
 tokens of an episode it got rows for, less the calls masked as too stale
@@ -39,11 +41,17 @@ def trained_records(
 
 
 def untrained_records(
-    finished: Sequence[Trajectory], tokenizer: Tokenizer, *, n: int
+    finished: Sequence[Trajectory],
+    tokenizer: Tokenizer,
+    *,
+    n: int,
+    dropped: Sequence[Trajectory] = (),
 ) -> list[TrajectoryRecord]:
     """Up to ``n`` of ``finished`` that no step trained on and that hold something to
-    read; reported at step 0 (no step consumed them), none of their text trained."""
+    read, then of ``dropped`` (played to the end, left out of the batch); reported at
+    step 0 (no step consumed them), none of their text trained."""
     readable = [t for t in finished if not t.kept and (t.total_tokens or t.error)]
+    readable += dropped
     return [
         _record(t, [[0] * len(s.tokens) for s in t.samples], tokenizer, step=0)
         for t in readable[:n]

@@ -1,5 +1,6 @@
 """Your data in, through the API: upload a JSONL, submit a run naming it with the ``math``
-verifier, and a real Celery worker fetches the pinned content and trains the tiny model."""
+verifier, and a real Celery worker fetches the pinned content and trains the tiny model,
+with dynamic sampling on, and its rows' two data sources reported apart."""
 
 from __future__ import annotations
 
@@ -13,19 +14,24 @@ from tests.e2e.stack import Stack, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(2)]
 STEPS = 2
+SOURCES = ("sums/even", "sums odd")  # as metric names: sums_even, sums_odd
 
 
 def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
     stack: Stack, tmp_path: Path
 ) -> None:
-    rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
+    rows = [
+        {"question": f"{a}+{b}=", "answer": str(a + b), "data_source": SOURCES[(a + b) % 2]}
+        for a in range(10)
+        for b in range(10)
+    ]
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     stack.start_api()
     stack.start_worker()
     with Client(stack.api_url, stack.api_key) as sdk:
         ds = sdk.upload_dataset(data, required=["question", "answer"])
-        assert (ds.rows, ds.fields) == (100, ["answer", "question"])
+        assert (ds.rows, ds.fields) == (100, ["answer", "data_source", "question"])
         spec = {
             "model": {"source": "builtin:tiny"},
             "environment": {
@@ -38,7 +44,12 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
             # that none of a run's episodes ends is a chance under 1e-4 (8 tokens: 1 in 3).
             "agent": {"max_turns": 1, "max_new_tokens": 128, "max_context": 256},
             "rollout": {"group_size": 4, "concurrency": 16},
-            "algorithm": {"batch_groups": 2},
+            # The random-init model's groups are nearly all unanimous (all 0): one is
+            # dropped a step and played again, then the cap lets the rest be trained.
+            "algorithm": {
+                "batch_groups": 2,
+                "dynamic_sampling": {"enabled": True, "max_dropped_groups": 1},
+            },
             "train": {"steps": STEPS, "seed": 0},
         }
         with stack.client() as client:
@@ -64,6 +75,27 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
                 f"/v1/runs/{run_id}/metrics", params={"name": "failures/total"}
             ).json()["points"]
             assert [p["value"] for p in failures] == [0.0] * STEPS
+            every = client.get(f"/v1/runs/{run_id}/metrics").json()["points"]
+            by_step: dict[int, dict[str, float]] = {}
+            for p in every:
+                by_step.setdefault(p["step"], {})[p["name"]] = p["value"]
+            for step in range(1, STEPS + 1):
+                m = by_step[step]
+                # Dynamic sampling's figures: a unanimous group trained means the cap (1)
+                # was reached first; the share is of the groups the step took.
+                dropped, trained = m["groups/dropped_equal"], m["groups/trained"]
+                assert dropped in (0.0, 1.0) and (m["groups/trained_equal"] == 0 or dropped == 1)
+                assert m["groups/dropped_equal_frac"] == dropped / (dropped + trained)
+                # Per source: the step's trained episodes, each under its row's source.
+                sources = [
+                    n.removeprefix("episode/trained/")
+                    for n in m
+                    if n.startswith("episode/trained/")
+                ]
+                assert sources and set(sources) <= {"sums_even", "sums_odd"}, sorted(m)
+                assert sum(m[f"episode/trained/{s}"] for s in sources) == m["episode/trained"]
+                total = sum(m[f"reward/mean/{s}"] * m[f"episode/trained/{s}"] for s in sources)
+                assert abs(total - m["reward/mean"] * m["episode/trained"]) < 1e-6
             # Every step's episodes, step by step (step 0 holds the untrained ones cut at
             # the end, which could fill a first page by themselves).
             items = [

@@ -62,6 +62,26 @@ def test_round_trips_through_json() -> None:
         ({"algorithm": {"entropy_floor": 0.1}}, "algorithm", "needs entropy_coef > 0"),
         ({"algorithm": {"name": "ppo", "credit": "turn"}}, "algorithm", "credit 'turn' is GRPO"),
         ({"algorithm": {"credit": "step"}}, "algorithm.credit", "'episode' or 'turn'"),
+        (
+            {"algorithm": {"name": "ppo", "dynamic_sampling": {"enabled": True}}},
+            "algorithm",
+            "dynamic_sampling is GRPO's",
+        ),
+        (
+            {"algorithm": {"baseline": "batch", "dynamic_sampling": {"enabled": True}}},
+            "algorithm",
+            "with baseline 'batch' a group of equal rewards has one",
+        ),
+        (
+            {"algorithm": {"dynamic_sampling": {"max_dropped_groups": -1}}},
+            "algorithm.dynamic_sampling.max_dropped_groups",
+            "greater than or equal to 0",
+        ),
+        (
+            {"algorithm": {"dynamic_sampling": {"enable": True}}},
+            "algorithm.dynamic_sampling.enable",
+            "Extra inputs are not permitted",
+        ),
         # Numbers are finite, text and lists bounded, free-form config bounded JSON.
         ({"algorithm": {"kl_coef": float("inf")}}, "algorithm.kl_coef", "finite number"),
         ({"algorithm": {"entropy_coef": float("nan")}}, "algorithm.entropy_coef", "finite"),
@@ -81,6 +101,22 @@ def test_bad_spec_names_field_and_reason(patch: dict[str, object], field: str, r
     data = {**minimal(), **patch}
     problems = problems_of(data)
     assert any(p.startswith(f"{field}:") and reason in p for p in problems), problems
+
+
+def test_dynamic_sampling_is_off_by_default_and_capped_at_four_batches() -> None:
+    spec = parse_spec(minimal())
+    assert not spec.algorithm.dynamic_sampling.enabled
+    on = parse_spec({**minimal(), "algorithm": {"dynamic_sampling": {"enabled": True}}})
+    assert on.algorithm.dynamic_sampling.cap(on.algorithm.batch_groups) == 4 * 8
+    capped = {"enabled": True, "max_dropped_groups": 5}
+    spec = parse_spec({**minimal(), "algorithm": {"dynamic_sampling": capped}})
+    assert spec.algorithm.dynamic_sampling.cap(8) == 5
+    one = {
+        **minimal(),
+        "rollout": {"group_size": 1},
+        "algorithm": {"dynamic_sampling": {"enabled": True}},
+    }
+    assert any("group_size >= 2" in p for p in problems_of(one))
 
 
 def test_missing_environment_is_named() -> None:

@@ -163,6 +163,9 @@ def run_pipeline(
     start_step: int = 0,
     concurrency: int = 64,
     timeout_s: float = 30.0,
+    drop_equal_groups: bool = False,
+    max_dropped_equal: int = 0,
+    trajectories_per_step: int = 2,
 ) -> Run:
     tok = BuiltinTokenizer()
     env = env or ScriptEnv()
@@ -221,7 +224,9 @@ def run_pipeline(
             concurrency=concurrency,
             stale_policy=policy,
             checkpoint_interval=checkpoint_interval,
-            trajectories_per_step=2,
+            trajectories_per_step=trajectories_per_step,
+            drop_equal_groups=drop_equal_groups,
+            max_dropped_equal=max_dropped_equal,
         ),
         collector_factory=collector,
         engine=engine,

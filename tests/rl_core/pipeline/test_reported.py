@@ -71,3 +71,16 @@ def test_untrained_episodes_read_untrained_and_empty_ones_are_no_row() -> None:
     assert records[0].model_tokens == failed.model_tokens > 0  # still what the model wrote
     assert records[2].info["error"] == "reset: 502"
     assert len(untrained_records([failed, cancelled_with_calls], TOK, n=1)) == 1
+
+
+def test_episodes_of_dropped_groups_follow_the_failed_ones_untrained() -> None:
+    failed = episode(0, 0, [0], state="env_error")
+    dropped = [episode(5, m, [0]) for m in range(3)]
+    for t in dropped:
+        t.info["dropped"] = "equal_rewards"
+    records = untrained_records([failed, *dropped], TOK, n=3, dropped=dropped)
+    # Kept episodes among the finished ones are not repeated; the dropped ones fill up to n.
+    assert [r.episode_id for r in records] == ["g0-e0", "g5-e0", "g5-e1"]
+    assert all(r.step == 0 and not any(s.trained for s in r.segments) for r in records)
+    assert records[1].info["dropped"] == "equal_rewards"
+    assert any("A" in s.text for s in records[1].segments)
