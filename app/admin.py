@@ -99,12 +99,23 @@ async def reseal_secrets(settings: Settings) -> ResealReport:
             for env in envs:
                 env.secret_encrypted = _reseal(box, env.secret_encrypted, env.id, report)
             runs = await session.scalars(
-                select(Run).where(Run.gateway_token_encrypted.is_not(None)).with_for_update()
+                select(Run)
+                .where(
+                    Run.gateway_token_encrypted.is_not(None)
+                    | Run.gateway_token_previous_encrypted.is_not(None)
+                )
+                .with_for_update()
             )
             for run in runs:
-                token = run.gateway_token_encrypted
-                assert token is not None
-                run.gateway_token_encrypted = _reseal(box, token, f"gateway:{run.id}", report)
+                context = f"gateway:{run.id}"
+                if run.gateway_token_encrypted is not None:
+                    run.gateway_token_encrypted = _reseal(
+                        box, run.gateway_token_encrypted, context, report
+                    )
+                if run.gateway_token_previous_encrypted is not None:
+                    run.gateway_token_previous_encrypted = _reseal(
+                        box, run.gateway_token_previous_encrypted, context, report
+                    )
             await session.commit()
     finally:
         await engine.dispose()

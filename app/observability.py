@@ -67,6 +67,12 @@ class Observability:
             "rlaas_ingest_duplicate_batches", "Retried batches skipped by seq", ["kind"], registry=r
         )
 
+        self.sessions_lost = Counter(
+            "rlaas_sessions_lost_calls",
+            "Session calls told their session was lost to a worker restart (410)",
+            registry=r,
+        )
+
     def record_ingest(self, kind: str, accepted: int, duplicate: bool) -> None:
         """For ingest routes: what a batch stored (the middleware counts the batches)."""
         if duplicate:

@@ -24,6 +24,7 @@ as the gateway sent them.
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any
 from urllib.parse import quote
@@ -34,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.api.deps import AppState, SessionDep, StateDep, TenantDep
 from app.errors import AppError, NotFound, Unavailable
+from app.observability import Observability
 from app.services import gateways, session_ends
 
 router = APIRouter(prefix="/v1/runs", tags=["sessions"])
@@ -46,11 +48,11 @@ ACTIONS = ("chat/completions", "completions", "responses", "end", "cancel")
 async def open_session(
     run_id: str, request: Request, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
 ) -> Response:
-    url, token = await gateways.gateway_of(session, run_id, app_state.secrets, tenant_id)
+    gateway = await gateways.gateway_of(session, run_id, app_state.secrets, tenant_id)
     await session.commit()  # no transaction held open across the worker's answer
-    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    headers = {"authorization": f"Bearer {gateway.token}", "content-type": "application/json"}
     answer, chunks = await gateways.forward(
-        app_state.gateways, f"{url}/v1/sessions", await request.body(), headers
+        app_state.gateways, f"{gateway.url}/v1/sessions", await request.body(), headers
     )
     body = b"".join([c async for c in chunks])
     if answer.status == 201:
@@ -64,7 +66,7 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
     read per run when it expires (bench S1: the read was most of what the proxy added
     to a call, and at 64 sessions, all of them reading at once, its p99)."""
 
-    async def load() -> tuple[str, str]:
+    async def load() -> gateways.Gateway:
         try:
             async with app_state.sessions() as session:
                 return await gateways.gateway_of(session, run_id, app_state.secrets)
@@ -79,20 +81,21 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
             ) from exc
 
     try:
-        url, _token = await app_state.gateway_cache.lookup(run_id, load)
+        gateway = await app_state.gateway_cache.lookup(run_id, load)
     except NotFound:
-        await _if_ended(run_id, sid, request, app_state)
+        await _if_gone(run_id, sid, request, app_state)
         raise
+    await _spend_request(gateway, sid, request, app_state)
     try:
         answer, chunks = await gateways.forward(
             app_state.gateways,
-            f"{url}/v1/sessions/{sid}/{action}",
+            f"{gateway.url}/v1/sessions/{sid}/{action}",
             await request.body(),
             request.headers,
         )
     except Unavailable as exc:
         app_state.gateway_cache.drop(run_id)  # the run may have moved: look it up again
-        await _if_ended(run_id, sid, request, app_state)
+        await _if_gone(run_id, sid, request, app_state)
         raise NotFound(
             f"no open session {sid!r} of run {run_id}: its worker did not answer (it may "
             "be restarting; sessions do not outlive it). Open a new session",
@@ -102,17 +105,41 @@ async def _proxy(run_id: str, sid: str, action: str, request: Request, app_state
     if answer.content_type == "text/event-stream":
         return StreamingResponse(chunks, status_code=answer.status, headers=headers)
     body = b"".join([c async for c in chunks])
+    if answer.status == 404:  # a session the gateway does not know: maybe the last attempt's
+        await _if_gone(run_id, sid, request, app_state)
     return Response(body, status_code=answer.status, headers=headers)
 
 
-async def _if_ended(run_id: str, sid: str, request: Request, app_state: AppState) -> None:
-    """410 naming the run's end, to the holder of the session's key once the run has
-    ended (its gateway is gone with it); to anyone else the 404 that follows."""
+async def _spend_request(
+    gateway: gateways.Gateway, sid: str, request: Request, app_state: AppState
+) -> None:
+    """A session's call spends a request of its run's tenant, from the bucket their /v1
+    calls spend (429 past it, with Retry-After, which the openai client obeys), so that
+    a tenant's agents cannot call past the rate the operator set by opening sessions.
+    Only a call carrying the session's key spends: any other is the gateway's to refuse,
+    and nobody can spend a tenant's budget without one of its keys."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    expected = session_ends.session_key(gateway.token, sid)
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        expected.encode(), key.strip().encode()
+    ):
+        return
+    async with app_state.sessions() as session:
+        await app_state.limits.take_request(session, gateway.tenant_id)
+
+
+async def _if_gone(run_id: str, sid: str, request: Request, app_state: AppState) -> None:
+    """410 to the holder of the session's key once the session is gone for good (its run
+    ended, or the attempt serving it was replaced: `session_ends.session_gone`); to anyone
+    else the 404 that follows."""
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not key:
         return
     async with app_state.sessions() as session:
-        gone = await session_ends.run_ended(session, run_id, sid, key.strip(), app_state.secrets)
+        gone = await session_ends.session_gone(session, run_id, sid, key.strip(), app_state.secrets)
+    if isinstance(gone, session_ends.SessionLost):
+        observability: Observability = request.app.state.observability
+        observability.sessions_lost.inc()
     if gone is not None:
         raise gone
 
@@ -167,12 +194,12 @@ async def _shared(
     """A call on the run's shared URL, passed to its gateway's (``/v1/openai/...``) with
     the run's gateway token: the tenant's key proved the run is theirs, and the gateway
     finds (or opens) the session the call names."""
-    url, token = await gateways.gateway_of(session, run_id, app_state.secrets, tenant_id)
+    gateway = await gateways.gateway_of(session, run_id, app_state.secrets, tenant_id)
     await session.commit()  # no transaction held open across the model's answer
-    headers = {**request.headers, "authorization": f"Bearer {token}"}
+    headers = {**request.headers, "authorization": f"Bearer {gateway.token}"}
     try:
         answer, chunks = await gateways.forward(
-            app_state.gateways, f"{url}/v1/openai/{path}", await request.body(), headers
+            app_state.gateways, f"{gateway.url}/v1/openai/{path}", await request.body(), headers
         )
     except Unavailable:
         app_state.gateway_cache.drop(run_id)

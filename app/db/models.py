@@ -112,6 +112,9 @@ class Run(Base):
     # calls are proxied to, and its token, encrypted with RLAAS_SECRET_KEY.
     gateway_url: Mapped[str | None] = mapped_column(String(2048))
     gateway_token_encrypted: Mapped[str | None] = mapped_column(Text)
+    # The attempt before's gateway token, kept at a claim: a call with a session key of
+    # the attempt that died is told its session was lost (app/services/session_ends.py).
+    gateway_token_previous_encrypted: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -4,8 +4,9 @@ The worker holding a ``sessions`` run serves its gateway (worker/gateway.py) and
 registers its URL and token (``POST /internal/runs/{id}/gateway``). Clients talk to
 the API only: opening a session needs the tenant's key, and the API opens it on the
 gateway with the run's token; the session's own calls carry the session key, which
-the API passes through unread (the gateway checks it), so the API never sees a
-session's key outside the request that carries it. Why a proxy and not the worker's
+the gateway checks. The API checks it too, only to know whose requests a call spends
+(a session key is an HMAC of the run's token, `session_ends.session_key`), and keeps
+it no longer than the request that carries it. Why a proxy and not the worker's
 URL handed to clients: docs/sessions.md.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import NamedTuple
 
 import aiohttp
 from sqlalchemy import select
@@ -40,10 +42,19 @@ PASSED_HEADERS = (
 ANSWER_HEADERS = ("content-type", "cache-control", "retry-after")
 
 
+class Gateway(NamedTuple):
+    """Where a run's sessions are served, the token that opens them, and whose run it is
+    (a session's calls spend that tenant's requests, as its /v1 calls do)."""
+
+    url: str
+    token: str
+    tenant_id: str
+
+
 async def gateway_of(
     session: AsyncSession, run_id: str, box: SecretBox, tenant_id: str | None = None
-) -> tuple[str, str]:
-    """(URL, token) of the run's gateway; ``tenant_id`` when the caller must own the run."""
+) -> Gateway:
+    """The run's gateway; ``tenant_id`` when the caller must own the run."""
     query = select(Run).where(Run.id == run_id)
     if tenant_id is not None:
         query = query.where(Run.tenant_id == tenant_id)
@@ -64,7 +75,7 @@ async def gateway_of(
             retry_after_s=2,
         )
     token = box.decrypt(run.gateway_token_encrypted, context=f"gateway:{run.id}")
-    return run.gateway_url, token
+    return Gateway(run.gateway_url, token, run.tenant_id)
 
 
 class GatewayCache:
@@ -73,13 +84,11 @@ class GatewayCache:
     so a run moved to another worker is looked up again at once."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._entries: dict[str, tuple[str, str, float]] = {}
+        self._entries: dict[str, tuple[Gateway, float]] = {}
         self._clock = clock
-        self._loading: dict[str, asyncio.Future[tuple[str, str]]] = {}
+        self._loading: dict[str, asyncio.Future[Gateway]] = {}
 
-    async def lookup(
-        self, run_id: str, load: Callable[[], Awaitable[tuple[str, str]]]
-    ) -> tuple[str, str]:
+    async def lookup(self, run_id: str, load: Callable[[], Awaitable[Gateway]]) -> Gateway:
         """The cached gateway, or ``load()``'s, put in the cache. Calls that miss together
         share one ``load`` (S1 at 64 sessions: every entry's expiry sent each of the calls
         in flight to the database at once, and their wait for a connection was the p99)."""
@@ -97,7 +106,7 @@ class GatewayCache:
                 raise
         loading = self._loading[run_id] = asyncio.get_running_loop().create_future()
         try:
-            url, token = await load()
+            gateway = await load()
         except Exception as exc:
             loading.set_exception(exc)
             loading.exception()  # retrieved: no "never retrieved" warning without waiters
@@ -106,23 +115,23 @@ class GatewayCache:
             loading.cancel()
             raise
         else:
-            self.put(run_id, url, token)
-            loading.set_result((url, token))
-            return url, token
+            self.put(run_id, gateway)
+            loading.set_result(gateway)
+            return gateway
         finally:
             del self._loading[run_id]
 
-    def get(self, run_id: str) -> tuple[str, str] | None:
+    def get(self, run_id: str) -> Gateway | None:
         entry = self._entries.get(run_id)
-        if entry is None or entry[2] < self._clock():
+        if entry is None or entry[1] < self._clock():
             return None
-        return entry[0], entry[1]
+        return entry[0]
 
-    def put(self, run_id: str, url: str, token: str) -> None:
+    def put(self, run_id: str, gateway: Gateway) -> None:
         if len(self._entries) > 10_000:  # bounded: expired ones go first
             now = self._clock()
-            self._entries = {k: v for k, v in self._entries.items() if v[2] >= now}
-        self._entries[run_id] = (url, token, self._clock() + CACHE_S)
+            self._entries = {k: v for k, v in self._entries.items() if v[1] >= now}
+        self._entries[run_id] = (gateway, self._clock() + CACHE_S)
 
     def drop(self, run_id: str) -> None:
         self._entries.pop(run_id, None)
@@ -169,4 +178,4 @@ def answer_headers(answer: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in answer.headers.items() if k.lower() in ANSWER_HEADERS}
 
 
-__all__ = ["GatewayCache", "answer_headers", "client_session", "forward", "gateway_of"]
+__all__ = ["Gateway", "GatewayCache", "answer_headers", "client_session", "forward", "gateway_of"]

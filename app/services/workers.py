@@ -87,7 +87,9 @@ async def claim(
     run.lease_credential_id = credential.credential_id
     run.lease_expires_at = now + timedelta(seconds=lease_s)
     token, run.lease_token_hash = new_lease_token()  # the last attempt's token ends here
-    run.gateway_url = run.gateway_token_encrypted = None  # the last attempt's, if any
+    if run.gateway_token_encrypted is not None:  # the last attempt served sessions
+        run.gateway_token_previous_encrypted = run.gateway_token_encrypted
+    run.gateway_url = run.gateway_token_encrypted = None
     await session.flush()
     return run, token
 

@@ -10,14 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 
 from app.api.sessions import ACTIONS
-from app.services.gateways import CACHE_S, GatewayCache
+from app.db.models import utcnow
+from app.services.gateways import CACHE_S, Gateway, GatewayCache
+from app.services.leases import reap_expired_leases
 from app.services.session_ends import session_key
 from sdk.sessions import SessionGateway
 from tests.app.conftest import Api, spec
+from tests.app.test_limits import set_quota
 from tests.worker.test_gateway import ANSWER, ARGUMENTS, TOKEN, TOOLS, Served
 
 pytestmark = pytest.mark.anyio
@@ -133,6 +137,37 @@ async def test_what_the_gateway_refuses_comes_back_as_it_said_it(api: Api, gatew
     assert full.status_code == 429 and full.headers["retry-after"] == "1"
 
 
+async def test_a_sessions_calls_spend_its_tenants_requests_and_only_with_its_key(
+    api: Api, gateway: Served
+) -> None:
+    """Sessions are rate-limited with the tenant's own bucket (the one its /v1 calls
+    spend): past it, 429 with Retry-After; a call without the session's key spends
+    nothing; another tenant's budget is untouched."""
+    auth, other = await api.tenant(), await api.tenant()
+    await set_quota(api, auth, requests_per_minute=8)
+    run_id = await sessions_run(api, auth, gateway)  # the submit spends one
+    session = (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)).json()
+    base = f"/v1/runs/{run_id}/sessions/{session['session_id']}"
+    for _ in range(20):  # nobody without one of the tenant's keys can spend its budget
+        wrong = await api.client.post(
+            f"{base}/chat/completions", json=QUESTION, headers={"Authorization": "Bearer x"}
+        )
+        assert wrong.status_code in (401, 404), wrong.text
+    key = {"Authorization": f"Bearer {session['api_key']}"}
+    statuses = []
+    for _ in range(8):
+        answer = await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=key)
+        statuses.append(answer.status_code)
+        if answer.status_code == 429:
+            break
+    # 8 a minute: the submit and the open spent two, so the seventh call is refused.
+    assert statuses == [200] * 6 + [429], statuses
+    assert 1 <= int(answer.headers["Retry-After"]) <= 8
+    assert answer.json()["error"]["quota"] == {"name": "requests_per_minute", "limit": 8}
+    assert (await api.client.get("/v1/runs", headers=auth)).status_code == 429  # one bucket
+    assert (await api.client.get("/v1/runs", headers=other)).status_code == 200
+
+
 async def test_sessions_need_a_served_sessions_run_of_ones_own(api: Api) -> None:
     auth, other = await api.tenant(), await api.tenant()
     run_id = await sessions_run(api, auth, gateway=None)
@@ -175,11 +210,11 @@ async def test_only_the_lease_holder_registers_a_gateway(api: Api) -> None:
 def test_the_gateway_cache_expires_and_forgets_a_gateway_that_did_not_answer() -> None:
     now = [100.0]
     cache = GatewayCache(clock=lambda: now[0])
-    cache.put("run_1", "http://10.0.0.5:9000", "token")
-    assert cache.get("run_1") == ("http://10.0.0.5:9000", "token")
+    cache.put("run_1", Gateway("http://10.0.0.5:9000", "token", "ten_1"))
+    assert cache.get("run_1") == Gateway("http://10.0.0.5:9000", "token", "ten_1")
     now[0] += CACHE_S + 0.01
     assert cache.get("run_1") is None  # read from the database again
-    cache.put("run_1", "http://10.0.0.6:9000", "token")
+    cache.put("run_1", Gateway("http://10.0.0.6:9000", "token", "ten_1"))
     cache.drop("run_1")  # it did not answer: the run may have moved
     assert cache.get("run_1") is None
 
@@ -187,19 +222,19 @@ def test_the_gateway_cache_expires_and_forgets_a_gateway_that_did_not_answer() -
 async def test_calls_that_miss_the_gateway_cache_together_share_one_lookup() -> None:
     cache, loads = GatewayCache(), []
 
-    async def load() -> tuple[str, str]:
+    async def load() -> Gateway:
         loads.append(1)
         await asyncio.sleep(0.05)  # the database read
         if len(loads) == 1:
             raise ConnectionError("the database went away")
-        return "http://10.0.0.7:8080", "token"
+        return Gateway("http://10.0.0.7:8080", "token", "ten_1")
 
     first = await asyncio.gather(
         *(cache.lookup("run_1", load) for _ in range(20)), return_exceptions=True
     )
     assert len(loads) == 1 and all(isinstance(r, ConnectionError) for r in first)
     again = await asyncio.gather(*(cache.lookup("run_1", load) for _ in range(20)))
-    assert len(loads) == 2 and set(again) == {("http://10.0.0.7:8080", "token")}
+    assert len(loads) == 2 and set(again) == {Gateway("http://10.0.0.7:8080", "token", "ten_1")}
     assert await cache.lookup("run_1", load) == again[0] and len(loads) == 2  # cached
 
 
@@ -244,6 +279,61 @@ async def test_a_session_open_when_its_run_ends_is_told_how_it_ended(
     # Opening a session of an ended run names its state too.
     refused = await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)
     assert refused.status_code == 409 and status in refused.json()["error"]["message"]
+
+
+async def test_a_session_of_an_attempt_that_died_is_told_it_was_lost(api: Api) -> None:
+    """A worker holding a sessions run dies; the run goes on in a new attempt with a new
+    gateway. The old session's calls answer 410 ``session_lost`` (play the episode
+    again) to its key, counted for the operator; other keys still learn nothing."""
+    auth = await api.tenant()
+    first = Served(groups=1, group_size=2, timeout_s=30.0)
+    try:
+        run_id = await sessions_run(api, auth, first)
+        session = (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)).json()
+        base = f"/v1/runs/{run_id}/sessions/{session['session_id']}"
+        key = {"Authorization": f"Bearer {session['api_key']}"}
+        answer = await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=key)
+        assert answer.status_code == 200
+    finally:
+        first.close()  # the worker dies with its gateway
+    # While nobody holds the run again, the worker may only be slow: the 404 says so.
+    waiting = await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=key)
+    assert waiting.status_code == 404 and "did not answer" in waiting.json()["error"]["message"]
+    later = utcnow() + timedelta(hours=1)
+    assert await api.db(lambda s: reap_expired_leases(s, later)) == [run_id]
+    assert (await api.internal(run_id, "claim", worker_id="w2")).status_code == 200
+    lost_calls = "rlaas_sessions_lost_calls_total"
+    registry = api.app.state.observability.registry
+    before = registry.get_sample_value(lost_calls)
+    for action in ACTIONS:  # the new attempt has not served yet
+        gone = await api.client.post(f"{base}/{action}", json=QUESTION, headers=key)
+        assert gone.status_code == 410, (action, gone.text)
+        assert gone.json()["error"]["code"] == "session_lost"
+        assert "play the episode again" in gone.json()["error"]["message"]
+    second = Served(groups=1, group_size=2, timeout_s=30.0, token="the-second-attempts-token")
+    try:
+        registered = await api.internal(
+            run_id, "gateway", worker_id="w2", url=second.url, token=second.token
+        )
+        assert registered.status_code == 200
+        await asyncio.sleep(CACHE_S + 0.1)  # the first gateway's cache entry has expired
+        gone = await api.client.post(f"{base}/chat/completions", json=QUESTION, headers=key)
+        assert gone.status_code == 410 and gone.json()["error"]["code"] == "session_lost"
+        for other in ({"Authorization": "Bearer not-its-key"}, auth):
+            answer = await api.client.post(f"{base}/end", json={"reward": 1}, headers=other)
+            assert answer.status_code == 404, answer.text
+        # The new attempt serves new sessions.
+        again = (await api.client.post(f"/v1/runs/{run_id}/sessions", headers=auth)).json()
+        new_key = {"Authorization": f"Bearer {again['api_key']}"}
+        answer = await api.client.post(
+            f"/v1/runs/{run_id}/sessions/{again['session_id']}/chat/completions",
+            json=QUESTION,
+            headers=new_key,
+        )
+        assert answer.status_code == 200, answer.text
+    finally:
+        second.close()
+    assert registry.get_sample_value(lost_calls) == (before or 0.0) + len(ACTIONS) + 1
 
 
 def test_the_control_plane_derives_a_sessions_key_as_the_gateway_does() -> None:

@@ -51,7 +51,8 @@ TOKEN = "run-token-of-the-test-gateway"
 class Served:
     """A broker and its gateway on a loop of their own; ``slots`` episodes offered per group."""
 
-    def __init__(self, groups: int, group_size: int, timeout_s: float) -> None:
+    def __init__(self, groups: int, group_size: int, timeout_s: float, token: str = TOKEN) -> None:
+        self.token = token
         self.tok = BuiltinTokenizer()
         replies = [[*self.tok.encode(t), self.tok.end_of_turn_id] for t in (CALLING, ANSWER)]
         self.engine = ScriptedEngine(replies, stop_ids=[self.tok.end_of_turn_id])
@@ -76,7 +77,7 @@ class Served:
         self._stop = asyncio.Event()
 
         self._timeout_s = timeout_s
-        async with serve_gateway(self.broker, token=TOKEN) as url:
+        async with serve_gateway(self.broker, token=self.token) as url:
             self.url = url
             tasks = self._tasks = [
                 asyncio.create_task(self._episode(g, m))
