@@ -1,8 +1,8 @@
 """worker credentials: one per worker, issued and revoked by the operator
 
-Revision ID: 0010
-Revises: 0009
-Create Date: 2026-12-05 21:00:00.000000
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-12-05 22:00:00.000000
 
 - ``worker_credentials``: a worker's own credential (``rlaas workers issue``), kept as
   its SHA-256 with a clear prefix that finds the row; revoked, never deleted.
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0010"
-down_revision: str | None = "0009"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
