@@ -95,7 +95,8 @@ async def test_a_run_through_its_life(api: Api) -> None:
         ("running", "succeeded"),
     ]
     # Which credential claimed: an operator can tell which worker held the run.
-    assert events[1]["reason"] == "claimed by w1, with worker credential wcr_test_worker (test-worker)"
+    claimed = "claimed by w1, with worker credential wcr_test_worker (test-worker)"
+    assert events[1]["reason"] == claimed
     metrics = await api.client.get(
         f"/v1/runs/{run_id}/metrics", params={"name": "reward/mean"}, headers=auth
     )

@@ -106,7 +106,7 @@ async def test_the_shared_token_is_refused_unless_kept_on_then_warned_once(
         app_database, worker_token=WORKER_TOKEN, allow_shared_worker_token=True
     ) as api:
         tenant = await api.tenant()
-        for i in range(3):
+        for _ in range(3):
             run_id = await api.submit(tenant)
             r = await claim(api, run_id, shared, "old-worker")
             assert r.status_code == 200, r.text
