@@ -23,6 +23,7 @@ from app.services.worker_credentials import (
     SHARED,
     SharedTokenNotice,
     WorkerIdentity,
+    hold,
     touch,
 )
 from app.services.worker_credentials import authenticate as authenticate_worker
@@ -149,6 +150,7 @@ async def require_worker(
     else:
         identity = await authenticate_worker(session, token)
         await touch(app_state.sessions, identity)
+        await hold(session, identity)
     return identity
 
 

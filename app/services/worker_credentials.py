@@ -132,13 +132,33 @@ async def authenticate(session: AsyncSession, credential: str) -> WorkerIdentity
             field="Authorization",
         )
     if row.revoked_at is not None:
-        raise Unauthorized(
-            f"worker credential {row.id} ({row.name}) was revoked at "
-            f"{row.revoked_at.isoformat()}; issue this worker a new one (`rlaas workers issue "
-            f"{row.name}`) and set it as RLAAS_WORKER_CREDENTIAL",
-            field="Authorization",
-        )
+        raise _revoked(row.id, row.name, row.revoked_at)
     return WorkerIdentity(credential_id=row.id, name=row.name, stale=_stale(row.last_used_at))
+
+
+async def hold(session: AsyncSession, identity: WorkerIdentity) -> None:
+    """Share-lock the credential's row until the request commits, and refuse it if it was
+    revoked meanwhile: a revoke (which locks the row for update) waits for a claim in
+    flight, and then ends the lease that claim took, so no claim slips past a revocation.
+    After ``touch``, which writes the row in a transaction of its own."""
+    if identity.credential_id is None:
+        return
+    revoked_at = await session.scalar(
+        select(WorkerCredential.revoked_at)
+        .where(WorkerCredential.id == identity.credential_id)
+        .with_for_update(read=True)
+    )
+    if revoked_at is not None:
+        raise _revoked(identity.credential_id, identity.name, revoked_at)
+
+
+def _revoked(credential_id: str, name: str, revoked_at: datetime) -> Unauthorized:
+    return Unauthorized(
+        f"worker credential {credential_id} ({name}) was revoked at "
+        f"{revoked_at.isoformat()}; issue this worker a new one (`rlaas workers issue "
+        f"{name}`) and set it as RLAAS_WORKER_CREDENTIAL",
+        field="Authorization",
+    )
 
 
 def _stale(last_used_at: datetime | None) -> bool:

@@ -3,6 +3,7 @@ shared worker token, refused unless the operator keeps it on (then warned about)
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from app.db.models import Run, WorkerCredential
 from app.main import reap_once
-from app.services import worker_credentials
+from app.services import worker_credentials, workers
 from tests.app.conftest import WORKER_TOKEN, Api, lease, plain, running_api
 
 pytestmark = pytest.mark.anyio
@@ -133,3 +134,21 @@ def test_the_shared_token_notice_is_rate_limited_and_counts_the_uses_between(
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2
     assert "1 uses since" in messages[0] and "3 uses since" in messages[1]
+
+
+async def test_a_revoke_waits_for_a_claim_in_flight_and_ends_its_lease(api: Api) -> None:
+    """A claim holds its credential's row (FOR SHARE) from its check until it commits; a
+    revoke, locking the row for update, runs after it and so sees the lease it took."""
+    cred_id, headers = await issue(api, "racing")
+    secret = headers["Authorization"].removeprefix("Bearer ")
+    run_id = await api.submit(await api.tenant())
+    async with api.state.sessions() as claiming:
+        identity = await worker_credentials.authenticate(claiming, secret)
+        await worker_credentials.hold(claiming, identity)  # what require_worker does
+        revoking = asyncio.create_task(api.db(lambda s: worker_credentials.revoke(s, cred_id)))
+        await asyncio.sleep(0.3)  # time enough to finish, were it not waiting on the claim
+        assert not revoking.done()
+        await workers.claim(claiming, run_id, "racing-1", 60.0, credential=identity)
+        await claiming.commit()
+    _, ended = await revoking
+    assert ended == [run_id]
