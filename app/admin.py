@@ -1,5 +1,5 @@
 """Operator commands that talk to the database directly (the CLI's `tenants`, `migrate`,
-`secrets reseal`)."""
+`secrets reseal`, `workers`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from alembic.config import Config
 from sqlalchemy import select
 
 from app.crypto import DecryptionError, SecretBox
-from app.db.models import Environment, Run
+from app.db.models import Environment, Run, WorkerCredential
 from app.db.session import make_engine, make_sessionmaker
+from app.services import worker_credentials
 from app.services.tenants import create_tenant as _create_tenant
 from app.settings import Settings
 
@@ -39,6 +40,41 @@ async def create_tenant(settings: Settings, name: str) -> tuple[str, str]:
             tenant, key = await _create_tenant(session, name)
             await session.commit()
             return tenant.id, key
+    finally:
+        await engine.dispose()
+
+
+async def issue_worker_credential(settings: Settings, name: str) -> tuple[str, str]:
+    """Enrol a worker; returns (credential id, plaintext credential shown once)."""
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        async with make_sessionmaker(engine)() as session:
+            row, credential = await worker_credentials.issue(session, name)
+            await session.commit()
+            return row.id, credential
+    finally:
+        await engine.dispose()
+
+
+async def list_worker_credentials(settings: Settings) -> list[WorkerCredential]:
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        async with make_sessionmaker(engine)() as session:
+            return await worker_credentials.list_credentials(session)
+    finally:
+        await engine.dispose()
+
+
+async def revoke_worker_credential(
+    settings: Settings, credential_id: str
+) -> tuple[WorkerCredential, list[str]]:
+    """Revoke a worker's credential; returns (its row, the runs whose leases it ended)."""
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        async with make_sessionmaker(engine)() as session:
+            row, ended = await worker_credentials.revoke(session, credential_id)
+            await session.commit()
+            return row, ended
     finally:
         await engine.dispose()
 

@@ -76,6 +76,13 @@ def create_app(
         allowlist = Allowlist.parse(conf.env_url_allowlist, embedded=conf.embedded)
         if conf.log_json:
             configure_logging()
+        if worker_token is None and conf.worker_token:
+            log.warning(
+                "RLAAS_WORKER_TOKEN is set, but the shared worker token is off on this "
+                "control plane: workers that send it are refused. Enrol each worker "
+                "(`rlaas workers issue NAME`, its output as RLAAS_WORKER_CREDENTIAL), or keep "
+                "the shared token on for now with RLAAS_ALLOW_SHARED_WORKER_TOKEN=1"
+            )
         conf.prepare_data_dir()
         engine = make_engine(conf.resolved_database_url())
         sender = dispatcher or CeleryDispatcher(conf.resolved_broker_url(), conf.task_queue)

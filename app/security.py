@@ -81,3 +81,30 @@ class LeaseProof:
             "lease expired and the run was re-queued or claimed again); claim the run to get one",
             field="Authorization",
         )
+
+
+# --- worker credentials ------------------------------------------------------------------
+#
+# One per worker, issued by the operator (`rlaas workers issue NAME`): it opens the claim
+# and the worker's report, as the shared token did, but revoking one shuts out that worker
+# alone. Hashed as an API key is (SHA-256 of 256 random bits: nothing to guess, no slow hash
+# needed); the prefix, stored in the clear, finds the row.
+
+WORKER_CREDENTIAL_PREFIX = "rlaas_worker_"  # names the credential in a log or a secret scanner
+
+
+def new_worker_credential() -> tuple[str, str, str]:
+    """Returns (plaintext credential, prefix, hash)."""
+    prefix = secrets.token_hex(6)
+    credential = f"{WORKER_CREDENTIAL_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    return credential, prefix, hash_key(credential)
+
+
+def parse_worker_prefix(credential: str) -> str | None:
+    """The prefix of a worker credential, or None if ``credential`` is not shaped as one."""
+    if not credential.startswith(WORKER_CREDENTIAL_PREFIX):
+        return None
+    prefix, sep, secret = credential.removeprefix(WORKER_CREDENTIAL_PREFIX).partition("_")
+    if not sep or len(prefix) != 12 or not secret:
+        return None
+    return prefix

@@ -1,9 +1,12 @@
 """Control-plane settings, from ``RLAAS_*`` environment variables.
 
 Unset database and broker URLs mean the embedded default: SQLite files and a
-server-less broker under ``RLAAS_DATA_DIR``. There a missing worker token is
-generated once and left in the data folder for local workers; anywhere else a
-missing token is an error at start-up, never a guessable default.
+server-less broker under ``RLAAS_DATA_DIR``. There the shared worker token is on: a
+missing one is generated once and left in the data folder for local workers. On a
+database server each worker enrols with a credential of its own (``rlaas workers
+issue``) and the shared token is off unless the operator keeps it on
+(``RLAAS_ALLOW_SHARED_WORKER_TOKEN=1``, which then needs ``RLAAS_WORKER_TOKEN``: never
+a guessable default).
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ class Settings(BaseSettings):
     database_url: str | None = None
     broker_url: str | None = None
     worker_token: str | None = None
+    # The token every worker shared before each enrolled (app.services.worker_credentials),
+    # deprecated: any holder claims any queued run and receives its environment secret, and
+    # it cannot be revoked for one worker. Unset: on for the embedded default (its token file,
+    # no setup), off on a database server. On, its use logs a deprecation warning.
+    allow_shared_worker_token: bool | None = None
     secret_key: str | None = None
     # Keys RLAAS_SECRET_KEY replaced, comma-separated: secrets sealed under them still
     # open until `rlaas secrets reseal` has sealed them under the current key.
@@ -137,12 +145,23 @@ class Settings(BaseSettings):
             return self.broker_url
         return f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
 
-    def resolved_worker_token(self) -> str:
+    @property
+    def shared_worker_token_allowed(self) -> bool:
+        if self.allow_shared_worker_token is None:
+            return self.embedded
+        return self.allow_shared_worker_token
+
+    def resolved_worker_token(self) -> str | None:
+        """The shared worker token, or None where it is not accepted."""
+        if not self.shared_worker_token_allowed:
+            return None
         if self.worker_token:
             return self.worker_token
         if not self.embedded:
             raise SettingsError(
-                "RLAAS_WORKER_TOKEN must be set when RLAAS_DATABASE_URL points at a server"
+                "RLAAS_WORKER_TOKEN must be set when the shared worker token is on "
+                "(RLAAS_ALLOW_SHARED_WORKER_TOKEN) and RLAAS_DATABASE_URL points at a server; "
+                "better, turn it off and enrol each worker: `rlaas workers issue NAME`"
             )
         token_file = self.data_dir / "worker_token"
         if token_file.exists():

@@ -98,6 +98,8 @@ def deployment() -> Iterator[Deployment]:
             "RLAAS_DATABASE_URL": urls["RLAAS_TEST_DATABASE_URL"],  # a new cluster: a fresh db
             "RLAAS_BROKER_URL": urls["RLAAS_TEST_REDIS_URL"],
             "RLAAS_WORKER_TOKEN": secrets.token_urlsafe(24),
+            # Kept on: a bench measures load, not enrolment (deprecated; warned once an hour).
+            "RLAAS_ALLOW_SHARED_WORKER_TOKEN": "1",
             "RLAAS_SECRET_KEY": secrets.token_urlsafe(32),
             "RLAAS_DATA_DIR": str(folder / "data"),
             "RLAAS_API_URL": f"http://127.0.0.1:{port}",

@@ -20,6 +20,7 @@ import typer
 from rl_core.spec import SpecError, load_spec
 from sdk.cli_datasets import datasets as datasets_cli
 from sdk.cli_download import download
+from sdk.cli_workers import workers_cli
 from sdk.verifiers_cli import verifiers_cli
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ secrets_cli = typer.Typer(
     no_args_is_help=True,
 )
 cli.add_typer(secrets_cli, name="secrets")
+cli.add_typer(workers_cli, name="workers")  # sdk/cli_workers.py
 cli.add_typer(runs, name="runs")
 envs = typer.Typer(
     help="Webhook environments: serve one, register it, list, check, delete.",

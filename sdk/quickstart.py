@@ -30,7 +30,16 @@ from sdk.client import Client
 from sdk.follow import follow_run
 
 TENANT = "quickstart"
-EMBEDDED_ONLY = ("RLAAS_DATABASE_URL", "RLAAS_BROKER_URL", "RLAAS_API_URL", "RLAAS_WORKER_TOKEN")
+# A deployment's settings in the user's shell would point the embedded parts elsewhere (or,
+# for the worker credential and the shared token's switch, shut out the embedded worker).
+EMBEDDED_ONLY = (
+    "RLAAS_DATABASE_URL",
+    "RLAAS_BROKER_URL",
+    "RLAAS_API_URL",
+    "RLAAS_WORKER_TOKEN",
+    "RLAAS_WORKER_CREDENTIAL",
+    "RLAAS_ALLOW_SHARED_WORKER_TOKEN",
+)
 
 console = Console(stderr=True)
 

@@ -9,8 +9,9 @@ Errors::
     │                     longer owns the run
     └── ApiUnavailable    the API did not answer within the retry budget
 
-Credentials: a client sends one bearer token. The claim takes the shared worker token
-(``RLAAS_WORKER_TOKEN``) and answers a lease token; every other call names the claimed
+Credentials: a client sends one bearer token. The claim takes this worker's credential
+(``RLAAS_WORKER_CREDENTIAL``, or the deprecated shared ``RLAAS_WORKER_TOKEN``) and
+answers a lease token; every other call names the claimed
 run and takes that lease token, so ``execute_run`` claims with one client and reports
 with clients made from the claim (`ControlPlane.for_lease`).
 

@@ -41,6 +41,9 @@ class WorkerSettings(BaseSettings):
     data_dir: Path = Field(default_factory=lambda: Path("~/.rlaas").expanduser())
     broker_url: str | None = None
     api_url: str = "http://127.0.0.1:8000"
+    # This worker's own credential (`rlaas workers issue NAME` prints it); the shared
+    # token, RLAAS_WORKER_TOKEN, only where the control plane still accepts it (deprecated).
+    worker_credential: str | None = None
     worker_token: str | None = None
     # One queue per accelerator class; a CPU worker serves "cpu".
     queue: str = "cpu"
@@ -119,13 +122,17 @@ class WorkerSettings(BaseSettings):
         return f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
 
     def resolved_worker_token(self) -> str:
-        """The configured token, or the one the embedded control plane wrote."""
+        """This worker's credential, else the shared token: the configured one, or the one
+        the embedded control plane wrote."""
+        if self.worker_credential:
+            return self.worker_credential
         if self.worker_token:
             return self.worker_token
         token_file = self.data_dir / "worker_token"
         if token_file.exists():
             return token_file.read_text(encoding="utf-8").strip()
         raise RuntimeError(
-            "RLAAS_WORKER_TOKEN is not set and no embedded token exists at "
-            f"{token_file}; start the control plane first or set RLAAS_WORKER_TOKEN"
+            "RLAAS_WORKER_CREDENTIAL is not set and no embedded token exists at "
+            f"{token_file}; enrol this worker (`rlaas workers issue NAME` on the control "
+            "plane's host prints its credential) or start the embedded control plane first"
         )

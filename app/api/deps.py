@@ -14,11 +14,19 @@ from app.crypto import SecretBox
 from app.dispatch import Dispatcher, dispatch_committed
 from app.errors import Forbidden, Unauthorized
 from app.observability import Observability
-from app.security import LeaseProof, same_secret
+from app.security import WORKER_CREDENTIAL_PREFIX, LeaseProof, same_secret
 from app.services.callbacks import CallbackRelay
 from app.services.gateways import GatewayCache
 from app.services.quotas import Limiter
 from app.services.tenants import KnownKeys, authenticate
+from app.services.worker_credentials import (
+    SHARED,
+    SharedTokenNotice,
+    WorkerIdentity,
+    hold,
+    touch,
+)
+from app.services.worker_credentials import authenticate as authenticate_worker
 from app.settings import Settings
 from app.urlcheck import Allowlist
 
@@ -30,12 +38,13 @@ class AppState:
     settings: Settings
     sessions: async_sessionmaker[AsyncSession]
     dispatcher: Dispatcher
-    worker_token: str
+    worker_token: str | None  # the shared token, where it is still accepted (else None)
     secrets: SecretBox
     env_allowlist: Allowlist
     limits: Limiter
     relay: CallbackRelay = field(default_factory=CallbackRelay)
     known_keys: KnownKeys = field(default_factory=KnownKeys)
+    shared_token_notice: SharedTokenNotice = field(default_factory=SharedTokenNotice)
     # Sessions runs' calls, proxied to the gateways of their workers (app.services.gateways);
     # made in the lifespan (it needs the running loop).
     gateways: aiohttp.ClientSession | None = None
@@ -127,17 +136,26 @@ async def get_tenant(
 TenantDep = Annotated[str, Depends(get_tenant, scope="function")]
 
 
-def require_worker(
-    app_state: StateDep, authorization: Annotated[str | None, Header()] = None
-) -> None:
-    """The shared worker token: it opens the claim, and nothing that names a claimed run."""
-    if not same_secret(_bearer(authorization), app_state.worker_token):
-        raise Unauthorized(
-            "the worker token is not valid; set RLAAS_WORKER_TOKEN", field="Authorization"
-        )
+async def require_worker(
+    session: SessionDep,
+    app_state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> WorkerIdentity:
+    """A worker's own credential (or the shared token, where the operator keeps it on):
+    it opens the claim and the worker's report, and nothing that names a claimed run."""
+    token = _bearer(authorization)
+    if app_state.worker_token is not None and same_secret(token, app_state.worker_token):
+        app_state.shared_token_notice.used()
+        identity = SHARED
+    else:
+        identity = await authenticate_worker(session, token)
+        await touch(app_state.sessions, identity)
+        await hold(session, identity)
+    return identity
 
 
-WorkerDep = Depends(require_worker)
+WorkerDep = Depends(require_worker, scope="function")
+WorkerIdentityDep = Annotated[WorkerIdentity, Depends(require_worker, scope="function")]
 
 
 def require_lease(
@@ -149,9 +167,11 @@ def require_lease(
     statement that does the work, so that the check costs no query of its own.
     """
     token = _bearer(authorization)
-    if same_secret(token, app_state.worker_token):
-        # Every worker holds the shared token; were it enough here, one leaked copy would
-        # let its holder report to any tenant's run and read what the run is sent.
+    shared = app_state.settings.worker_token
+    if token.startswith(WORKER_CREDENTIAL_PREFIX) or (shared and same_secret(token, shared)):
+        # A worker's credential (or the shared token) opens claims only; were it enough
+        # here, one leaked copy would let its holder report to any tenant's run and read
+        # what the run is sent.
         raise Forbidden(
             "the worker token opens only claims (POST /internal/runs/{id}/claim); a run's "
             "other worker routes take the lease token of the claim's answer (lease_token)",

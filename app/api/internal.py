@@ -1,8 +1,9 @@
 """Worker routes: /internal/runs/{id}/...
 
-The claim is behind the shared worker token and answers a lease token; every other
-route of a run is behind that run's current lease token (``LeaseGate``), so a worker
-credential opens the one run its holder claimed, for as long as its lease lasts.
+The claim is behind a worker's own credential (or the shared worker token, where the
+operator keeps it on) and answers a lease token; every other route of a run is behind
+that run's current lease token (``LeaseGate``), so a lease token opens the one run its
+holder claimed, for as long as its lease lasts.
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ from typing import Annotated
 
 from fastapi import APIRouter
 
-from app.api.deps import LeaseDep, LeaseGate, ObservabilityDep, SessionDep, StateDep, WorkerDep
+from app.api.deps import (
+    LeaseDep,
+    LeaseGate,
+    ObservabilityDep,
+    SessionDep,
+    StateDep,
+    WorkerIdentityDep,
+)
 from app.api.jsonbody import documented, json_body
 from app.schemas import (
     ClaimBody,
@@ -28,13 +36,17 @@ from app.schemas.results import CheckpointRef
 from app.services import environments
 from app.services import workers as service
 
-claim_router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[WorkerDep])
+claim_router = APIRouter(prefix="/internal/runs", tags=["internal"])
 router = APIRouter(prefix="/internal/runs", tags=["internal"], dependencies=[LeaseGate])
 
 
 @claim_router.post("/{run_id}/claim", response_model=ClaimRead)
 async def claim(
-    run_id: str, body: ClaimBody, session: SessionDep, app_state: StateDep
+    run_id: str,
+    body: ClaimBody,
+    session: SessionDep,
+    app_state: StateDep,
+    worker: WorkerIdentityDep,
 ) -> ClaimRead:
     """The run's spec, its environment's grant (secret included: the claimer is now the
     lease holder) and the lease token that every other route of the run takes.
@@ -42,7 +54,13 @@ async def claim(
     With ``fair``, the run taken is the queued run fair order puts first (which may not
     be the one in the path): ``run_id`` in the answer says which."""
     run, lease_token = await service.claim(
-        session, run_id, body.worker_id, body.lease_seconds, fair=body.fair, sandbox=body.sandbox
+        session,
+        run_id,
+        body.worker_id,
+        body.lease_seconds,
+        fair=body.fair,
+        sandbox=body.sandbox,
+        credential=worker,
     )
     assert run.lease_expires_at is not None
     newest = await service.newest_checkpoint(session, run.id)

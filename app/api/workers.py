@@ -1,5 +1,5 @@
 """POST /internal/workers/report: a worker says which sandbox wall it runs tenant code
-behind (at start-up; each claim says it again). Behind the shared worker token, as the
+behind (at start-up; each claim says it again). Behind the worker's credential, as the
 claim is. ``/readyz`` lists the reports (app/api/health.py)."""
 
 from __future__ import annotations

@@ -94,6 +94,12 @@ class Run(Base):
     # SHA-256 of the lease token the claim answered (app.security): the credential of the
     # run-scoped worker routes. Replaced by each claim, cleared when the lease ends.
     lease_token_hash: Mapped[str | None] = mapped_column(String(64))
+    # The worker credential that made the newest claim (None: the shared token did), kept
+    # after the lease ends so an operator sees which worker held the run; revoking the
+    # credential ends the lease while it lasts (app.services.worker_credentials).
+    lease_credential_id: Mapped[str | None] = mapped_column(
+        ForeignKey("worker_credentials.id", ondelete="SET NULL"), index=True
+    )
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     error: Mapped[str | None] = mapped_column(Text)
     current_step: Mapped[int] = mapped_column(Integer, default=0)
@@ -291,6 +297,23 @@ class WorkerReport(Base):
     sandbox_wall: Mapped[str] = mapped_column(String(16))
     tenant_code: Mapped[str] = mapped_column(String(24))
     reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WorkerCredential(Base):
+    """A worker's own credential, issued by the operator (``rlaas workers issue``): it
+    opens the claim and the worker's report. Only its SHA-256 is kept; revoked, never
+    deleted, so that the runs' events keep naming it."""
+
+    __tablename__ = "worker_credentials"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # wcr_<hex>
+    name: Mapped[str] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(16), unique=True)  # finds the row
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Moved at most once a minute (app.services.worker_credentials.TOUCH_EVERY_S).
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Dataset(Base):

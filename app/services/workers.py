@@ -1,6 +1,6 @@
 """The worker's side of a run: claim, heartbeat, status reports, metric ingest.
 
-The claim is the one call the shared worker token opens; it answers a lease token
+The claim is the one call of a run that a worker's credential opens; it answers a lease token
 (``app.security``), and every other call here is made with that token (a `LeaseProof`),
 checked against the run's row in the same locked read or update that does the work.
 """
@@ -24,6 +24,7 @@ from app.schemas.results import ArtifactBody, SpanIn, TrajectoryIn
 from app.security import LeaseProof, new_lease_token
 from app.services import ingest, run_states, worker_reports
 from app.services.fair import next_queued_run
+from app.services.worker_credentials import SHARED, WorkerIdentity
 from app.services.worker_reports import wall_note
 
 
@@ -42,12 +43,15 @@ async def claim(
     *,
     fair: bool = False,
     sandbox: SandboxIn | None = None,
+    credential: WorkerIdentity = SHARED,
 ) -> tuple[Run, str]:
     """Lease a queued run to ``worker_id``; returns (run, the lease token, shown only here).
 
     ``fair``: not necessarily ``run_id`` but the queued run fair order puts first
     (app.services.fair); 409 if no run is queued. ``sandbox``: the claimer's wall, named
     in the claim's run event and kept for /readyz (app.services.worker_reports).
+    ``credential``: what the claimer authenticated with, named in the event and kept on
+    the run, so that revoking it ends this lease.
     """
     if fair:
         chosen = await next_queued_run(session)
@@ -73,13 +77,14 @@ async def claim(
         session,
         run,
         run_states.STARTING,
-        reason=f"claimed by {worker_id}{wall_note(sandbox)}",
+        reason=f"claimed by {worker_id}{wall_note(sandbox)}, with {credential.describe()}",
         now=now,
     )
     if sandbox is not None:
         await worker_reports.record(session, worker_id, sandbox)
     run.attempts += 1
     run.lease_owner = worker_id
+    run.lease_credential_id = credential.credential_id
     run.lease_expires_at = now + timedelta(seconds=lease_s)
     token, run.lease_token_hash = new_lease_token()  # the last attempt's token ends here
     if run.gateway_token_encrypted is not None:  # the last attempt served sessions

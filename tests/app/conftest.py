@@ -23,16 +23,26 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.admin import migrate
 from app.api.deps import AppState
+from app.db.models import WorkerCredential, utcnow
 from app.dispatch import Dispatcher, RecordingDispatcher
 from app.main import create_app
+from app.security import hash_key, parse_worker_prefix
 from app.services.tenants import create_tenant
 from app.settings import Settings
 
 T = TypeVar("T")
+# The shared worker token: configured, but off unless a test turns it on (a control plane
+# on a database server refuses it by default).
 WORKER_TOKEN = "test-worker-token"
-WORKER = {"Authorization": f"Bearer {WORKER_TOKEN}"}
+# The worker credential the tests' workers claim with: enrolled in each test's database.
+WORKER_CREDENTIAL = "rlaas_worker_7e577e577e57_test-only-worker-credential"
+WORKER_CREDENTIAL_ID = "wcr_test_worker"
+WORKER = {"Authorization": f"Bearer {WORKER_CREDENTIAL}"}
 SECRET_KEY = "test-only-Jf3kQ9vX2mLp8RtW5yZb7NcH4sDg6"  # encrypts environment secrets at rest
-TABLES = "metric_points, ingest_batches, run_events, runs, api_keys, tenants, worker_reports"
+TABLES = (
+    "metric_points, ingest_batches, run_events, runs, api_keys, tenants, worker_reports, "
+    "worker_credentials"
+)
 
 
 def plain(url: str) -> str:
@@ -94,7 +104,7 @@ class Api:
     async def internal(
         self, run_id: str, action: str, *, lease_token: str | None = None, **body: Any
     ) -> httpx.Response:
-        """A worker's call, as worker/ makes it: the claim with the shared worker token
+        """A worker's call, as worker/ makes it: the claim with the worker's credential
         (the lease token it answers is kept), any other action with ``lease_token``, by
         default the one the run's newest claim here answered."""
         if action == "claim":
@@ -116,7 +126,6 @@ def app_settings(database_url: str, **overrides: Any) -> Settings:
     # The reaper is driven by hand in tests (app.main.reap_once), never by the clock.
     values: dict[str, Any] = {
         "database_url": database_url,
-        "worker_token": WORKER_TOKEN,
         "secret_key": SECRET_KEY,
         "reaper_interval_s": 3600,
         # A lost run is queued again at once unless a test asks for a backoff.
@@ -136,6 +145,15 @@ async def running_api(
         app_state: AppState = app.state.rlaas
         async with app_state.sessions() as session:
             await session.execute(text(f"TRUNCATE {TABLES} CASCADE"))
+            session.add(
+                WorkerCredential(
+                    id=WORKER_CREDENTIAL_ID,
+                    name="test-worker",
+                    prefix=parse_worker_prefix(WORKER_CREDENTIAL),
+                    secret_hash=hash_key(WORKER_CREDENTIAL),
+                    created_at=utcnow(),
+                )
+            )
             await session.commit()
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://rlaas.test") as client:

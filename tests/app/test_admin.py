@@ -107,14 +107,22 @@ def test_settings_come_from_rlaas_environment_variables(
     monkeypatch.setenv("RLAAS_DATA_DIR", str(tmp_path))
     settings = Settings()
     assert settings.resolved_database_url() == "postgresql+psycopg://u@h/db"
-    assert not settings.embedded and settings.resolved_worker_token() == "tok"
+    # On a database server the shared token is off until the operator keeps it on.
+    assert not settings.embedded and settings.resolved_worker_token() is None
+    monkeypatch.setenv("RLAAS_ALLOW_SHARED_WORKER_TOKEN", "1")
+    assert Settings().resolved_worker_token() == "tok"
     assert settings.data_dir == tmp_path
 
 
-async def test_a_server_database_without_a_worker_token_fails_start_up(
+async def test_a_server_database_with_the_shared_token_on_but_unset_fails_start_up(
     app_database: str, tmp_path: Path
 ) -> None:
-    settings = Settings(database_url=app_database, worker_token=None, data_dir=tmp_path)
+    settings = Settings(
+        database_url=app_database,
+        worker_token=None,
+        allow_shared_worker_token=True,
+        data_dir=tmp_path,
+    )
     app = create_app(settings)
     with pytest.raises(SettingsError, match="RLAAS_WORKER_TOKEN must be set"):
         async with app.router.lifespan_context(app):

@@ -94,7 +94,9 @@ async def test_a_run_through_its_life(api: Api) -> None:
         ("starting", "running"),
         ("running", "succeeded"),
     ]
-    assert events[1]["reason"] == "claimed by w1"
+    # Which credential claimed: an operator can tell which worker held the run.
+    claimed = "claimed by w1, with worker credential wcr_test_worker (test-worker)"
+    assert events[1]["reason"] == claimed
     metrics = await api.client.get(
         f"/v1/runs/{run_id}/metrics", params={"name": "reward/mean"}, headers=auth
     )

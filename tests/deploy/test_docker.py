@@ -43,6 +43,8 @@ def test_only_the_api_holds_database_credentials() -> None:
         assert "RLAAS_DATABASE_URL" not in env, name
         assert env["RLAAS_API_URL"] == "http://api:8000"
         assert env["RLAAS_WORKER_TOKEN"] == services["api"]["environment"]["RLAAS_WORKER_TOKEN"]
+    # The workers here hold the shared token, so the API on its Postgres must keep it on.
+    assert services["api"]["environment"]["RLAAS_ALLOW_SHARED_WORKER_TOKEN"] == "1"
 
 
 def test_workers_share_artifact_storage_for_resume_after_a_crash() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.e2e.stack import REPO, Stack, free_port, fresh_database, rlaas
+from tests.e2e.stack import REPO, Stack, enrol_worker, free_port, fresh_database, rlaas
 
 
 def broker_url(redis_url: str) -> str:
@@ -33,7 +33,6 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
         **os.environ,
         "RLAAS_DATABASE_URL": fresh_database(postgres_url),
         "RLAAS_BROKER_URL": broker_url(redis_url),
-        "RLAAS_WORKER_TOKEN": secrets.token_urlsafe(24),
         "RLAAS_SECRET_KEY": secrets.token_urlsafe(32),
         "RLAAS_DATA_DIR": str(tmp_path / "data"),
         # A run whose worker died is queued again 1 s after its lease ended (5 s by default).
@@ -45,6 +44,9 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
         done = subprocess.run([*rlaas(), *argv], env=env, cwd=REPO, capture_output=True, text=True)
         assert done.returncode == 0, f"rlaas {' '.join(argv)} failed:\n{done.stderr}"
     api_key = done.stdout.strip().splitlines()[-1]
+    # Workers enrolled as an operator enrols them; the shared token is off (the default
+    # of a control plane on a database server), so a run trained here proves the path.
+    env["RLAAS_WORKER_CREDENTIAL"] = enrol_worker(env, "e2e-worker")
     s = Stack(api_url=env["RLAAS_API_URL"], api_key=api_key, env=env, logs=logs)
     try:
         yield s

@@ -100,3 +100,28 @@ def fresh_database(postgres_url: str) -> str:
         conn.execute(f'CREATE DATABASE "{name}"')
     base, _, _ = postgres_url.rpartition("/")
     return f"{base}/{name}"
+
+
+def enrol_worker(env: dict[str, str], name: str) -> str:
+    """A worker credential issued as an operator does (`rlaas workers issue NAME`)."""
+    done = subprocess.run(
+        [*rlaas(), "workers", "issue", name], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, f"rlaas workers issue failed:\n{done.stderr}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+def enrol_known(database_url: str, credential: str, name: str) -> None:
+    """Enrol a credential fixed in a test module (its hash, as `rlaas workers issue` keeps
+    it), for tests whose workers are set up before the database exists."""
+    from app.security import hash_key, parse_worker_prefix
+
+    prefix = parse_worker_prefix(credential)
+    assert prefix is not None, "a worker credential is rlaas_worker_<12 hex>_<secret>"
+    conninfo = database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO worker_credentials (id, name, prefix, secret_hash, created_at) "
+            "VALUES (%s, %s, %s, %s, now())",
+            (f"wcr_{prefix}", name, prefix, hash_key(credential)),
+        )

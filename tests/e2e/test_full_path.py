@@ -79,7 +79,10 @@ def test_tiny_game_run_succeeds_with_reward_per_step(stack: Stack, tmp_path: Pat
 
     # The worker's sandbox wall (bubblewrap: CI installs it), in its start-up line, in the
     # claim's event and on /readyz (this test is a loopback client: an operator's view).
-    assert events["items"][1]["reason"].endswith("(sandbox wall: bwrap)"), events
+    # The claim's event also names the credential the worker was enrolled with (conftest).
+    claimed = events["items"][1]["reason"]
+    assert "(sandbox wall: bwrap), with worker credential wcr_" in claimed, claimed
+    assert claimed.endswith("(e2e-worker)"), claimed
     assert "sandbox wall: bubblewrap" in (stack.logs / "worker.log").read_text()
     workers = httpx.get(f"{stack.api_url}/readyz", timeout=10).json()["workers"]
     assert [(w["sandbox_wall"], w["tenant_code"]) for w in workers] == [("bwrap", "runs")]

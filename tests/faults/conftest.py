@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.stack import REPO, Stack, free_port, rlaas, wait_until
+from tests.e2e.stack import REPO, Stack, enrol_worker, free_port, rlaas, wait_until
 
 SERVICES = str(REPO / "scripts" / "services.sh")
 
@@ -65,7 +65,6 @@ def private_stack(tmp_path: Path) -> Iterator[tuple[Stack, str]]:
         **os.environ,
         "RLAAS_DATABASE_URL": urls["RLAAS_TEST_DATABASE_URL"],
         "RLAAS_BROKER_URL": urls["RLAAS_TEST_REDIS_URL"],
-        "RLAAS_WORKER_TOKEN": secrets.token_urlsafe(24),
         "RLAAS_SECRET_KEY": secrets.token_urlsafe(32),
         "RLAAS_DATA_DIR": str(tmp_path / "data"),
         "RLAAS_API_URL": f"http://127.0.0.1:{port}",
@@ -78,9 +77,11 @@ def private_stack(tmp_path: Path) -> Iterator[tuple[Stack, str]]:
     for argv in (["migrate"], ["tenants", "create", "faults"]):
         done = subprocess.run([*rlaas(), *argv], env=env, cwd=REPO, capture_output=True, text=True)
         assert done.returncode == 0, f"rlaas {' '.join(argv)} failed:\n{done.stderr}"
+    api_key = done.stdout.strip().splitlines()[-1]
+    env["RLAAS_WORKER_CREDENTIAL"] = enrol_worker(env, "faults-worker")  # as an operator would
     stack = Stack(
         api_url=env["RLAAS_API_URL"],
-        api_key=done.stdout.strip().splitlines()[-1],
+        api_key=api_key,
         env=env,
         logs=logs,
     )

@@ -1,9 +1,10 @@
 """Workers of the control plane over real HTTP on loopback, for attacks on /internal.
 
-What an attacker of the worker API can hold: the shared worker token (every worker
-has it, so it is the credential most likely to leak), the answer of a claim it made
-itself, and worker ids, which are not secrets (``<hostname>-<pid>``, and every run's
-events say "claimed by <worker id>" to its tenant).
+What an attacker of the worker API can hold: a worker's credential (``SHARED`` here:
+an enrolled credential, which opens what the shared worker token opened, so the attacks
+hold for both), the answer of a claim it made itself, and worker ids, which are not
+secrets (``<hostname>-<pid>``, and every run's events say "claimed by <worker id>" to its
+tenant).
 """
 
 from __future__ import annotations

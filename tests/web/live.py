@@ -28,15 +28,18 @@ from app.admin import create_tenant, migrate
 from app.dispatch import RecordingDispatcher
 from app.main import create_app
 from app.settings import Settings
-from tests.e2e.stack import fresh_database
+from tests.e2e.stack import enrol_known, fresh_database
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER_TOKEN = "live-test-worker-token"
+# The workers' credential here: enrolled in every database migrated_database makes (a
+# worker sends it as RLAAS_WORKER_TOKEN or RLAAS_WORKER_CREDENTIAL, the same bearer).
+WORKER_TOKEN = "rlaas_worker_11ve7e570000_live-test-worker-credential"
 
 
 def migrated_database(postgres_url: str) -> str:
     url = fresh_database(postgres_url)
-    migrate(Settings(database_url=url, worker_token=WORKER_TOKEN))
+    migrate(Settings(database_url=url))
+    enrol_known(url, WORKER_TOKEN, "live-test-worker")
     return url
 
 
@@ -58,7 +61,6 @@ class LiveApi:
 def live_api(database_url: str, **overrides: Any) -> Iterator[LiveApi]:
     values: dict[str, Any] = {
         "database_url": database_url,
-        "worker_token": WORKER_TOKEN,
         "secret_key": secrets.token_urlsafe(32),
         "reaper_interval_s": 3600,
         "log_json": False,  # the test's own logging stays as pytest set it

@@ -105,6 +105,7 @@ def test_processes_ctypes_and_the_worker_environment_are_out_of_reach(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RLAAS_WORKER_TOKEN", "secret-token")
+    monkeypatch.setenv("RLAAS_WORKER_CREDENTIAL", "rlaas_worker_0123456789ab_secret")
     code = (
         "import os\n"
         "print(sorted(os.environ))\n"
