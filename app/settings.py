@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     # a reverse proxy, run uvicorn with --proxy-headers and --forwarded-allow-ips so that
     # the address is the client's, not the proxy's.
     callback_requests_per_minute: int = 1200
+    # What a session's model call costs of its tenant's requests_per_minute: an agent's
+    # run calls the model far more often than a client calls the control plane, so at
+    # 0.1 the default 1,200 requests a minute are 12,000 session calls (200 a second).
+    session_call_cost: float = Field(default=0.1, ge=0.0, le=1.0)
     # Uploaded datasets (POST /v1/datasets, app.services.datasets): the largest file, the
     # most rows and the longest line one upload may have, and the bytes of datasets a
     # tenant may keep (tenants share the data folder's disk).

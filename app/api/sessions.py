@@ -125,7 +125,7 @@ async def _spend_request(
     ):
         return
     async with app_state.sessions() as session:
-        await app_state.limits.take_request(session, gateway.tenant_id)
+        await app_state.limits.take_session_call(session, gateway.tenant_id)
 
 
 async def _if_gone(run_id: str, sid: str, request: Request, app_state: AppState) -> None:

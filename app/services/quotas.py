@@ -111,6 +111,26 @@ class Limiter:
                 quota={"name": "requests_per_minute", "limit": quotas.requests_per_minute},
             )
 
+    async def take_session_call(self, session: AsyncSession, tenant_id: str) -> None:
+        """A session's model call, from the tenant's request bucket at
+        ``session_call_cost`` of a request: the data plane of an agent's run calls the
+        model far more often than a client calls the control plane."""
+        cost = self.settings.session_call_cost
+        if cost <= 0:
+            return  # the operator does not count them
+        quotas = await self.quotas(session, tenant_id)
+        wait = await self.buckets.take(tenant_id, quotas.requests_per_minute, cost)
+        if wait > 0:
+            retry = max(1, math.ceil(wait))
+            calls = round(quotas.requests_per_minute / cost)
+            raise TooManyRequests(
+                f"over the request rate of {quotas.requests_per_minute} per minute (a "
+                f"session's call costs {cost:g} of a request: {calls} calls a minute with "
+                f"no other requests); retry after {retry}s or ask for a higher quota",
+                retry_after_s=retry,
+                quota={"name": "requests_per_minute", "limit": quotas.requests_per_minute},
+            )
+
     def take_callback(self, address: str | None) -> None:
         """A post to the callback route from ``address``: 429 past its rate, checked before
         the route reads the database, so a flood costs a dictionary look-up each."""

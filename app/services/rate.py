@@ -46,8 +46,9 @@ _TAKE = text(
 
 
 class RequestBuckets(Protocol):
-    async def take(self, tenant_id: str, per_minute: int) -> float:
-        """0 if a request may go now (and it is counted), else the seconds to wait."""
+    async def take(self, tenant_id: str, per_minute: int, cost: float = 1.0) -> float:
+        """0 if a request may go now (and it is counted, as ``cost`` requests), else the
+        seconds to wait."""
         ...
 
     async def available(self, tenant_id: str, per_minute: int) -> int:
@@ -67,15 +68,15 @@ class TokenBucket:
         self.tokens = min(self.capacity, self.tokens + (now - self.updated) * per_minute / 60.0)
         self.updated = now
 
-    def take(self, per_minute: int, now: float) -> float:
-        """0 if a token was taken, else the seconds until one will be there."""
+    def take(self, per_minute: int, now: float, cost: float = 1.0) -> float:
+        """0 if ``cost`` tokens were taken, else the seconds until they will be there."""
         self.refill(per_minute, now)
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        if self.tokens >= cost:
+            self.tokens -= cost
             return 0.0
         if per_minute <= 0:
             return 60.0
-        return (1.0 - self.tokens) * 60.0 / per_minute
+        return (cost - self.tokens) * 60.0 / per_minute
 
 
 class LocalBuckets:
@@ -85,12 +86,12 @@ class LocalBuckets:
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
 
-    async def take(self, tenant_id: str, per_minute: int) -> float:
+    async def take(self, tenant_id: str, per_minute: int, cost: float = 1.0) -> float:
         now = self._clock()
         bucket = self._buckets.get(tenant_id)
         if bucket is None:
             bucket = self._buckets[tenant_id] = TokenBucket(per_minute, now)
-        return bucket.take(per_minute, now)
+        return bucket.take(per_minute, now, cost)
 
     async def available(self, tenant_id: str, per_minute: int) -> int:
         bucket = self._buckets.get(tenant_id)
@@ -108,10 +109,12 @@ class SharedBuckets:
         self.engine = engine
         self._clock = clock  # a wall clock: the processes sharing a bucket must agree on it
 
-    async def take(self, tenant_id: str, per_minute: int) -> float:
+    async def take(self, tenant_id: str, per_minute: int, cost: float = 1.0) -> float:
         if per_minute <= 0:
             return 60.0
-        interval = 60.0 / per_minute
+        # GCRA with weights: a request moves the arrival time by its cost's share of the
+        # minute, and may go while that leaves it at most a minute ahead, whatever its cost.
+        interval = cost * 60.0 / per_minute
         tolerance = 60.0 - interval + _EPSILON_S
         now = self._clock()
         async with self.engine.connect() as conn:
