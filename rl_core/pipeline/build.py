@@ -276,6 +276,8 @@ def build_evaluator(
         seed=t.seed,
         episode_timeout_s=spec.rollout.episode_timeout_s,
         episode_prefix=episode_prefix,
+        samples=t.eval_k,
+        pass_threshold=t.eval_pass_threshold,
     )
 
 
