@@ -110,8 +110,8 @@ class RowFile:
         # Never a training row: a held-out figure measured on trained rows would flatter.
         if not self.eval:
             raise EnvironmentFailure(
-                "dataset: held-out episodes play the eval split's rows and this config holds none out; "
-                "give split (e.g. {eval: 0.05}) or set train.eval_interval to 0"
+                "dataset: held-out episodes play the eval split's rows and this config "
+                "holds none out; give split (e.g. {eval: 0.05}) or set train.eval_interval to 0"
             )
         return self.eval[index % len(self.eval)]
 

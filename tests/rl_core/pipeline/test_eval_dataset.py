@@ -69,8 +69,7 @@ def test_evaluation_samples_k_answers_of_each_held_out_row(tmp_path: Path) -> No
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
         "".join(
-            json.dumps({"q": f"Q{i}?", "a": str(100 + i), "part": "eval" * (i in EVAL_ROWS)})
-            + "\n"
+            json.dumps({"q": f"Q{i}?", "a": str(100 + i), "part": "eval" * (i in EVAL_ROWS)}) + "\n"
             for i in range(12)
         )
     )

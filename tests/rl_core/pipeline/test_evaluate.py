@@ -50,6 +50,7 @@ def test_pass_at_k_takes_k_consecutive_samples_per_task() -> None:
     assert metrics["eval/pass@4"] == 2 / 3  # n = k: a task passes when any sample does
     assert metrics["eval/reward_mean"] == 3.5 / 12
     # The threshold decides what passes: at 0.5 the third task has three.
-    assert summarize([ended(r, "done") for r in rewards], k=4, pass_threshold=0.5)[
-        "eval/pass@1"
-    ] == (1 / 4 + 0 + 3 / 4) / 3
+    assert (
+        summarize([ended(r, "done") for r in rewards], k=4, pass_threshold=0.5)["eval/pass@1"]
+        == (1 / 4 + 0 + 3 / 4) / 3
+    )
