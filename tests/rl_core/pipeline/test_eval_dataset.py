@@ -1,8 +1,9 @@
 """Held-out evaluation of a ``dataset`` run: only eval rows, k samples each, pass@k right.
 
 The real evaluator (built from a spec), agent and ``dataset`` environment over a JSONL
-file; the engine answers each question correctly a set number of times, so the
-rewards, and with them pass@1 and pass@k, are known in advance.
+file, alone and inside a pipeline run; the engine answers each held-out question
+correctly a set number of times out of every 4 asks, so the rewards, and with them
+pass@1 and pass@k, are known in advance.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from rl_core.errors import UnsupportedSpec
 from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.pipeline.build import build_evaluator
 from rl_core.rollout.base import Completion, SamplingParams
-from rl_core.spec import parse_spec
+from rl_core.spec import JobSpec, parse_spec
+
+from .conftest import run_pipeline
 
 EVAL_ROWS = {3: 0, 7: 1, 10: 4}  # held-out row -> how many of its 4 samples are right
 _QUESTION = re.compile(r"Q(\d+)\?")
 
 
 class AnsweringEngine:
-    """Answers question ``Qi?`` with its row's answer for the first ``EVAL_ROWS[i]`` calls,
-    then wrongly; records which questions it was asked and with which seeds."""
+    """Answers question ``Qi?`` with its row's answer for the first ``EVAL_ROWS[i]`` of every
+    4 calls (0 for a training row), else wrongly; records the questions and seeds asked."""
 
     def __init__(self, tok: BuiltinTokenizer) -> None:
         self.tok = tok
@@ -56,16 +59,16 @@ class AnsweringEngine:
             row = int(found[1])
             self.asked[row] += 1
             self.seeds[row].add(seed)
-            right = self.asked[row] <= EVAL_ROWS.get(row, 0)
+            right = (self.asked[row] - 1) % 4 < EVAL_ROWS.get(row, 0)
             tokens = [*self.tok.encode(str(100 + row) if right else "0"), self.tok.end_of_turn_id]
-            out.append(Completion(tokens, [-0.1] * len(tokens), "stop", 0))
+            out.append(Completion(tokens, [-0.1] * len(tokens), "stop", self.policy_version))
         return out
 
     def update_weights(self, params: Any, version: int) -> None:
         self.policy_version = version
 
 
-def test_evaluation_samples_k_answers_of_each_held_out_row(tmp_path: Path) -> None:
+def dataset_spec(tmp_path: Path) -> JobSpec:
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
         "".join(
@@ -74,17 +77,21 @@ def test_evaluation_samples_k_answers_of_each_held_out_row(tmp_path: Path) -> No
         )
     )
     config = {"path": str(rows), "prompt": "q", "answer": "a", "split": {"field": "part"}}
-    spec = parse_spec(
+    return parse_spec(
         {
             "environment": {"name": "dataset", "config": config},
             "train": {
-                "eval_interval": 1,
+                "eval_interval": 2,
                 "eval_episodes": 3,
                 "eval_k": 4,
                 "eval_temperature": 0.7,
             },
         }
     )
+
+
+def test_evaluation_samples_k_answers_of_each_held_out_row(tmp_path: Path) -> None:
+    spec = dataset_spec(tmp_path)
     tok = BuiltinTokenizer()
     engine = AnsweringEngine(tok)
     agent = Agent(
@@ -106,6 +113,32 @@ def test_evaluation_samples_k_answers_of_each_held_out_row(tmp_path: Path) -> No
     assert metrics["eval/pass@1"] == (0 + 1 / 4 + 4 / 4) / 3
     assert metrics["eval/pass@4"] == 2 / 3
     assert metrics["eval/reward_mean"] == 5 / 12
+
+
+def test_a_pipeline_run_trains_on_train_rows_and_evaluates_on_held_out_ones(
+    tmp_path: Path,
+) -> None:
+    spec = dataset_spec(tmp_path)
+    env = DatasetEnv()
+    engine = AnsweringEngine(BuiltinTokenizer())
+    run = run_pipeline(
+        steps=2,
+        mode="sync",
+        env=env,
+        engine=engine,
+        env_config=spec.environment.config,
+        eval_interval=2,
+        evaluator=lambda agent: build_evaluator(spec, agent, env, episode_prefix="r~a1-"),
+    )
+    # Evaluated before the first step and at the last: each held-out row 4 times a time.
+    evaluated = {step: m for step, m in run.sink.steps if "eval/pass@1" in m}
+    assert sorted(evaluated) == [0, 2]
+    assert all(engine.asked[row] == 8 for row in EVAL_ROWS)
+    trained_rows = set(engine.asked) - set(EVAL_ROWS)
+    assert trained_rows and trained_rows <= set(range(12)) - set(EVAL_ROWS)
+    for metrics in evaluated.values():
+        assert metrics["eval/pass@1"] == 5 / 12 and metrics["eval/pass@4"] == 2 / 3
+        assert metrics["eval/episodes"] == 12.0
 
 
 def test_a_dataset_without_an_eval_split_is_not_evaluated_on_training_rows() -> None:
