@@ -15,7 +15,7 @@ An episode that the agent cuts short (turn or token limits) gets no terms:
 the environment never judged it, so there is nothing to compare.
 
 Verifiers (``math``, ``exact``, ``regex``, ``numeric``, ``json_schema``,
-``python_tests``) are reward functions that check the answer against the
+``python_tests``, ``webhook``) are reward functions that check the answer against the
 reference. They are registered here, so that the spec (and the control plane)
 knows their names without their libraries, which are imported only when one
 runs (``math-verify`` and ``jsonschema-rs`` are the worker's). A verifier that
@@ -46,6 +46,11 @@ class RewardContext:
     # Runs a Python program in the sandbox (``python_tests``); the environment's wrapper
     # (`rl_core.envs.scored.Scored`) supplies it, since this module may not import it.
     sandbox: Callable[[str], Awaitable[ProgramRun]] | None = None
+    # Scores the episode at the run's registered scorer endpoint (``webhook``); supplied
+    # by `Scored` when the spec names one (``environment.scorer``).
+    scorer: Callable[[RewardContext], Awaitable[float]] | None = None
+    episode_id: str = ""
+    prompt: tuple[dict[str, Any], ...] = ()  # the reset's messages (system, user)
 
     @property
     def final(self) -> str:
@@ -72,8 +77,17 @@ class VerifierFailed(Exception):
     def __init__(self, name: str, reason: str, detail: str) -> None:
         super().__init__(f"reward {name!r} {reason}: {detail}")
         self.name = name
-        self.reason = reason  # error | timeout
+        self.reason = reason  # error | timeout, or a `CheckFailed`'s own
         self.detail = detail
+
+
+class CheckFailed(Exception):
+    """A check that knows why it failed: `score_async` counts it under ``reason`` (a
+    scorer endpoint that is unavailable, refused the request, or answered badly)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 RewardFn = Callable[[RewardContext], float] | Callable[[RewardContext], Awaitable[float]]
@@ -145,7 +159,8 @@ async def score_async(
     terms: tuple[RewardTerm, ...], ctx: RewardContext, *, timeout_s: float = 10.0
 ) -> dict[str, float]:
     """`score` for any reward function, each under ``timeout_s``; `VerifierFailed` (with
-    the reason, ``error`` or ``timeout``) when one raises or runs out of time.
+    the reason, ``error`` or ``timeout``, or a `CheckFailed`'s own) when one raises or runs
+    out of time.
     `MissingReference` passes through: the environment's fault, not the checker's.
 
     A slow synchronous check runs in a thread; a thread cannot be stopped, so one past its
@@ -164,6 +179,8 @@ async def score_async(
             number = float(value)
         except MissingReference:
             raise
+        except CheckFailed as exc:
+            raise VerifierFailed(term.name, exc.reason, str(exc)) from exc
         except TimeoutError as exc:  # the limit here, or a check's own (`verify_regex`)
             detail = str(exc) or f"no answer in {timeout_s:g} s"
             raise VerifierFailed(term.name, "timeout", detail) from None
@@ -355,6 +372,16 @@ async def verify_python_tests(ctx: RewardContext) -> float:
     return float(run.exit_code == 0 and run.killed_by is None)
 
 
+async def verify_webhook(ctx: RewardContext) -> float:
+    """The score the run's registered scorer endpoint gives the episode (POST /score,
+    signed like environments; docs/environment-protocol.md#scoring), as it is."""
+    if ctx.scorer is None:
+        raise RuntimeError(
+            "webhook scores at a registered endpoint; name it in environment.scorer (env_...)"
+        )
+    return await ctx.scorer(ctx)
+
+
 register_reward("math", verify_math, slow=True, doc="math-verify: the answer equals the reference")
 register_reward("exact", verify_exact, doc="the final (boxed) answer equals the reference")
 register_reward(
@@ -366,4 +393,7 @@ register_reward(
 )
 register_reward(
     "python_tests", verify_python_tests, doc="the answer's code passes the reference tests"
+)
+register_reward(
+    "webhook", verify_webhook, doc="the score of the registered endpoint environment.scorer"
 )

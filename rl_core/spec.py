@@ -204,12 +204,33 @@ class EnvironmentSpec(_Section):
     to every ``reset``. ``reward`` replaces the environment's reward by
     functions attached by name (``rl_core/rewards.py``), joined with
     ``+``, each optionally ``name:weight`` (``numeric_match+length_penalty:0.001``).
+    ``scorer`` is the registered endpoint (``env_<id>``) the ``webhook`` reward posts
+    each finished episode to (docs/environment-protocol.md#scoring); its calls follow
+    ``webhook`` (retries, backoff, breaker) as the environment's do.
     """
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
     config: dict[str, Any] = Field(default_factory=dict)
     reward: Annotated[str, Field(min_length=1, max_length=500)] | None = None
+    scorer: Annotated[str, Field(pattern=r"^env_[A-Za-z0-9]+$", max_length=200)] | None = None
     webhook: WebhookCallSpec = Field(default_factory=WebhookCallSpec)
+
+    @model_validator(mode="after")
+    def _scorer_with_webhook(self) -> EnvironmentSpec:
+        uses = self.reward is not None and any(
+            t.name == "webhook" for t in parse_reward(self.reward)
+        )
+        if uses and self.scorer is None:
+            raise ValueError(
+                "reward 'webhook' posts each episode to a registered scorer endpoint: name "
+                "it in environment.scorer (the env_... id POST /v1/environments returned)"
+            )
+        if self.scorer is not None and not uses:
+            raise ValueError(
+                "environment.scorer is read only by the 'webhook' reward; add it to "
+                "environment.reward or remove scorer"
+            )
+        return self
 
     @field_validator("config")
     @classmethod

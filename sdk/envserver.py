@@ -28,10 +28,11 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib
+import inspect
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import httpx
@@ -127,23 +128,7 @@ class EnvServer:
         return await self._handle(request, self._do_close)
 
     async def _handle(self, request: Request, action: Any) -> Response:
-        raw = await request.body()
-        try:
-            verify(self.secret, raw, request.headers.get(HEADER))
-        except SignatureError as exc:
-            return _error(401, "bad_signature", str(exc))
-        try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
-            return await action(body)  # type: ignore[no-any-return]
-        except (BadRequest, json.JSONDecodeError) as exc:
-            return _error(400, "bad_request", str(exc))
-        except EnvironmentFailure as exc:
-            return _error(422, "environment_refused", str(exc))
-        except Exception as exc:
-            log.exception("environment raised")
-            return _error(500, "environment_error", f"{type(exc).__name__}: {exc}")
+        return await _signed(self.secret, request, action)
 
     async def _do_reset(self, body: Mapping[str, Any]) -> Response:
         request = _parse(wire.ResetRequest, body)
@@ -274,6 +259,62 @@ class EnvServer:
                 log.warning("callback %s failed: %s", url, exc)
             await asyncio.sleep(min(wait, CALLBACK_MAX_WAIT_S))
         log.error("gave up delivering %s step %s to %s", episode_id, step, url)
+
+
+async def _signed(secret: str, request: Request, action: Any) -> Response:
+    """Verify the request's signature, then answer with ``action(body)``; the protocol's
+    error answers for a bad signature (401), a bad body (400), a refusal (422) and any
+    other exception (500, which the worker retries)."""
+    raw = await request.body()
+    try:
+        verify(secret, raw, request.headers.get(HEADER))
+    except SignatureError as exc:
+        return _error(401, "bad_signature", str(exc))
+    try:
+        body = json.loads(raw)
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        return await action(body)  # type: ignore[no-any-return]
+    except (BadRequest, json.JSONDecodeError) as exc:
+        return _error(400, "bad_request", str(exc))
+    except EnvironmentFailure as exc:
+        return _error(422, "environment_refused", str(exc))
+    except Exception as exc:
+        log.exception("environment raised")
+        return _error(500, "environment_error", f"{type(exc).__name__}: {exc}")
+
+
+ScoreFn = Callable[[wire.ScoreRequest], float | Awaitable[float]]
+
+
+class ScorerServer:
+    """A scorer endpoint for the ``webhook`` reward (docs/environment-protocol.md#scoring):
+    ``score(request)`` (plain or async) gives a finished episode's score; the server
+    verifies signatures and answers ``POST /score`` with ``{"score": ...}``.
+
+        uvicorn.run(ScorerServer(my_score, secret=...).app)
+    """
+
+    def __init__(self, score: ScoreFn, *, secret: str) -> None:
+        if len(secret) < 16:
+            raise ValueError("the secret must be at least 16 characters (as rlaas requires)")
+        self.score = score
+        self.secret = secret
+        self.app = Starlette(
+            routes=[
+                Route("/score", self._score, methods=["POST"]),
+                Route("/healthz", lambda _: JSONResponse({"ok": True}), methods=["GET"]),
+            ]
+        )
+
+    async def _score(self, request: Request) -> Response:
+        return await _signed(self.secret, request, self._do_score)
+
+    async def _do_score(self, body: Mapping[str, Any]) -> Response:
+        value = self.score(_parse(wire.ScoreRequest, body))
+        if inspect.isawaitable(value):
+            value = await value
+        return JSONResponse(_checked(wire.ScoreAnswer, {"score": value}))
 
 
 def _reason(response: httpx.Response) -> str:

@@ -196,23 +196,24 @@ def session_gateway(api: ControlPlane, run_id: str, settings: WorkerSettings) ->
 
 
 def webhook_targets(claim: Claim, settings: WorkerSettings) -> dict[str, WebhookTarget]:
-    """The run's webhook environment, if it has one, connecting only where this worker's
-    ``RLAAS_ENV_URL_ALLOWLIST`` allows (checked at every connection, not only at
-    registration: a name re-pointed since then is refused)."""
+    """The run's webhook environment and its ``webhook`` reward's scorer endpoint, those it
+    has, connecting only where this worker's ``RLAAS_ENV_URL_ALLOWLIST`` allows (checked
+    at every connection, not only at registration: a name re-pointed since then is
+    refused)."""
     from rl_core.envs.webhook import WebhookTarget
 
-    grant = claim.environment
-    if grant is None:
-        return {}
-    target = WebhookTarget(
-        id=grant.id,
-        url=grant.url,
-        secret=grant.secret,
-        timeout_s=grant.timeout_s,
-        max_concurrency=grant.max_concurrency,
-        allowlist=settings.env_allowlist(),
-    )
-    return {grant.id: target}
+    return {
+        grant.id: WebhookTarget(
+            id=grant.id,
+            url=grant.url,
+            secret=grant.secret,
+            timeout_s=grant.timeout_s,
+            max_concurrency=grant.max_concurrency,
+            allowlist=settings.env_allowlist(),
+        )
+        for grant in (claim.environment, claim.scorer)
+        if grant is not None
+    }
 
 
 _PATH = re.compile(r"(?<![\w:/.])/(?:[\w.+@-]+/)*[\w.+@-]+")

@@ -78,6 +78,7 @@ async def claim(
         lease_expires_at=run.lease_expires_at,
         resume_step=run.current_step,
         environment=await environments.grant_for_run(session, run, app_state.secrets),
+        scorer=await environments.scorer_grant_for_run(session, run, app_state.secrets),
         checkpoint=checkpoint,
         lease_token=lease_token,
     )

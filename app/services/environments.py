@@ -81,7 +81,7 @@ async def delete(session: AsyncSession, tenant_id: str, env_id: str) -> None:
     for run in await session.scalars(
         select(Run).where(Run.tenant_id == tenant_id, Run.status.in_(_UNFINISHED))
     ):
-        if environment_name(run.spec) == env_id:
+        if env_id in (environment_name(run.spec), scorer_name(run.spec)):
             raise Conflict(
                 f"run {run.id} ({run.status}) uses {env_id}; cancel it or wait for it to end",
                 field="environment_id",
@@ -98,6 +98,14 @@ def environment_name(spec: dict[str, Any]) -> str | None:
     if not isinstance(name, str) or not isinstance(env, dict):
         return None
     return registered_environment(name, env.get("config"))
+
+
+def scorer_name(spec: dict[str, Any]) -> str | None:
+    """The registered scorer endpoint (``env_<id>``) a stored spec's ``webhook`` reward
+    posts to (``environment.scorer``), if any."""
+    env = spec.get("environment")
+    name = env.get("scorer") if isinstance(env, dict) else None
+    return name if isinstance(name, str) else None
 
 
 async def require_environment(session: AsyncSession, tenant_id: str, env: EnvironmentSpec) -> None:
@@ -122,6 +130,8 @@ async def require_environment(session: AsyncSession, tenant_id: str, env: Enviro
     name = registered_environment(env.name, env.config)
     if name is not None:
         await require_registered(session, tenant_id, name, field=field)
+    if env.scorer is not None:
+        await require_registered(session, tenant_id, env.scorer, field="spec.environment.scorer")
 
 
 async def require_registered(
@@ -143,7 +153,19 @@ async def require_registered(
 
 async def grant_for_run(session: AsyncSession, run: Run, box: SecretBox) -> EnvironmentGrant | None:
     """The environment a claimed run calls, with its secret decrypted; None for built-ins."""
-    name = environment_name(run.spec)
+    return await _grant(session, run, environment_name(run.spec), box)
+
+
+async def scorer_grant_for_run(
+    session: AsyncSession, run: Run, box: SecretBox
+) -> EnvironmentGrant | None:
+    """The scorer endpoint a claimed run's ``webhook`` reward calls, secret decrypted."""
+    return await _grant(session, run, scorer_name(run.spec), box)
+
+
+async def _grant(
+    session: AsyncSession, run: Run, name: str | None, box: SecretBox
+) -> EnvironmentGrant | None:
     if name is None or not name.startswith(ID_PREFIX):
         return None
     env = await session.scalar(

@@ -14,7 +14,8 @@ from rl_core.envs.guess_number import GuessNumber
 from rl_core.envs.next_number import NextNumber
 from rl_core.envs.openenv import OpenEnvEnvironment
 from rl_core.envs.reasoning_gym import ReasoningGym
-from rl_core.envs.scored import Scored
+from rl_core.envs.scored import Scored, Scorer
+from rl_core.envs.scorer import WebhookScorer
 from rl_core.envs.simulated import SimulatedLatency
 from rl_core.envs.walls import SINGLE_USER, WallPolicy
 from rl_core.envs.webhook import WebhookEnvironment, WebhookTarget
@@ -85,8 +86,25 @@ def build_environment(
             # fails the run here, before its first episode.
             env.prepare(env_spec.config)
     if env_spec.reward:
-        env = Scored(env, parse_reward(env_spec.reward))
+        env = Scored(env, parse_reward(env_spec.reward), scorer=_scorer(env_spec, webhooks or {}))
     return env
+
+
+def _scorer(env_spec: EnvironmentSpec, webhooks: Mapping[str, WebhookTarget]) -> Scorer | None:
+    """The ``webhook`` reward's endpoint (``environment.scorer``), found in ``webhooks``
+    as a webhook environment is (the worker gets it from the claim answer)."""
+    if env_spec.scorer is None:
+        return None
+    target = webhooks.get(env_spec.scorer)
+    if target is None:
+        raise UnknownEnvironment(
+            env_spec.scorer,
+            BUILTINS,
+            "is the scorer endpoint this run names (environment.scorer), but this run was "
+            "given no URL for it (register it with POST /v1/environments and run through "
+            "the control plane, or pass webhooks={id: WebhookTarget(...)})",
+        )
+    return WebhookScorer(target, policy=env_spec.webhook)
 
 
 def _openenv(config: Mapping[str, object], webhooks: Mapping[str, WebhookTarget]) -> Environment:

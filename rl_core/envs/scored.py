@@ -2,7 +2,9 @@
 
 A reward function (a verifier) that raises or passes ``timeout_s`` fails the episode
 (``env_error``: removed from its group, never scored 0 for the checker's fault) and is
-counted by name and reason in the ``env/verifier_failed/<name>/<reason>`` metrics.
+counted by name and reason in the ``env/verifier_failed/<name>/<reason>`` metrics. The
+``webhook`` verifier calls the run's scorer endpoint (``scorer``), whose request counts
+are reported as ``env/scorer/...``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from rl_core.envs.base import Action, Environment, Reset, Step
 from rl_core.envs.sandbox import SandboxLimits, run_python
@@ -36,9 +38,20 @@ async def run_tests(program: str) -> ProgramRun:
     )
 
 
+class Scorer(Protocol):
+    """Scores an episode elsewhere (`rl_core.envs.scorer.WebhookScorer`)."""
+
+    async def __call__(self, ctx: RewardContext) -> float: ...
+
+    async def aclose(self) -> None: ...
+
+    def step_metrics(self) -> dict[str, float]: ...
+
+
 @dataclasses.dataclass
 class _Episode:
     reference: Any
+    prompt: tuple[dict[str, Any], ...] = ()
     contents: list[str] = dataclasses.field(default_factory=list)
     env_reward: float = 0.0
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -49,11 +62,17 @@ class Scored:
     """Wraps ``inner``; steps give 0 until the end, then the weighted terms' sum."""
 
     def __init__(
-        self, inner: Environment, terms: tuple[RewardTerm, ...], *, timeout_s: float = 30.0
+        self,
+        inner: Environment,
+        terms: tuple[RewardTerm, ...],
+        *,
+        timeout_s: float = 30.0,
+        scorer: Scorer | None = None,
     ) -> None:
         self.inner = inner
         self.terms = terms
         self.timeout_s = timeout_s
+        self.scorer = scorer  # the ``webhook`` verifier's endpoint, when the run names one
         self._episodes: dict[str, _Episode] = {}
         self.verifier_failures: collections.Counter[tuple[str, str]] = collections.Counter()
         self._reported: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -61,7 +80,9 @@ class Scored:
     async def reset(self, episode_id: str, seed: int, config: Mapping[str, Any]) -> Reset:
         reset = await self.inner.reset(episode_id, seed, config)
         self._episodes[episode_id] = _Episode(
-            reference=reset.info.get("answer"), info=dict(reset.info)
+            reference=reset.info.get("answer"),
+            prompt=tuple(dict(m) for m in reset.messages),
+            info=dict(reset.info),
         )
         return reset
 
@@ -85,6 +106,9 @@ class Scored:
                 turns=len(episode.contents),
                 info=episode.info,
                 sandbox=run_tests,
+                scorer=self.scorer,
+                episode_id=episode_id,
+                prompt=episode.prompt,
             )
             try:
                 terms = await score_async(self.terms, ctx, timeout_s=self.timeout_s)
@@ -108,12 +132,16 @@ class Scored:
         aclose = getattr(self.inner, "aclose", None)
         if aclose is not None:
             await aclose()
+        if self.scorer is not None:
+            await self.scorer.aclose()
 
     def step_metrics(self) -> dict[str, float]:
         """The inner environment's ``env/`` metrics, if it keeps any (a webhook's faults),
         and the verifier failures since the last call, by name and reason."""
         step_metrics = getattr(self.inner, "step_metrics", None)
         metrics = step_metrics() if step_metrics is not None else {}
+        if self.scorer is not None:
+            metrics |= self.scorer.step_metrics()
         for (name, reason), n in self.verifier_failures.items():
             since = n - self._reported[name, reason]
             metrics[f"env/verifier_failed/{name}/{reason}"] = float(since)

@@ -179,6 +179,20 @@ class WebhookEnvironment:
         finally:
             self.budget.close(episode_id)
 
+    async def call(self, route: str, payload: BaseModel, answer: type[A], deadline_s: float) -> A:
+        """One signed request to ``{url}/{route}`` outside any episode (the ``webhook``
+        verifier's ``/score``), with this client's retries, breaker, concurrency limit and
+        fault counts; its 200 answer as ``answer``. Not counted against the failure budget:
+        a call that fails fails the caller's episode, which the budget counts there."""
+        deadline = time.monotonic() + deadline_s
+        status, body = await self._call(route, payload, deadline)
+        if status != 200:
+            self.faults["protocol"] += 1
+            raise WebhookProtocolError(
+                self.target.id, f"/{route} answered {status}; it must answer 200 with its result"
+            )
+        return self._parse(answer, body, f"the /{route} answer")
+
     def _parse(self, model: type[A], body: dict[str, Any], what: str) -> A:
         """``body`` as ``model``, or a `WebhookProtocolError` naming each wrong field."""
         try:

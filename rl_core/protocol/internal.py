@@ -131,6 +131,8 @@ class ClaimRead(Answer):
     resume_step: int
     # The registered webhook environment the spec names (secret decrypted), or None.
     environment: EnvironmentGrant | None = None
+    # The scorer endpoint of the spec's ``webhook`` reward (environment.scorer), or None.
+    scorer: EnvironmentGrant | None = None
     checkpoint: CheckpointRef | None = None  # the newest checkpoint: where to resume from
     # The credential of every other route of this run (Authorization: Bearer <lease_token>),
     # good until this lease ends; the shared worker token opens only the claim.

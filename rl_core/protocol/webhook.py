@@ -10,6 +10,8 @@ Who parses what:
   environment's answers with `ResetAnswer`, `StepAnswer`, `DeferredAnswer`;
 - ``sdk.envserver`` (the author-side helper) parses the requests with
   `ResetRequest`, `StepRequest`, `CloseRequest`;
+- the ``webhook`` verifier (``rl_core.envs.scorer``) sends `ScoreRequest` to a
+  registered scorer endpoint and validates its `ScoreAnswer`;
 - the control plane validates a deferred result posted to
   ``/v1/env-callbacks/{episode_id}/{step}`` as a `CallbackBody` (a step answer or
   an error, naming the step it answers: `BoundToStep`).
@@ -160,6 +162,29 @@ class CloseAnswer(Tolerant):
     closed: bool = True
 
 
+# --- the `webhook` verifier: a scorer endpoint (docs/environment-protocol.md#scoring) ---
+
+
+class ScoreRequest(Tolerant):
+    """``POST {url}/score``: score one finished episode (the ``webhook`` verifier)."""
+
+    episode_id: EpisodeId
+    # The episode's opening messages (system and user), as the environment gave them.
+    prompt: list[Message]
+    completion: StrictStr  # the assistant's final message
+    # Every assistant message of the episode, in order (the last is ``completion``).
+    contents: list[StrictStr]
+    answer: Any = None  # the reference answer (reset info["answer"]), or null
+    info: Info = Field(default_factory=dict)  # the episode's reset and step infos, merged
+
+
+class ScoreAnswer(Tolerant):
+    """200 to ``/score``: the episode's score (the term's value before its weight)."""
+
+    score: float = Field(strict=True, allow_inf_nan=False)
+    info: Info = Field(default_factory=dict)
+
+
 class ErrorDetail(Tolerant):
     code: str = ""
     message: StrictStr
@@ -267,6 +292,7 @@ for _model in (
     BoundToStep,
     CallbackResult,
     CallbackFailure,
+    ScoreAnswer,
 ):
     _MODELS[_model.__name__] = _model
 
@@ -282,6 +308,8 @@ BODIES: dict[str, Any] = {
     "error-answer": ErrorAnswer,
     "callback-body": CALLBACK_BODY,
     "callback-accepted": CallbackAccepted,
+    "score-request": ScoreRequest,
+    "score-answer": ScoreAnswer,
 }
 
 
@@ -318,6 +346,8 @@ __all__ = [
     "ResetAnswer",
     "ResetMessage",
     "ResetRequest",
+    "ScoreAnswer",
+    "ScoreRequest",
     "StepAnswer",
     "StepMessage",
     "StepRequest",

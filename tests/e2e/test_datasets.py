@@ -1,7 +1,9 @@
 """Your data in, through the API: upload a JSONL, submit a run naming it with the ``math``
 verifier, and a real Celery worker fetches the pinned content and trains the tiny model,
-with dynamic sampling on, and its rows' two data sources reported apart; held-out
-pass@1 and pass@2 on its eval split reach the API."""
+with dynamic sampling on, and its rows' two data sources reported apart. A registered
+scorer endpoint (the ``webhook`` reward) scores every episode beside ``math``: the claim
+hands it to the worker, which posts each episode to it, signed. Held-out pass@1 and
+pass@2 on its eval split reach the API."""
 
 from __future__ import annotations
 
@@ -10,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from rl_core.protocol.webhook import ScoreRequest
 from sdk.client import Client
+from sdk.envserver import ScorerServer
 from tests.e2e.stack import Stack, wait_until
+from tests.sdk.serving import SECRET, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(2)]
 STEPS = 2
@@ -28,16 +33,33 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
     ]
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    scored: list[ScoreRequest] = []
+
+    def neutral(request: ScoreRequest) -> float:
+        scored.append(request)
+        return 0.0  # leaves math's reward as it is: what is proved here is the path
+
+    # The scorer is on loopback: this deployment allows it (a real one allows public only).
+    stack.env["RLAAS_ENV_URL_ALLOWLIST"] = "public,loopback"
     stack.start_api()
     stack.start_worker()
-    with Client(stack.api_url, stack.api_key) as sdk:
+    with (
+        Client(stack.api_url, stack.api_key) as sdk,
+        serving(ScorerServer(neutral, secret=SECRET).app) as scorer_url,
+    ):
+        with stack.client() as client:
+            registered = client.post(
+                "/v1/environments", json={"name": "scorer", "url": scorer_url, "secret": SECRET}
+            )
+            assert registered.status_code == 201, registered.text
         ds = sdk.upload_dataset(data, required=["question", "answer"])
         assert (ds.rows, ds.fields) == (100, ["answer", "data_source", "question"])
         spec = {
             "model": {"source": "builtin:tiny"},
             "environment": {
                 "name": "dataset",
-                "reward": "math",
+                "reward": "math+webhook",
+                "scorer": registered.json()["id"],
                 "config": {"dataset": ds.id, "prompt": "question", "split": {"eval": 0.1}},
             },
             # The random-init model ends a turn by chance: its stop token is about one in
@@ -125,6 +147,12 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
             ]
             played = [t for t in items if t["end_state"] == "done"]
             assert played, items[:2]
+            # Each episode that ended "done" was posted to the scorer, with its row's answer.
+            ids = {r.episode_id for r in scored}
+            assert {t["episode_id"] for t in played} <= ids, (len(played), len(ids))
+            for r in scored:
+                a, b = r.prompt[-1].content.removesuffix("=").split("+")
+                assert r.answer == str(int(a) + int(b)) and r.info["data_source"] in SOURCES
         # Now in use by nothing unfinished: the owner may delete it.
         sdk.delete_dataset(ds.id)
         assert sdk.list_datasets() == []

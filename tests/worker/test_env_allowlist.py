@@ -44,7 +44,9 @@ def test_a_bad_entry_stops_the_worker_at_start_up(monkeypatch: pytest.MonkeyPatc
         WorkerSettings()
 
 
-def claim(environment: EnvironmentGrant | None) -> ClaimRead:
+def claim(
+    environment: EnvironmentGrant | None, scorer: EnvironmentGrant | None = None
+) -> ClaimRead:
     return ClaimRead(
         run_id="run_1",
         spec={},
@@ -52,6 +54,7 @@ def claim(environment: EnvironmentGrant | None) -> ClaimRead:
         lease_expires_at=datetime.now(UTC),
         resume_step=0,
         environment=environment,
+        scorer=scorer,
         lease_token="rlaas_lease_test",
     )
 
@@ -69,6 +72,28 @@ def test_the_webhook_target_carries_the_workers_allowlist(
     assert (target.url, target.timeout_s, target.max_concurrency) == (grant.url, 7.0, 4)
     # A server worker: loopback refused (rl_core's own-machine default would allow it).
     assert target.allowlist.refusal("localhost", LOOPBACK) is not None
+
+
+def test_a_scorer_endpoint_gets_the_workers_allowlist_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ``webhook`` reward's endpoint (``environment.scorer``) is a target like the
+    environment, behind the same walls: a server worker connects to no loopback."""
+    env = EnvironmentGrant(
+        id="env_a", url="http://envs.example.com", secret="s" * 16, timeout_s=7.0,
+        max_concurrency=4,
+    )  # fmt: skip
+    scorer = EnvironmentGrant(
+        id="env_s", url="http://127.0.0.1:9000", secret="t" * 16, timeout_s=3.0,
+        max_concurrency=2,
+    )  # fmt: skip
+    monkeypatch.setenv("RLAAS_BROKER_URL", "redis://redis:6379/0")
+    targets = webhook_targets(claim(env, scorer), WorkerSettings())
+    assert set(targets) == {"env_a", "env_s"}
+    assert (targets["env_s"].secret, targets["env_s"].timeout_s) == ("t" * 16, 3.0)
+    assert targets["env_s"].allowlist.refusal("127.0.0.1", LOOPBACK) is not None
+    only_scorer = webhook_targets(claim(None, scorer), WorkerSettings())
+    assert set(only_scorer) == {"env_s"}
 
 
 def test_the_runs_error_says_why_the_connection_was_refused() -> None:
