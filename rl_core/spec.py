@@ -461,6 +461,11 @@ class TrainSpec(_Section):
     eval_interval: Annotated[int, Field(ge=0)] = 0  # 0: no evaluation
     eval_episodes: Annotated[int, Field(ge=1, le=100_000)] = 32
     eval_temperature: Annotated[float, Field(ge=0.0, le=10.0)] = 0.0
+    # Samples per held-out task (eval_episodes tasks, eval_k episodes each): the pass@1 and
+    # pass@k estimates of rl_core/pipeline/pass_at_k.py. A sample passes when its reward is
+    # at least eval_pass_threshold (1.0: a verifier's full score).
+    eval_k: Annotated[int, Field(ge=1, le=64)] = 1
+    eval_pass_threshold: Annotated[float, Field(ge=-1e6, le=1e6)] = 1.0
     # Trajectories per step sent to the sink as readable records (0: none).
     trajectories_per_step: Annotated[int, Field(ge=0, le=1000)] = 4
 
@@ -470,6 +475,15 @@ class TrainSpec(_Section):
             raise ValueError(
                 "set checkpoint_interval (steps) or checkpoint_every_s (seconds), not both; "
                 "leave both unset for checkpoints by time at an interval the run measures"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _eval_samples_differ(self) -> TrainSpec:
+        if self.eval_k > 1 and self.eval_temperature == 0:
+            raise ValueError(
+                f"eval_k: {self.eval_k} samples per task at eval_temperature 0 (greedy) are "
+                "all the same answer; set eval_temperature above 0 (e.g. 0.7) or eval_k to 1"
             )
         return self
 

@@ -2,15 +2,17 @@
 // metric of a known kind (another time/* stage, another *_per_s rate) shows up without
 // a change here; everything else is in the "all metrics" table.
 
-// The evaluation's own metrics drawn on the reward chart (the rest are in the table).
+// The evaluation's own metrics drawn on the reward chart (the rest are in the table):
+// its mean reward and shares, and pass@1 and pass@k (train.eval_k: eval/pass@8, ...).
 const HELD_OUT = new Set(["eval/reward_mean", "eval/solved", "eval/used_tool"]);
+const isHeldOut = (n) => HELD_OUT.has(n) || /^eval\/pass@\d+$/.test(n);
 
 export const GROUPS = [
   // Training reward beside the held-out evaluation's (every train.eval_interval steps).
   {
     id: "reward",
     kind: "lines",
-    match: (n) => (n.startsWith("reward/") && n !== "reward/std") || HELD_OUT.has(n),
+    match: (n) => (n.startsWith("reward/") && n !== "reward/std") || isHeldOut(n),
   },
   { id: "loss", kind: "lines", match: (n) => /(^|\/|_)loss$/.test(n) || n.startsWith("loss/") },
   { id: "kl", kind: "lines", match: (n) => /(^|[/_])kl($|[/_])/.test(n) },
@@ -88,7 +90,7 @@ function traces(group, store) {
         y: [...s.values], yaxis: "y2", opacity: 0.35,
       };
     }
-    if (HELD_OUT.has(name)) {
+    if (isHeldOut(name)) {
       // Few points (one per evaluation), so markers always, dashed to tell them apart.
       return {
         type: "scatter", mode: "lines+markers", name: `held-out ${name.slice(5)}`,

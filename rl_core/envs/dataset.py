@@ -18,8 +18,9 @@ Order. The rows of the train split are played in a seeded order: training task
 (``seed``, epoch) (or the file's order without ``shuffle``). The collector's
 tasks are resumable (a resumed run replays the tasks it had not trained and
 starts new ones where it stopped), so a resumed run neither repeats nor skips a
-row. Held-out episode ``i`` plays the eval split's row ``i mod m``. Past
-``epochs`` epochs, a reset fails the episode saying so.
+row. Held-out task ``i`` plays the eval split's row ``i mod m``, never a train
+row: without an eval split a held-out episode fails, saying so. Past ``epochs``
+epochs, a reset fails the episode saying so.
 
 Rows are read from the file by offset (found once per file, off the event
 loop); the file is never held in memory whole.
@@ -106,8 +107,13 @@ class RowFile:
         return self._order.row(task, cfg)
 
     def eval_row(self, index: int) -> int:
-        rows = self.eval or self.train
-        return rows[index % len(rows)]
+        # Never a training row: a held-out figure measured on trained rows would flatter.
+        if not self.eval:
+            raise EnvironmentFailure(
+                "dataset: held-out episodes play the eval split's rows and this config "
+                "holds none out; give split (e.g. {eval: 0.05}) or set train.eval_interval to 0"
+            )
+        return self.eval[index % len(self.eval)]
 
 
 @dataclasses.dataclass

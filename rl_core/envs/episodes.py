@@ -56,7 +56,7 @@ class Episodes(Generic[E]):
 # a fixed list (``dataset``) reads from the id which training task or which held-out
 # episode it serves, so the rows follow the collector's own resumable order.
 _TRAIN_ID = re.compile(r"g(\d+)-e\d+(?:-r\d+)?$")
-_EVAL_ID = re.compile(r"eval\d+-e(\d+)$")
+_EVAL_ID = re.compile(r"eval\d+-e(\d+)(?:-s\d+)?$")
 
 
 def train_episode_id(prefix: str, task: int, member: int, attempt: int = 0) -> str:
@@ -64,12 +64,15 @@ def train_episode_id(prefix: str, task: int, member: int, attempt: int = 0) -> s
     return f"{prefix}g{task}-e{member}{suffix}"
 
 
-def eval_episode_id(prefix: str, step: int, index: int) -> str:
-    return f"{prefix}eval{step}-e{index}"
+def eval_episode_id(prefix: str, step: int, index: int, sample: int = 0) -> str:
+    """Held-out task ``index``'s sample ``sample`` (``train.eval_k`` samples per task; the
+    first has no suffix, so a run with one sample names its episodes as before)."""
+    suffix = f"-s{sample}" if sample else ""
+    return f"{prefix}eval{step}-e{index}{suffix}"
 
 
 def episode_position(episode_id: str) -> tuple[Literal["train", "eval"], int] | None:
-    """("train", task index) or ("eval", episode index) from an id made above; None for
+    """("train", task index) or ("eval", held-out task index) from an id made above; None for
     any other id (a library user's own)."""
     if found := _EVAL_ID.search(episode_id):
         return "eval", int(found.group(1))

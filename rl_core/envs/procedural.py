@@ -70,8 +70,13 @@ class ProceduralRows:
         return self.train[task % len(self.train)]
 
     def eval_row(self, index: int) -> int:
-        rows = self.eval or self.train
-        return rows[index % len(rows)]
+        # Never a training row: a held-out figure measured on trained rows would flatter.
+        if not self.eval:
+            raise EnvironmentFailure(
+                "dataset: held-out episodes play the eval split's rows and this config "
+                "holds none out; give split (e.g. {eval: 0.05}) or set train.eval_interval to 0"
+            )
+        return self.eval[index % len(self.eval)]
 
     def item(self, row: int) -> dict[str, Any]:
         """The task's item of row ``row``: question, answer, metadata."""

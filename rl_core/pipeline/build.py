@@ -267,6 +267,12 @@ def build_evaluator(
     t = spec.train
     if not t.eval_interval:
         return None
+    if spec.environment.name == "dataset" and not spec.environment.config.get("split"):
+        raise UnsupportedSpec(
+            "environment.config.split",
+            "held-out evaluation (train.eval_interval) plays the dataset's eval split and "
+            "this config has none; give split (e.g. {eval: 0.05}) or set eval_interval to 0",
+        )
     return Evaluator(
         agent=agent,
         env=env,
@@ -276,6 +282,8 @@ def build_evaluator(
         seed=t.seed,
         episode_timeout_s=spec.rollout.episode_timeout_s,
         episode_prefix=episode_prefix,
+        samples=t.eval_k,
+        pass_threshold=t.eval_pass_threshold,
     )
 
 

@@ -7,6 +7,12 @@ training tasks' and the same at every evaluation, so successive figures
 compare one policy with the next on the same problems. Sampling is the
 spec's ``train.eval_temperature`` (0: greedy, the usual pass@1).
 
+Each of those tasks is played ``train.eval_k`` times (k samples: the same
+environment seed, hence the same problem, and each its own sampling seed), so
+an evaluation plays ``eval_episodes * eval_k`` episodes. A ``dataset``
+environment serves held-out task ``i`` from its eval split's row ``i mod m``
+(the episode id names the task), never from a training row.
+
 The episodes share the run's engine and environment and are bounded by the
 same concurrency; in ``async`` mode the collector keeps playing training
 episodes meanwhile. Nothing here is trained on.
@@ -16,7 +22,11 @@ environment reported ``solved``; absent when it never does), ``used_tool``
 (likewise, for environments that report whether a tool gave the answer),
 ``turns_mean``,
 ``episodes`` (kept) and ``failed`` (timeouts and environment errors, removed
-from the means as in training).
+from the means as in training); ``pass@1`` and, when ``eval_k`` is above 1,
+``pass@<k>`` (e.g. ``eval/pass@8``): the unbiased estimates of
+`rl_core.pipeline.pass_at_k` over the tasks, a sample passing when its reward
+is at least ``train.eval_pass_threshold``. There a failed sample counts as one
+that did not pass (every task keeps its k samples: the estimator needs n >= k).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from rl_core.agent.ledger import Trajectory
 from rl_core.envs.base import Environment
 from rl_core.envs.episodes import eval_episode_id
 from rl_core.pipeline.collector import derive_seed
+from rl_core.pipeline.pass_at_k import mean_pass_at_k
 
 
 class Evaluator:
@@ -44,6 +55,8 @@ class Evaluator:
         seed: int,
         episode_timeout_s: float | None,
         episode_prefix: str = "",
+        samples: int = 1,
+        pass_threshold: float = 1.0,
     ) -> None:
         self.agent = agent
         self.env = env
@@ -52,27 +65,44 @@ class Evaluator:
         self.seed = seed
         self.episode_timeout_s = episode_timeout_s
         self.episode_prefix = episode_prefix
+        self.samples = samples
+        self.pass_threshold = pass_threshold
         self._limit = asyncio.Semaphore(concurrency)
 
     async def run(self, step: int) -> dict[str, float]:
         """Play the evaluation set with the engine's current policy; its ``eval/`` metrics."""
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(self._episode(step, i)) for i in range(self.episodes)]
-        return summarize([t.result() for t in tasks])
+            tasks = [
+                tg.create_task(self._episode(step, i, j))
+                for i in range(self.episodes)
+                for j in range(self.samples)
+            ]
+        return summarize(
+            [t.result() for t in tasks], k=self.samples, pass_threshold=self.pass_threshold
+        )
 
-    async def _episode(self, step: int, i: int) -> Trajectory:
+    async def _episode(self, step: int, i: int, j: int) -> Trajectory:
+        # Sample 0 keeps the sampling seed a one-sample evaluation always had.
+        sample_seed = (
+            derive_seed(self.seed, "eval-sample", i)
+            if j == 0
+            else derive_seed(self.seed, "eval-sample", i, j)
+        )
         async with self._limit:
             return await self.agent.run_episode(
                 self.env,
-                episode_id=eval_episode_id(self.episode_prefix, step, i),
+                episode_id=eval_episode_id(self.episode_prefix, step, i, j),
                 env_seed=derive_seed(self.seed, "eval", i),
-                sample_seed=derive_seed(self.seed, "eval-sample", i),
+                sample_seed=sample_seed,
                 env_config=self.env_config,
                 timeout_s=self.episode_timeout_s,
             )
 
 
-def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
+def summarize(
+    trajectories: list[Trajectory], *, k: int = 1, pass_threshold: float = 1.0
+) -> dict[str, float]:
+    """The ``eval/`` metrics of an evaluation's episodes, ``k`` consecutive ones per task."""
     kept = [t for t in trajectories if t.kept]
     n = max(len(kept), 1)
     metrics = {
@@ -84,6 +114,11 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     for flag in ("solved", "used_tool"):
         if any(flag in t.info for t in kept):
             metrics[f"eval/{flag}"] = sum(bool(t.info.get(flag)) for t in kept) / n
+    passed = [t.kept and t.reward >= pass_threshold for t in trajectories]
+    tasks = [passed[i : i + k] for i in range(0, len(passed), k)]
+    metrics["eval/pass@1"] = mean_pass_at_k(tasks, 1)
+    if k > 1:
+        metrics[f"eval/pass@{k}"] = mean_pass_at_k(tasks, k)
     return metrics
 
 

@@ -265,3 +265,23 @@ async def test_a_procedural_source_is_checked_at_submit_and_pins_nothing(dapi: A
     assert "prompt, question" in lacking.json()["error"]["message"]
     shared = await submit({**good, "split": {"eval": 0.1}})  # a share of an unbounded source
     assert shared.json()["error"]["field"] == "spec.environment.config.split", shared.text
+
+
+async def test_held_out_evaluation_needs_an_eval_split_and_k_needs_sampling(dapi: Api) -> None:
+    auth = await dapi.tenant()
+    config = {"dataset": "reasoning_gym:basic_arithmetic", "prompt": "{question}"}
+
+    async def submit(config: dict[str, Any], **train: Any) -> httpx.Response:
+        spec = {"environment": {"name": "dataset", "config": config}, "train": train}
+        return await dapi.client.post("/v1/runs", json={"spec": spec}, headers=auth)
+
+    unsplit = await submit(config, eval_interval=5)
+    assert unsplit.status_code == 422, unsplit.text
+    assert unsplit.json()["error"]["field"] == "spec.environment.config.split"
+    greedy = await submit({**config, "split": {"size": 20}}, eval_interval=5, eval_k=4)
+    assert greedy.status_code == 422, greedy.text
+    assert "eval_temperature" in greedy.text and "eval_k" in greedy.text
+    sampled = {"eval_interval": 5, "eval_k": 4, "eval_temperature": 0.8}
+    r = await submit({**config, "split": {"size": 20}}, **sampled)
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["train"]["eval_k"] == 4

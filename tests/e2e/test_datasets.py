@@ -2,7 +2,8 @@
 verifier, and a real Celery worker fetches the pinned content and trains the tiny model,
 with dynamic sampling on, and its rows' two data sources reported apart. A registered
 scorer endpoint (the ``webhook`` reward) scores every episode beside ``math``: the claim
-hands it to the worker, which posts each episode to it, signed."""
+hands it to the worker, which posts each episode to it, signed. Held-out pass@1 and
+pass@2 on its eval split reach the API."""
 
 from __future__ import annotations
 
@@ -72,7 +73,16 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
                 "batch_groups": 2,
                 "dynamic_sampling": {"enabled": True, "max_dropped_groups": 1},
             },
-            "train": {"steps": STEPS, "seed": 0},
+            # Held-out: before step 1 and after the last, 2 eval-split rows sampled twice
+            # each (the rollout's own temperature: nothing new to compile).
+            "train": {
+                "steps": STEPS,
+                "seed": 0,
+                "eval_interval": STEPS,
+                "eval_episodes": 2,
+                "eval_k": 2,
+                "eval_temperature": 1.0,
+            },
         }
         with stack.client() as client:
             created = client.post("/v1/runs", json={"spec": spec})
@@ -97,10 +107,18 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
                 f"/v1/runs/{run_id}/metrics", params={"name": "failures/total"}
             ).json()["points"]
             assert [p["value"] for p in failures] == [0.0] * STEPS
+            # pass@1 and pass@2 of the held-out rows reach the API (and its name filter).
+            for name in ("eval/pass@1", "eval/pass@2"):
+                held = client.get(f"/v1/runs/{run_id}/metrics", params={"name": name}).json()
+                assert [p["step"] for p in held["points"]] == [0, STEPS], held
+                assert all(0.0 <= p["value"] <= 1.0 for p in held["points"])
             every = client.get(f"/v1/runs/{run_id}/metrics").json()["points"]
             by_step: dict[int, dict[str, float]] = {}
             for p in every:
                 by_step.setdefault(p["step"], {})[p["name"]] = p["value"]
+            for step in (0, STEPS):  # every sample played: 2 tasks x k = 2
+                assert by_step[step]["eval/episodes"] + by_step[step]["eval/failed"] == 4
+                assert by_step[step]["eval/pass@1"] <= by_step[step]["eval/pass@2"]
             for step in range(1, STEPS + 1):
                 m = by_step[step]
                 # Dynamic sampling's figures: a unanimous group trained means the cap (1)

@@ -28,7 +28,13 @@ HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 
 def step_metrics(step: int) -> dict[str, float]:
     held_out = (
-        {"eval/reward_mean": 0.3 * step, "eval/solved": 0.1 * step, "eval/used_tool": 0.2 * step}
+        {
+            "eval/reward_mean": 0.3 * step,
+            "eval/solved": 0.1 * step,
+            "eval/used_tool": 0.2 * step,
+            "eval/pass@1": 0.05 * step,
+            "eval/pass@4": 0.15 * step,
+        }
         if step % 2 == 0
         else {}
     )
@@ -185,6 +191,8 @@ def test_dashboard_shows_a_live_run(live: LiveApi, tmp_path: Path) -> None:
             f"{reward}.data.filter(t => t.name.startsWith('held-out')).map(t => [t.name, t.x])"
         )
         assert held_out == [
+            ["held-out pass@1", [2, 4]],
+            ["held-out pass@4", [2, 4]],
             ["held-out reward_mean", [2, 4]],
             ["held-out solved", [2, 4]],
             ["held-out used_tool", [2, 4]],

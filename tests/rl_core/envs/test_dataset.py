@@ -142,3 +142,14 @@ async def test_without_a_local_copy_it_says_how_to_run_it(rows_file: Path) -> No
         await DatasetEnv().reset("e", 0, {"dataset": "ds_" + "0" * 32, "prompt": "q"})
     with pytest.raises(EnvironmentFailure, match="bad config"):
         await DatasetEnv().reset("e", 0, config(rows_file, prompt=""))
+
+
+async def test_without_an_eval_split_a_held_out_episode_fails_not_a_training_row(
+    rows_file: Path,
+) -> None:
+    with pytest.raises(EnvironmentFailure, match="holds none out; give split"):
+        await DatasetEnv().reset(eval_episode_id("", 0, 0), 0, config(rows_file))
+    # A field split that matches no row holds none out either.
+    none_held = config(rows_file, split={"field": "split", "value": "test"})
+    with pytest.raises(EnvironmentFailure, match="holds none out"):
+        await DatasetEnv().reset(eval_episode_id("", 0, 0), 0, none_held)

@@ -132,7 +132,7 @@ class Run:
     pipeline: Pipeline
     result: TrainResult
     sink: MemorySink
-    env: ScriptEnv
+    env: Any  # a ScriptEnv unless the test gave its own
     trainer: RecordingTrainer
     control: RunControl
 
@@ -151,7 +151,7 @@ def run_pipeline(
     mode: str = "async",
     max_staleness: int = 1,
     policy: str = "drop",
-    env: ScriptEnv | None = None,
+    env: Any = None,
     trainer: RecordingTrainer | None = None,
     control: RunControl | None = None,
     engine_delay_s: float = 0.0,
@@ -166,13 +166,17 @@ def run_pipeline(
     drop_equal_groups: bool = False,
     max_dropped_equal: int = 0,
     trajectories_per_step: int = 2,
+    engine: Any = None,
+    env_config: Mapping[str, Any] | None = None,
+    eval_interval: int = 0,
+    evaluator: Callable[[Agent], Any] | None = None,
 ) -> Run:
     tok = BuiltinTokenizer()
     env = env or ScriptEnv()
     trainer = trainer or RecordingTrainer()
     control = control or RunControl()
     sink = MemorySink()
-    engine = ScriptedEngine(
+    engine = engine or ScriptedEngine(
         [[*tok.encode("1"), tok.end_of_turn_id]],
         stop_ids=(tok.eos_id, tok.end_of_turn_id),
         delay_s=engine_delay_s,
@@ -198,7 +202,7 @@ def run_pipeline(
             group_size=group_size,
             concurrency=concurrency,
             seed=0,
-            env_config={},
+            env_config=env_config or {},
             episode_timeout_s=episode_timeout_s,
             position=position,
         )
@@ -227,6 +231,7 @@ def run_pipeline(
             trajectories_per_step=trajectories_per_step,
             drop_equal_groups=drop_equal_groups,
             max_dropped_equal=max_dropped_equal,
+            eval_interval=eval_interval,
         ),
         collector_factory=collector,
         engine=engine,
@@ -241,6 +246,7 @@ def run_pipeline(
         profiler=Profiler(None),
         checkpointer=checkpointer,
         start_step=start_step,
+        evaluator=evaluator(agent_obj) if evaluator else None,
     )
 
     async def main() -> TrainResult:

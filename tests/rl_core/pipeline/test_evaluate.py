@@ -28,6 +28,8 @@ def test_summary_leaves_failed_episodes_out_of_the_means() -> None:
         "eval/episodes": 3.0,
         "eval/failed": 1.0,
         "eval/solved": 1 / 3,
+        # One of four samples reached the threshold: the failed one's 9.0 is not a pass.
+        "eval/pass@1": 0.25,
     }
 
 
@@ -39,3 +41,16 @@ def test_the_held_out_seeds_are_not_training_seeds() -> None:
     training = {derive_seed(0, "env", i) for i in range(100_000)}
     held_out = {derive_seed(0, "eval", i) for i in range(1_000)}
     assert not training & held_out
+
+
+def test_pass_at_k_takes_k_consecutive_samples_per_task() -> None:
+    rewards = [1.0, 0.0, 0.0, 0.0] + [0.0] * 4 + [1.0, 1.0, 0.5, 0.0]
+    metrics = summarize([ended(r, "done") for r in rewards], k=4, pass_threshold=1.0)
+    assert metrics["eval/pass@1"] == (1 / 4 + 0 + 2 / 4) / 3
+    assert metrics["eval/pass@4"] == 2 / 3  # n = k: a task passes when any sample does
+    assert metrics["eval/reward_mean"] == 3.5 / 12
+    # The threshold decides what passes: at 0.5 the third task has three.
+    assert (
+        summarize([ended(r, "done") for r in rewards], k=4, pass_threshold=0.5)["eval/pass@1"]
+        == (1 / 4 + 0 + 3 / 4) / 3
+    )

@@ -98,7 +98,7 @@ def test_the_defaults_table_is_the_specs() -> None:
 
 # One episode id format on every page: the worker's (worker/job.py's prefix, then the
 # collector's `g<task>-e<member>`, or the evaluator's `eval<step>-e<i>`).
-EPISODE_ID = re.compile(r"^run_[0-9a-f]{32}~a[1-9]\d*-(g\d+-e\d+(-r\d+)?|eval\d+-e\d+)$")
+EPISODE_ID = re.compile(r"^run_[0-9a-f]{32}~a[1-9]\d*-(g\d+-e\d+(-r\d+)?|eval\d+-e\d+(-s\d+)?)$")
 
 
 def test_every_episode_id_on_the_page_is_in_the_workers_format() -> None:
@@ -132,7 +132,8 @@ def test_the_episode_ids_the_pipeline_makes_match_the_pages_format() -> None:
     assert train_episode_id(prefix, 0, 0) == prefix + "g0-e0"
     assert train_episode_id(prefix, 12, 3, attempt=1) == prefix + "g12-e3-r1"
     assert eval_episode_id(prefix, 4, 0) == prefix + "eval4-e0"
-    for local in ("g0-e0", "g12-e3-r1", "eval4-e0"):
+    assert eval_episode_id(prefix, 4, 3, sample=1) == prefix + "eval4-e3-s1"
+    for local in ("g0-e0", "g12-e3-r1", "eval4-e0", "eval4-e3-s1"):
         assert EPISODE_ID.match(prefix + local)
     # The seed's range, as the page states it, is derive_seed's and the model's.
     assert "0 to 2147483647" in DOC
