@@ -116,11 +116,8 @@ def _bearer(authorization: str | None) -> str:
     return token.strip()
 
 
-async def get_tenant(
-    request: Request,
-    session: SessionDep,
-    app_state: StateDep,
-    authorization: Annotated[str | None, Header()] = None,
+async def _authenticated(
+    request: Request, session: AsyncSession, app_state: AppState, authorization: str | None
 ) -> str:
     key = _bearer(authorization)
     tenant_id = app_state.known_keys.get(key)
@@ -128,12 +125,36 @@ async def get_tenant(
         tenant_id = await authenticate(session, key)
         app_state.known_keys.put(key, tenant_id)
     request.scope["rlaas_tenant_id"] = tenant_id  # for the access log
+    return tenant_id
+
+
+async def get_tenant(
+    request: Request,
+    session: SessionDep,
+    app_state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> str:
+    tenant_id = await _authenticated(request, session, app_state, authorization)
     # After authentication, so nobody can spend another tenant's request budget.
     await app_state.limits.take_request(session, tenant_id)
     return tenant_id
 
 
+async def get_tenant_of_session_call(
+    request: Request,
+    session: SessionDep,
+    app_state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> str:
+    """As `get_tenant`, for a model call of a session: it costs `session_call_cost` of a
+    request (`Limiter.take_session_call`)."""
+    tenant_id = await _authenticated(request, session, app_state, authorization)
+    await app_state.limits.take_session_call(session, tenant_id)
+    return tenant_id
+
+
 TenantDep = Annotated[str, Depends(get_tenant, scope="function")]
+SessionCallTenantDep = Annotated[str, Depends(get_tenant_of_session_call, scope="function")]
 
 
 async def require_worker(

@@ -33,7 +33,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.api.deps import AppState, SessionDep, StateDep, TenantDep
+from app.api.deps import AppState, SessionCallTenantDep, SessionDep, StateDep, TenantDep
 from app.errors import AppError, NotFound, Unavailable
 from app.observability import Observability
 from app.services import gateways, session_ends
@@ -213,7 +213,11 @@ async def _shared(
 
 @router.post("/{run_id}/openai/chat/completions")
 async def shared_chat_completions(
-    run_id: str, request: Request, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+    run_id: str,
+    request: Request,
+    session: SessionDep,
+    tenant_id: SessionCallTenantDep,
+    app_state: StateDep,
 ) -> Any:
     """Chat completions for the session named by ``X-Session-ID`` (or ``model:
     "session:<name>"``), opened on its first call; ``Authorization: Bearer <tenant key>``."""
@@ -222,7 +226,11 @@ async def shared_chat_completions(
 
 @router.post("/{run_id}/openai/completions")
 async def shared_completions(
-    run_id: str, request: Request, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+    run_id: str,
+    request: Request,
+    session: SessionDep,
+    tenant_id: SessionCallTenantDep,
+    app_state: StateDep,
 ) -> Any:
     """Legacy text completions for the named session (as ``/openai/chat/completions``)."""
     return await _shared(run_id, "completions", request, session, tenant_id, app_state)
@@ -230,7 +238,11 @@ async def shared_completions(
 
 @router.post("/{run_id}/openai/responses")
 async def shared_responses(
-    run_id: str, request: Request, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+    run_id: str,
+    request: Request,
+    session: SessionDep,
+    tenant_id: SessionCallTenantDep,
+    app_state: StateDep,
 ) -> Any:
     """The Responses API for the named session (as ``/openai/chat/completions``)."""
     return await _shared(run_id, "responses", request, session, tenant_id, app_state)
@@ -242,7 +254,7 @@ async def shared_end(
     name: str,
     request: Request,
     session: SessionDep,
-    tenant_id: TenantDep,
+    tenant_id: SessionCallTenantDep,
     app_state: StateDep,
 ) -> Any:
     """End the session named ``name`` with ``{"reward": r, "turn_rewards": [...]}``."""
@@ -256,7 +268,7 @@ async def shared_cancel(
     name: str,
     request: Request,
     session: SessionDep,
-    tenant_id: TenantDep,
+    tenant_id: SessionCallTenantDep,
     app_state: StateDep,
 ) -> Any:
     """End the session named ``name`` unscored."""
