@@ -47,7 +47,7 @@ from rl_core.envs.code_exec import TOOL as PYTHON_TOOL
 from rl_core.envs.code_exec import CodeExecConfig, describe
 from rl_core.envs.episodes import episode_position
 from rl_core.envs.procedural import ProceduralRows
-from rl_core.envs.row_order import EpochOrder, held_out
+from rl_core.envs.row_order import EpochOrder, held_out, held_out_row
 from rl_core.envs.sandbox import run_python
 from rl_core.errors import EnvironmentFailure
 from rl_core.protocol.datasets import DatasetConfig
@@ -107,13 +107,7 @@ class RowFile:
         return self._order.row(task, cfg)
 
     def eval_row(self, index: int) -> int:
-        # Never a training row: a held-out figure measured on trained rows would flatter.
-        if not self.eval:
-            raise EnvironmentFailure(
-                "dataset: held-out episodes play the eval split's rows and this config "
-                "holds none out; give split (e.g. {eval: 0.05}) or set train.eval_interval to 0"
-            )
-        return self.eval[index % len(self.eval)]
+        return held_out_row(self.eval, index)
 
 
 @dataclasses.dataclass

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from rl_core.envs.reasoning_gym import load_dataset, score
-from rl_core.envs.row_order import EpochOrder, held_out
+from rl_core.envs.row_order import EpochOrder, held_out, held_out_row
 from rl_core.errors import EnvironmentFailure
 from rl_core.protocol.datasets import DatasetConfig
 from rl_core.protocol.ecosystem import ReasoningGymConfig
@@ -70,13 +70,7 @@ class ProceduralRows:
         return self.train[task % len(self.train)]
 
     def eval_row(self, index: int) -> int:
-        # Never a training row: a held-out figure measured on trained rows would flatter.
-        if not self.eval:
-            raise EnvironmentFailure(
-                "dataset: held-out episodes play the eval split's rows and this config "
-                "holds none out; give split (e.g. {eval: 0.05}) or set train.eval_interval to 0"
-            )
-        return self.eval[index % len(self.eval)]
+        return held_out_row(self.eval, index)
 
     def item(self, row: int) -> dict[str, Any]:
         """The task's item of row ``row``: question, answer, metadata."""

@@ -45,4 +45,15 @@ class EpochOrder:
         return order[position]
 
 
-__all__ = ["EpochOrder", "held_out"]
+def held_out_row(rows: Sequence[int], index: int) -> int:
+    """The eval split's row that held-out episode ``index`` plays; never a training row:
+    a held-out figure measured on trained rows would flatter."""
+    if not rows:
+        raise EnvironmentFailure(
+            "dataset: held-out episodes play the eval split's rows and this config "
+            "holds none out; give split (e.g. {eval: 0.05}) or set train.eval_interval to 0"
+        )
+    return rows[index % len(rows)]
+
+
+__all__ = ["EpochOrder", "held_out", "held_out_row"]
