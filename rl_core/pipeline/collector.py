@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from rl_core.agent.ledger import Trajectory
 from rl_core.envs.episodes import train_episode_id
+from rl_core.pipeline.judging import judge_trajectories, judges_groups
 from rl_core.pipeline.queue import Admission, Group, GroupQueue, GroupTask
 
 log = logging.getLogger(__name__)
@@ -142,10 +143,15 @@ class Collector:
         async with asyncio.TaskGroup() as tg:
             episodes = [tg.create_task(self._episode(task, k)) for k in range(self.group_size)]
             # Async runs (admission by episode) only: sync ones keep groups whole. A group
-            # too small to leave a first part of `min_survivors` and a straggler stays whole.
+            # too small to leave a first part of `min_survivors` and a straggler stays whole,
+            # as does one a judge scores (it reads the whole group in one call).
             split = self.admission.episodes is not None and self.group_size > self.min_survivors()
+            split = split and not judges_groups(self.env)
             sent = await self._send_first_part(task, episodes) if split else None
         group = Group(task=task, trajectories=[e.result() for e in episodes])
+        if judges_groups(self.env):  # its one call, off the other groups' path
+            error = await judge_trajectories(self.env, group.trajectories)
+            self.first_error = self.first_error or error
         del self._started[task]
         if sent is not None:
             group.part, group.train = "rest", frozenset(range(self.group_size)) - sent
