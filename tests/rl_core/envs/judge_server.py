@@ -1,8 +1,9 @@
 """A fake OpenAI-compatible judge on loopback: ``POST /v1/chat/completions`` answered as a
 hosted model would be (a chat completion with ``usage``), its reply chosen by ``mode``.
 
-It scores answer ``a<i>`` of a request ``i / 10`` (so each answer's score is known), and
-keeps every request it got, with its headers, for the tests to read."""
+It scores answer ``a<i>`` of a request ``i * scale`` (``i / 10`` by default, so each
+answer's score is known), and keeps every request it got, with its headers, for the
+tests to read."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class FakeJudge:
     # (400 to a request with response_format, as servers without structured output do)
     mode: str = "ok"
     delay_s: float = 0.0
+    scale: float = 0.1  # answer a<i> scores i * scale
     requests: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     headers: list[dict[str, str]] = dataclasses.field(default_factory=list)
 
@@ -43,7 +45,7 @@ class FakeJudge:
         if self.mode == "slow":
             await asyncio.sleep(self.delay_s)
         ids = re.findall(r"^# Answer (a\d+)$", body["messages"][1]["content"], re.MULTILINE)
-        scores = [{"id": i, "reason": "as scripted", "score": int(i[1:]) / 10} for i in ids]
+        scores = [{"id": i, "reason": "as scripted", "score": int(i[1:]) * self.scale} for i in ids]
         if self.mode == "missing_one":
             scores = scores[:-1]
         content = json.dumps({"scores": scores})
