@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rl_core.envs import build_environment
 from rl_core.envs.scored import Scored
 from rl_core.envs.webhook import WebhookTarget
+from rl_core.errors import EnvironmentFailure
 from rl_core.pipeline.evaluate import Evaluator
 from rl_core.protocol.addresses import Allowlist
 from rl_core.spec import EnvironmentSpec
@@ -24,36 +26,45 @@ from .conftest import run_pipeline
 GROUP = 3
 
 
-def test_each_group_is_judged_in_one_call_before_the_trainer_sees_it(tmp_path: Path) -> None:
+def _env(url: str, config: dict[str, Any], max_calls: int = 1000) -> Scored:
+    target = WebhookTarget(
+        id="env_judge",
+        url=f"{url}/v1",
+        secret="sk-0123456789abcdef",
+        allowlist=Allowlist.parse("loopback", embedded=False),
+    )
+    spec = EnvironmentSpec.model_validate(
+        {
+            "name": "dataset",
+            "config": config,
+            "reward": "judge",
+            "judge": {
+                "endpoint": "env_judge",
+                "model": "m",
+                "rubric": "right and brief",
+                "max_calls": max_calls,
+                "max_tokens": 10**6,
+            },
+        }
+    )
+    env = build_environment(spec, webhooks={"env_judge": target})
+    assert isinstance(env, Scored)
+    return env
+
+
+def _config(tmp_path: Path) -> dict[str, Any]:
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
         "".join(json.dumps({"prompt": f"Q{i}?", "answer": str(i)}) + "\n" for i in range(4))
     )
-    config = {"path": str(rows), "split": {"size": 1}}
+    return {"path": str(rows), "split": {"size": 1}}
+
+
+def test_each_group_is_judged_in_one_call_before_the_trainer_sees_it(tmp_path: Path) -> None:
+    config = _config(tmp_path)
     server = FakeJudge()
     with serving(server.app) as url:
-        target = WebhookTarget(
-            id="env_judge",
-            url=f"{url}/v1",
-            secret="sk-0123456789abcdef",
-            allowlist=Allowlist.parse("loopback", embedded=False),
-        )
-        spec = EnvironmentSpec.model_validate(
-            {
-                "name": "dataset",
-                "config": config,
-                "reward": "judge",
-                "judge": {
-                    "endpoint": "env_judge",
-                    "model": "m",
-                    "rubric": "right and brief",
-                    "max_calls": 1000,
-                    "max_tokens": 10**6,
-                },
-            }
-        )
-        env = build_environment(spec, webhooks={"env_judge": target})
-        assert isinstance(env, Scored)
+        env = _env(url, config)
         run = run_pipeline(
             env=env,
             env_config=config,
@@ -92,6 +103,19 @@ def test_each_group_is_judged_in_one_call_before_the_trainer_sees_it(tmp_path: P
         assert metrics["eval/reward_mean"] == pytest.approx(0.2)
     assert len(server.requests) >= len(trained) + 2 * len(evaluations)
     assert not any(k.startswith("env/verifier_failed") for _, m in run.sink.steps for k in m)
+
+
+def test_a_run_that_spends_its_judge_budget_stops_saying_so(tmp_path: Path) -> None:
+    """Past the budget every group fails (judge_budget, no call made) and the run stops
+    with that reason, as a run whose episodes all fail does: never trained on zeros."""
+    config = _config(tmp_path)
+    server = FakeJudge()
+    with (
+        serving(server.app) as url,
+        pytest.raises(EnvironmentFailure, match=r"judge_budget.*budget of 2 calls is spent"),
+    ):
+        run_pipeline(env=_env(url, config, max_calls=2), env_config=config, steps=4)
+    assert len(server.requests) == 2
 
 
 def test_a_spec_field_typo_is_not_a_silent_judge() -> None:
