@@ -152,6 +152,7 @@ class Collector:
         if judges_groups(self.env):  # its one call, off the other groups' path
             error = await judge_trajectories(self.env, group.trajectories)
             self.first_error = self.first_error or error
+            self.finished.extend(group.trajectories)  # counted as the judge left them
         del self._started[task]
         if sent is not None:
             group.part, group.train = "rest", frozenset(range(self.group_size)) - sent
@@ -212,7 +213,8 @@ class Collector:
             self.admission.episode_ended()
         if traj.error and self.first_error is None:
             self.first_error = f"{traj.end_reason}: {traj.error}"
-        self.finished.append(traj)
+        if not judges_groups(self.env):  # a judged one once its group is judged
+            self.finished.append(traj)
         return traj
 
 

@@ -105,6 +105,27 @@ def test_each_group_is_judged_in_one_call_before_the_trainer_sees_it(tmp_path: P
     assert not any(k.startswith("env/verifier_failed") for _, m in run.sink.steps for k in m)
 
 
+def test_an_answer_the_judge_left_unscored_is_a_counted_failure_not_a_zero(
+    tmp_path: Path,
+) -> None:
+    """The judge omits each group's last answer: that member leaves its group and every
+    step counts it by reason, in the step's end states and failures as the judge left it."""
+    config = _config(tmp_path)
+    with serving(FakeJudge(mode="missing_one").app) as url:
+        run = run_pipeline(env=_env(url, config), env_config=config, steps=2, group_size=GROUP)
+    for _, batch in run.trained():
+        for group in batch:
+            assert [t.member for t in group.to_train] == [0, 1]
+            assert [t.end_reason for t in group.trajectories][-1] == "judge_malformed"
+
+    def total(name: str) -> float:
+        return sum(m.get(name, 0.0) for _, m in run.sink.steps)
+
+    failed = total("failures/judge_malformed")
+    assert failed >= 4 and failed == total("episode/env_error") == total("failures/total")
+    assert total("env/verifier_failed/judge/malformed") == failed
+
+
 def test_a_run_that_spends_its_judge_budget_stops_saying_so(tmp_path: Path) -> None:
     """Past the budget every group fails (judge_budget, no call made) and the run stops
     with that reason, as a run whose episodes all fail does: never trained on zeros."""
