@@ -37,7 +37,12 @@ from typing import Any, Protocol
 
 from rl_core.agent.ledger import Trajectory
 from rl_core.envs.episodes import train_episode_id
-from rl_core.pipeline.judging import judge_trajectories, judges_groups
+from rl_core.pipeline.judging import (
+    judge_spent,
+    judge_trajectories,
+    judges_groups,
+    restore_judge_spent,
+)
 from rl_core.pipeline.queue import Admission, Group, GroupQueue, GroupTask
 
 log = logging.getLogger(__name__)
@@ -105,6 +110,7 @@ class Collector:
         self.cancelled: list[Trajectory] = []
         self.dropped_groups = 0  # too few survivors
         self.first_error: str | None = None
+        restore_judge_spent(env, position.get("judge"))  # the run's budget, not the attempt's
 
     def min_survivors(self) -> int:
         return min(2, self.group_size)
@@ -112,7 +118,9 @@ class Collector:
     def position(self) -> dict[str, Any]:
         """What a checkpoint needs to resume exactly: see the module docstring."""
         pending = sorted({*self._started, *self.queue.pending(), *self._replay})
-        return {"next_index": self.next_index, "pending": [[t.index, t.attempt] for t in pending]}
+        out = {"next_index": self.next_index, "pending": [[t.index, t.attempt] for t in pending]}
+        spent = judge_spent(self.env)
+        return out if spent is None else {**out, "judge": spent}
 
     def requeue(self, task: GroupTask) -> None:
         self._replay.append(task)

@@ -22,6 +22,21 @@ def judges_groups(env: Any) -> bool:
     return getattr(env, "judge", None) is not None and hasattr(env, "judge_group")
 
 
+def judge_spent(env: Any) -> dict[str, int] | None:
+    """What the run's judge has spent (calls, tokens), for the collector's checkpointed
+    position, so a resumed attempt goes on counting against the same budget."""
+    if not judges_groups(env):
+        return None
+    return {"calls": env.judge.calls, "tokens": env.judge.tokens}
+
+
+def restore_judge_spent(env: Any, spent: Any) -> None:
+    """The spending a checkpoint saved (`judge_spent`), given back to a new attempt's judge."""
+    if judges_groups(env) and isinstance(spent, dict):
+        env.judge.calls = int(spent.get("calls", 0))
+        env.judge.tokens = int(spent.get("tokens", 0))
+
+
 async def judge_trajectories(env: Any, trajectories: Sequence[Trajectory]) -> str | None:
     """Score the group's answers in one call and apply the results; the first failure's
     message (for the run's error when its groups are all lost), else None."""
@@ -48,4 +63,4 @@ async def judge_trajectories(env: Any, trajectories: Sequence[Trajectory]) -> st
     return first_error
 
 
-__all__ = ["judge_trajectories", "judges_groups"]
+__all__ = ["judge_spent", "judge_trajectories", "judges_groups", "restore_judge_spent"]

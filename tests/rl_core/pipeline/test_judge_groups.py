@@ -18,10 +18,10 @@ from rl_core.errors import EnvironmentFailure
 from rl_core.pipeline.evaluate import Evaluator
 from rl_core.protocol.addresses import Allowlist
 from rl_core.spec import EnvironmentSpec
-from tests.rl_core.envs.judge_server import FakeJudge
+from tests.rl_core.envs.judge_server import USAGE_TOKENS, FakeJudge
 from tests.sdk.serving import serving
 
-from .conftest import run_pipeline
+from .conftest import MemoryCheckpointer, run_pipeline
 
 GROUP = 3
 
@@ -137,6 +137,37 @@ def test_a_run_that_spends_its_judge_budget_stops_saying_so(tmp_path: Path) -> N
     ):
         run_pipeline(env=_env(url, config, max_calls=2), env_config=config, steps=4)
     assert len(server.requests) == 2
+
+
+def test_a_resumed_run_goes_on_counting_against_the_same_budget(tmp_path: Path) -> None:
+    """The judge's spending is in the collector's checkpointed position; an attempt resumed
+    from it starts where the budget was, not afresh."""
+    config = _config(tmp_path)
+    saver = MemoryCheckpointer()
+    server = FakeJudge()
+    with serving(server.app) as url:
+        run_pipeline(
+            env=_env(url, config, max_calls=50),
+            env_config=config,
+            steps=2,
+            checkpointer=saver,
+            checkpoint_interval=1,
+        )
+        saved = saver.saved[2]["collector"]
+        assert 4 <= saved["judge"]["calls"] <= len(server.requests) <= 50
+        # Calls count as they start, tokens as they end: some may be in flight.
+        assert 0 < saved["judge"]["tokens"] <= USAGE_TOKENS * saved["judge"]["calls"]
+        spent = {**saved, "judge": {"calls": 50, "tokens": 1000}}
+        calls = len(server.requests)
+        with pytest.raises(EnvironmentFailure, match="budget of 50 calls is spent"):
+            run_pipeline(
+                env=_env(url, config, max_calls=50),
+                env_config=config,
+                steps=4,
+                position=spent,
+                start_step=2,
+            )
+        assert len(server.requests) == calls  # the resumed attempt made none
 
 
 def test_a_spec_field_typo_is_not_a_silent_judge() -> None:
