@@ -252,6 +252,13 @@ class EnvironmentSpec(_Section):
                 "environment.judge is read only by the 'judge' reward; add it to "
                 "environment.reward or remove judge"
             )
+        if uses and self.name == SESSIONS:
+            # No episode of a sessions run passes through the worker's environment: the
+            # judge would never be called.
+            raise ValueError(
+                "reward 'judge' scores the groups the worker plays; in a sessions run the "
+                "clients report each episode's reward (call your judge there)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -215,6 +215,8 @@ def test_the_spec_names_the_judge_with_the_judge_reward_and_a_budget() -> None:
             {"name": "dataset", "reward": "judge", "judge": _judge(max_calls=0)}
         )
     assert bad.value.errors()[0]["loc"] == ("judge", "max_calls")
+    with pytest.raises(ValidationError, match="clients report each episode's reward"):
+        EnvironmentSpec.model_validate({"name": "sessions", "reward": "judge", "judge": _judge()})
     with pytest.raises(ValidationError, match="endpoint"):
         EnvironmentSpec.model_validate(
             {"name": "dataset", "reward": "judge", "judge": _judge(endpoint="http://10.0.0.1/v1")}
