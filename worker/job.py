@@ -196,10 +196,10 @@ def session_gateway(api: ControlPlane, run_id: str, settings: WorkerSettings) ->
 
 
 def webhook_targets(claim: Claim, settings: WorkerSettings) -> dict[str, WebhookTarget]:
-    """The run's webhook environment and its ``webhook`` reward's scorer endpoint, those it
-    has, connecting only where this worker's ``RLAAS_ENV_URL_ALLOWLIST`` allows (checked
-    at every connection, not only at registration: a name re-pointed since then is
-    refused)."""
+    """The run's webhook environment, its ``webhook`` reward's scorer endpoint and its
+    ``judge`` reward's LLM judge, those it has, connecting only where this worker's
+    ``RLAAS_ENV_URL_ALLOWLIST`` allows (checked at every connection, not only at
+    registration: a name re-pointed since then is refused)."""
     from rl_core.envs.webhook import WebhookTarget
 
     return {
@@ -211,7 +211,7 @@ def webhook_targets(claim: Claim, settings: WorkerSettings) -> dict[str, Webhook
             max_concurrency=grant.max_concurrency,
             allowlist=settings.env_allowlist(),
         )
-        for grant in (claim.environment, claim.scorer)
+        for grant in (claim.environment, claim.scorer, claim.judge)
         if grant is not None
     }
 
