@@ -30,6 +30,7 @@ from rl_core.protocol.addresses import Allowlist
 
 if TYPE_CHECKING:
     from rl_core.envs.walls import WallPolicy
+    from rl_core.training.stored import StoreTarget
 
 # The one way to run tenant code on a deployed worker without bubblewrap (docs/lifecycle.md).
 UNSAFE_SANDBOX = "RLAAS_UNSAFE_SANDBOX_WITHOUT_BWRAP"
@@ -54,9 +55,16 @@ class WorkerSettings(BaseSettings):
     # on a report (the API may be restarting).
     api_retry_seconds: float = 120.0
 
-    # Checkpoints and profiles, one folder per run. Workers that may resume each
-    # other's runs must share it (a volume; a bucket path in production).
+    # Checkpoints and profiles, one folder per run. Without an artifact store, workers that
+    # may resume each other's runs must share it (a volume); with one, it is a cache.
     artifacts_path: Path | None = None
+    # The artifact store (docs/storage.md): s3://bucket/prefix (credentials and region from
+    # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION), file:///folder. Unset: the
+    # artifacts folder is the store. RLAAS_S3_ENDPOINT: an S3-compatible server's URL.
+    artifact_store: str | None = None
+    s3_endpoint: str | None = None
+    # The most checkpoints a run keeps, whatever its spec's train.keep_checkpoints says.
+    keep_checkpoints_max: int | None = Field(default=None, ge=1)
 
     # Where hf:/gguf: model sources of runs are found: a spec names a path inside it.
     models_path: Path | None = None
@@ -111,6 +119,19 @@ class WorkerSettings(BaseSettings):
 
     def artifacts_dir(self) -> Path:
         return self.artifacts_path or self.data_dir / "artifacts"
+
+    def store_target(self, run_id: str) -> StoreTarget | None:
+        """Where a run's checkpoints and exports go beyond this disk (None: nowhere); the
+        run's keys lie under its id."""
+        from rl_core.store import open_store
+        from rl_core.training.stored import StoreTarget
+
+        store = (
+            open_store(self.artifact_store, endpoint=self.s3_endpoint)
+            if self.artifact_store
+            else None
+        )
+        return StoreTarget(store, run_id, keep_cap=self.keep_checkpoints_max)
 
     def models_dir(self) -> Path:
         """``RLAAS_MODELS_PATH``, else ``<data dir>/models``."""
