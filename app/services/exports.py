@@ -146,6 +146,9 @@ def _stored(
     """The export's objects in the store (None unless its marker is there, i.e. it was
     uploaded whole), and whether the step's adapter is there."""
 
+    def reader(key: str) -> Callable[[], Iterator[bytes]]:
+        return lambda: store.stream(key, _CHUNK)
+
     def complete(f: ExportFormat) -> list[Member] | None:
         key = export_key(run_id, step, f)
         objects = store.list(key)
@@ -156,7 +159,7 @@ def _stored(
                 f"{prefix}/{o.key[len(key) + 1 :]}",
                 o.size,
                 o.mtime,
-                lambda k=o.key: store.stream(k, _CHUNK),
+                reader(o.key),
             )
             for o in objects
             if o.key != f"{key}/{EXPORT_MARKER}"

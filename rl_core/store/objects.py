@@ -132,7 +132,7 @@ def open_store(url: str, *, endpoint: str | None = None) -> ObjectStore:
         options: dict[str, Any] = {}
         if endpoint:
             options["endpoint"] = endpoint
-        client = {"allow_http": True} if endpoint and endpoint.startswith("http://") else None
+        client: Any = {"allow_http": True} if endpoint and endpoint.startswith("http://") else None
         try:
             store = S3Store(
                 bucket, prefix=prefix.strip("/") or None, client_options=client, **options

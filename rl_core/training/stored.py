@@ -54,7 +54,7 @@ def checkpoint_key(prefix: str, step: int) -> str:
 def stored_steps(store: ArtifactStore, prefix: str) -> list[int]:
     """The steps of the run's complete checkpoints in the store, ascending."""
     folders = complete_folders(store, f"{prefix.strip('/')}/checkpoints", marker=MARKER)
-    return sorted(_step(name) for name in folders if _step(name) is not None)  # type: ignore[type-var]
+    return sorted(step for name in folders if (step := _step(name)) is not None)
 
 
 def _step(name: str) -> int | None:
