@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.services.crash_loop import Policy
@@ -126,6 +126,16 @@ class Settings(BaseSettings):
 
     def artifacts_dir(self) -> Path:
         return self.artifacts_path or self.data_dir / "artifacts"
+
+    @field_validator("artifact_store")
+    @classmethod
+    def _store_url_parses(cls, value: str | None) -> str | None:
+        from rl_core.store import StoreError, check_store_url
+
+        try:  # a bad URL stops start-up, naming the setting
+            return None if not value else check_store_url(value)
+        except StoreError as exc:
+            raise ValueError(str(exc)) from exc
 
     def requeue_policy(self) -> Policy:
         return Policy(

@@ -96,6 +96,16 @@ class WorkerSettings(BaseSettings):
         Allowlist.parse(value, embedded=False)  # a bad entry stops the worker at start-up
         return value
 
+    @field_validator("artifact_store")
+    @classmethod
+    def _store_url_parses(cls, value: str | None) -> str | None:
+        from rl_core.store import StoreError, check_store_url
+
+        try:  # a bad URL stops start-up, naming the setting
+            return None if not value else check_store_url(value)
+        except StoreError as exc:
+            raise ValueError(str(exc)) from exc
+
     @property
     def embedded(self) -> bool:
         """The embedded default: a SQLite-file broker, so the control plane and this worker

@@ -13,6 +13,7 @@ length known before the first byte, so a client sees progress and a cut download
 from __future__ import annotations
 
 import asyncio
+import functools
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ async def checkpoint_export(
         )
     prefix = f"{run.id}-step-{step}-{fmt}"
     if settings.artifact_store:
-        store = open_store(settings.artifact_store, endpoint=settings.s3_endpoint)
+        store = _store(settings.artifact_store, settings.s3_endpoint)
         found, adapter = await asyncio.to_thread(_stored, store, run.id, step, fmt, prefix)
     else:
         found = _local(export_dir(settings.artifacts_dir() / run.id, step, fmt), prefix)
@@ -115,6 +116,12 @@ async def checkpoint_export(
         )
     size = sum(len(_header(m)) + _padded(m.size) for m in found) + 2 * _BLOCK
     return Archive(name=f"{prefix}.tar", files=found, size=size)
+
+
+@functools.cache
+def _store(url: str, endpoint: str | None) -> ArtifactStore:
+    """One client per store for the process (its connection pool is reused)."""
+    return open_store(url, endpoint=endpoint)
 
 
 def _local(folder: Path, prefix: str) -> list[Member] | None:

@@ -13,13 +13,14 @@ Pure Python over obstore: no JAX, so the control plane imports it too.
 
 from rl_core.store.base import ArtifactStore, StoredObject, StoreError
 from rl_core.store.folders import complete_folders, download_folder, upload_folder
-from rl_core.store.objects import ObjectStore, open_store
+from rl_core.store.objects import ObjectStore, check_store_url, open_store
 
 __all__ = [
     "ArtifactStore",
     "ObjectStore",
     "StoreError",
     "StoredObject",
+    "check_store_url",
     "complete_folders",
     "download_folder",
     "open_store",

@@ -109,6 +109,28 @@ class ObjectStore:
         return f"{self.url.rstrip('/')}/{key}"
 
 
+SCHEMES = ("s3", "file", "memory")
+
+
+def check_store_url(url: str) -> str:
+    """``url`` if it names a store `open_store` opens (no connection is made); else a
+    `StoreError` saying what to write, for a setting checked at start-up."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise StoreError(
+            f"artifact store {url!r} is not a URL; use s3://bucket/prefix, file:///folder "
+            "or memory://"
+        )
+    if scheme not in SCHEMES:
+        raise StoreError(
+            f"artifact store {url!r}: scheme {scheme!r} is not supported; use s3://, file:// "
+            "or memory://"
+        )
+    if scheme == "s3" and not rest.partition("/")[0]:
+        raise StoreError(f"artifact store {url!r} names no bucket; use s3://bucket/prefix")
+    return url
+
+
 def open_store(url: str, *, endpoint: str | None = None) -> ObjectStore:
     """The store at ``url``: ``s3://bucket/prefix``, ``file:///folder`` or ``memory://``.
 
@@ -119,16 +141,9 @@ def open_store(url: str, *, endpoint: str | None = None) -> ObjectStore:
     """
     from obstore.store import LocalStore, MemoryStore, S3Store
 
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise StoreError(
-            f"artifact store {url!r} is not a URL; use s3://bucket/prefix, file:///folder "
-            "or memory://"
-        )
+    scheme, _, rest = check_store_url(url).partition("://")
     if scheme == "s3":
         bucket, _, prefix = rest.partition("/")
-        if not bucket:
-            raise StoreError(f"artifact store {url!r} names no bucket; use s3://bucket/prefix")
         options: dict[str, Any] = {}
         if endpoint:
             options["endpoint"] = endpoint
@@ -144,9 +159,4 @@ def open_store(url: str, *, endpoint: str | None = None) -> ObjectStore:
         folder = Path(rest)
         folder.mkdir(parents=True, exist_ok=True)
         return ObjectStore(LocalStore(folder), url)
-    if scheme == "memory":
-        return ObjectStore(MemoryStore(), url)
-    raise StoreError(
-        f"artifact store {url!r}: scheme {scheme!r} is not supported; use s3://, file:// "
-        "or memory://"
-    )
+    return ObjectStore(MemoryStore(), url)
