@@ -51,6 +51,8 @@ class Tenant(Base):
     # Compute budget: run-seconds per period, and the most train.steps one run may ask for.
     quota_run_seconds: Mapped[int | None] = mapped_column(Integer)
     quota_train_steps: Mapped[int | None] = mapped_column(Integer)
+    # Bytes all of the tenant's datasets may take (BigInteger: past 2 GiB is a fair ask).
+    quota_dataset_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # When a worker last took one of this tenant's runs: the fair claim (app.services.fair)
     # serves the tenant waited on longest first.
     last_claim_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

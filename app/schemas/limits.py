@@ -15,12 +15,14 @@ class QuotasRead(BaseModel):
     )
     run_seconds_period_s: int = Field(description="The rolling period of run_seconds")
     train_steps: int | None = Field(description="Most train.steps one run may ask (null: no cap)")
+    dataset_bytes: int = Field(description="Bytes all of the tenant's datasets may take")
 
 
 class UsageRead(BaseModel):
     runs_in_flight: int
     requests_available: int = Field(description="Requests that may be sent now without a 429")
     run_seconds: int = Field(description="Seconds the tenant's runs held workers in the period")
+    dataset_bytes: int = Field(description="Bytes the tenant's datasets take")
 
 
 class LimitsRead(BaseModel):

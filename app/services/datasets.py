@@ -43,6 +43,7 @@ from app.db.models import Dataset, Run, Tenant, utcnow
 from app.errors import Conflict, NotFound, PayloadTooLarge, Unprocessable
 from app.security import LeaseProof
 from app.services import run_states
+from app.services.quotas import Quotas
 from app.services.upload import PARQUET_MAGIC, Caps, JsonlCheck
 from app.services.upload_parquet import ParquetReceive
 from app.settings import Settings
@@ -188,6 +189,14 @@ def _sweep_parts(tmp_dir: Path, older_than_s: float = 24 * 3600) -> None:
                 part.unlink()
 
 
+async def bytes_used(session: AsyncSession, tenant_id: str) -> int:
+    """The bytes the tenant's datasets take (the quota ``dataset_bytes`` counts them)."""
+    total = await session.scalar(
+        select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.tenant_id == tenant_id)
+    )
+    return int(total or 0)
+
+
 async def _check_quota(
     session: AsyncSession,
     tenant_id: str,
@@ -195,16 +204,10 @@ async def _check_quota(
     size: int,
     replaced: Dataset | None,
 ) -> None:
-    used = int(
-        await session.scalar(
-            select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(
-                Dataset.tenant_id == tenant_id
-            )
-        )
-        or 0
-    )
+    used = await bytes_used(session, tenant_id)
     used -= replaced.size_bytes if replaced is not None else 0
-    quota = settings.quota_dataset_bytes
+    # The tenant's own override (tenants.quota_dataset_bytes), else the deployment's.
+    quota = Quotas.of(await session.get(Tenant, tenant_id), settings).dataset_bytes
     if used + size > quota:
         error = PayloadTooLarge(
             f"this tenant's datasets would take {used + size} bytes and the quota is {quota} "

@@ -53,6 +53,7 @@ class Quotas:
     body_bytes: int
     run_seconds: int | None = None  # per settings.quota_run_seconds_period_s; None: no budget
     train_steps: int | None = None  # the most one run may ask for; None: no cap
+    dataset_bytes: int = 1_073_741_824  # all of the tenant's uploaded datasets together
 
     @classmethod
     def of(cls, tenant: Tenant | None, settings: Settings) -> Quotas:
@@ -68,6 +69,7 @@ class Quotas:
             body_bytes=pick("quota_body_bytes", settings.quota_body_bytes),
             run_seconds=pick("quota_run_seconds", settings.quota_run_seconds),
             train_steps=pick("quota_train_steps", settings.quota_train_steps),
+            dataset_bytes=pick("quota_dataset_bytes", settings.quota_dataset_bytes),
         )
 
 

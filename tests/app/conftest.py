@@ -18,16 +18,16 @@ import httpx
 import psycopg
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import text
+from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.admin import migrate
 from app.api.deps import AppState
-from app.db.models import WorkerCredential, utcnow
+from app.db.models import Tenant, WorkerCredential, utcnow
 from app.dispatch import Dispatcher, RecordingDispatcher
 from app.main import create_app
 from app.security import hash_key, parse_worker_prefix
-from app.services.tenants import create_tenant
+from app.services.tenants import authenticate, create_tenant
 from app.settings import Settings
 
 T = TypeVar("T")
@@ -164,3 +164,15 @@ async def running_api(
 async def api(app_database: str) -> AsyncIterator[Api]:
     async with running_api(app_database) as running:
         yield running
+
+
+async def set_quota(api: Api, auth: dict[str, str], **quota: int | None) -> None:
+    """Override the tenant's quotas (``runs_in_flight=1``: its ``quota_runs_in_flight``)."""
+    key = auth["Authorization"].removeprefix("Bearer ")
+
+    async def apply(session: Any) -> None:
+        tenant_id = await authenticate(session, key)
+        values = {f"quota_{name}": value for name, value in quota.items()}
+        await session.execute(update(Tenant).where(Tenant.id == tenant_id).values(**values))
+
+    await api.db(apply)

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.app.conftest import Api, lease, running_api
+from tests.app.conftest import Api, lease, running_api, set_quota
 
 pytestmark = pytest.mark.anyio
 
@@ -166,6 +166,22 @@ async def test_over_the_row_cap_and_the_tenant_quota_are_413(dapi: Api, tmp_path
     second = await upload(dapi, auth, jsonl(rows(32_001, start=1)), name="b")
     assert second.status_code == 413 and second.json()["error"]["quota"]["name"] == "dataset_bytes"
     assert [p.name for p in stored(tmp_path)] == [f"{first.json()['sha256']}.jsonl"]
+
+
+async def test_a_tenants_own_dataset_quota_overrides_the_deployments(dapi: Api) -> None:
+    raised, lowered = await dapi.tenant(), await dapi.tenant()
+    await set_quota(dapi, raised, dataset_bytes=5_000_000)
+    await set_quota(dapi, lowered, dataset_bytes=1_000_000)
+    data = jsonl(rows(32_000))  # ~1.7 MB: over the lowered 1 MB, then twice within 5 MB
+    refused = await upload(dapi, lowered, data)
+    assert refused.status_code == 413
+    quota = refused.json()["error"]["quota"]
+    assert quota == {"name": "dataset_bytes", "limit": 1_000_000, "used": 0}
+    for name in ("a", "b"):  # 3.4 MB: past the deployment's 3 MB, within this tenant's 5 MB
+        assert (await upload(dapi, raised, data, name=name)).status_code == 201
+    limits = (await dapi.client.get("/v1/limits", headers=raised)).json()
+    assert limits["quotas"]["dataset_bytes"] == 5_000_000
+    assert limits["usage"]["dataset_bytes"] == 2 * len(data)
 
 
 async def test_a_run_pins_the_content_and_the_worker_downloads_exactly_that(

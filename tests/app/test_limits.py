@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-from sqlalchemy import update
 
-from app.db.models import Tenant
 from app.errors import TooManyRequests
 from app.services import quotas
 from app.services.quotas import Limiter
 from app.services.rate import SharedBuckets, TokenBucket
-from app.services.tenants import authenticate
 from app.settings import Settings
-from tests.app.conftest import Api, lease, running_api, spec
+from tests.app.conftest import Api, lease, running_api, set_quota, spec
 
 pytestmark = pytest.mark.anyio
-
-
-async def set_quota(api: Api, auth: dict[str, str], **quota: int | None) -> None:
-    key = auth["Authorization"].removeprefix("Bearer ")
-
-    async def apply(session: Any) -> None:
-        tenant_id = await authenticate(session, key)
-        values = {f"quota_{name}": value for name, value in quota.items()}
-        await session.execute(update(Tenant).where(Tenant.id == tenant_id).values(**values))
-
-    await api.db(apply)
 
 
 async def test_limits_show_the_defaults_then_the_overrides_and_the_use(api: Api) -> None:
@@ -43,15 +28,18 @@ async def test_limits_show_the_defaults_then_the_overrides_and_the_use(api: Api)
         "run_seconds": None,  # no compute budget by default (tests/app/test_budget.py)
         "run_seconds_period_s": settings.quota_run_seconds_period_s,
         "train_steps": None,
+        "dataset_bytes": settings.quota_dataset_bytes,
     }
     await api.submit(auth)
-    await set_quota(api, auth, runs_in_flight=5, body_bytes=4096)
+    # Six requests a minute: one comes back every 10 s, so the GET's own use still shows on
+    # a slow machine (at the default 1,200, 0.05 s between requests refills the bucket).
+    await set_quota(api, auth, runs_in_flight=5, body_bytes=4096, requests_per_minute=6)
     # Drop the 10 s quota cache (the shared request bucket stays).
     api.state.limits = Limiter(settings, buckets=api.state.limits.buckets)
     body = (await api.client.get("/v1/limits", headers=auth)).json()
     assert body["quotas"]["runs_in_flight"] == 5 and body["quotas"]["body_bytes"] == 4096
     assert body["usage"]["runs_in_flight"] == 1
-    assert 0 < body["usage"]["requests_available"] < settings.quota_requests_per_minute
+    assert 0 < body["usage"]["requests_available"] < 6
 
 
 async def test_runs_in_flight_over_quota_is_429_and_a_replay_still_answers(api: Api) -> None:
