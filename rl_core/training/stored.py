@@ -107,6 +107,9 @@ class RunArtifacts:
                 marker=EXPORT_MARKER,
                 marker_data=marker,
             )
+            # Served from the store from now on: a full fine-tune's hf export per
+            # checkpoint (each the model's size) would otherwise fill the worker's disk.
+            shutil.rmtree(folder, ignore_errors=True)
         if lora:  # as on disk: a LoRA run keeps the merged export of its newest step only
             for old in self._stored_export_steps("hf"):
                 if old < step:
@@ -159,6 +162,8 @@ class RunArtifacts:
         cached copy when it is the stored one, else downloaded from the store first."""
         if self.store is None:
             return uri
+        if "://" not in uri and (Path(uri) / MARKER).is_file():
+            return uri  # recorded before the store was set, and on this disk: as before
         name = uri.rstrip("/").rsplit("/", 1)[-1]
         step = _step(name)
         if step is None:

@@ -124,6 +124,7 @@ def test_retention_keeps_the_newest_checkpoints_and_every_export(
         "step-00000009",
         "step-00000012",
     ]
+    assert not (tmp_path / "run" / "exports" / "step-00000012" / "peft").exists()  # uploaded
     for step in (3, 6, 9, 12):  # every step's adapter stays downloadable
         key = f"run-1/exports/step-{step:08d}/peft"
         assert {o.key.rsplit("/", 1)[1] for o in store.list(key)} == {"a.json", "rlaas_export.json"}
