@@ -501,6 +501,10 @@ class TrainSpec(_Section):
     # is taken away keeps its progress.
     checkpoint_interval: Annotated[int, Field(ge=0)] | None = None
     checkpoint_every_s: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    # Retention (docs/storage.md): the newest keep_checkpoints checkpoints are kept, older
+    # ones deleted (from the store and the worker's disk); every checkpoint's exports stay
+    # downloadable. An operator may cap it (RLAAS_KEEP_CHECKPOINTS_MAX on the workers).
+    keep_checkpoints: Annotated[int, Field(ge=1, le=10_000)] = 3
     seed: int = 0
     # Held-out evaluation (rl_core/pipeline/evaluate.py): every eval_interval steps and
     # once before the first, eval_episodes fixed episodes at eval_temperature (0: greedy).

@@ -123,6 +123,7 @@ def _train_claimed(
                 callbacks=HttpCallbackSource(settings.api_url, claim.lease_token, run_id),
                 gateway=session_gateway(api, run_id, settings),
                 walls=settings.sandbox_walls(),  # deployed: bubblewrap or no tenant code
+                store=settings.store_target(run_id),  # docs/storage.md
             )
         except BaseException:
             trackers.close("failed")
