@@ -34,10 +34,12 @@ def test_a_resumed_async_run_replays_unconsumed_tasks_and_repeats_none() -> None
     assert pending.isdisjoint(before)
     # Everything below next_index was trained, is pending, or was dropped by the staleness
     # gate (played too far behind the policy, as a loaded machine can make it: consumed,
-    # never played again, by design); nothing else is skipped.
+    # never played again, by design); nothing else is skipped. A drop may also be the rest
+    # of a split group whose first part was trained (``counts.split``), which skips no task:
+    # so at most as many tasks are skipped as parts were dropped.
     assert set(before) | pending <= set(range(position["next_index"]))
     skipped = set(range(position["next_index"])) - set(before) - pending
-    assert len(skipped) == first.pipeline.queue.counts.dropped_stale, skipped
+    assert len(skipped) <= first.pipeline.queue.counts.dropped_stale, skipped
 
     second = run_pipeline(
         steps=step + 4,
