@@ -99,6 +99,8 @@ FAST_REAPER = {"RLAAS_REAPER_INTERVAL_S": "1", "RLAAS_REQUEUE_BACKOFF_S": "1"}
 LEASE_S = 60.0
 # Routes whose time is not the control plane's: a model call is the worker's engine
 # generating, and opening a session holds the call until an episode is free (wait_s).
+# A p99 of fewer calls is their maximum: one slow call would be the breaking point.
+MIN_JUDGED_CALLS = 100
 NOT_JUDGED = ("/chat/completions", "POST /v1/runs/{id}/sessions")
 
 
@@ -498,6 +500,19 @@ def queued_now(database_url: str) -> int | None:
     return int(row[0]) if row else 0
 
 
+def running_on(database_url: str, worker: str) -> bool:
+    """Whether the worker enrolled as ``worker`` holds a running run now."""
+    conninfo = database_url.replace("postgresql+psycopg://", "postgresql://")
+    with contextlib.suppress(psycopg.Error), psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM runs r JOIN worker_credentials w "
+            "ON w.id = r.lease_credential_id WHERE w.name = %s AND r.status = 'running'",
+            (worker,),
+        ).fetchone()
+        return bool(row and row[0])
+    return False
+
+
 def server_runs(database_url: str) -> list[tuple[str, str]]:
     conninfo = database_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -507,6 +522,11 @@ def server_runs(database_url: str) -> list[tuple[str, str]]:
 async def faults(st: Stack, stats: Stats, total_s: float, t0: float) -> None:
     """A worker SIGKILLed (and started again) at 35 % of the time; Postgres restarted at 60 %."""
     await asyncio.sleep(max(0.0, t0 + 0.35 * total_s - time.monotonic()))
+    # Mid-run: wait (up to a minute) until worker-1 holds a running run.
+    for _ in range(60):
+        if await asyncio.to_thread(running_on, st.dep.env["RLAAS_DATABASE_URL"], "worker-1"):
+            break
+        await asyncio.sleep(1)
     begin = time.time()
     st.dep.procs["worker-1"].send_signal(signal.SIGKILL)
     print(f"  fault: worker-1 SIGKILLed at t={time.monotonic() - t0:.0f}s", flush=True)
@@ -600,6 +620,13 @@ def report(tenants: list[Tenant], stats: Stats, st: Stack, fault_s: float) -> bo
         )[:600]
         + ")",
     )
+    if fault_s:
+        again = [s.run_id for s in subs if s.final and s.final["attempts"] > 1]
+        ok &= check(
+            bool(again),
+            f"the SIGKILL took a run mid-way and it was claimed again ({len(again)} runs "
+            "claimed more than once; each is in the checks above)",
+        )
     bad_steps = []
     for s in subs:
         if s.final is None or s.final["status"] != "succeeded":
@@ -763,7 +790,11 @@ async def ramp(st: Stack, args: argparse.Namespace) -> bool:
             q = await asyncio.to_thread(queued_now, st.dep.env["RLAAS_DATABASE_URL"])
             if q is not None:
                 samples.append((time.monotonic() - t0, float(q)))
-        judged = [k for k in stats.step_routes if not k.endswith(NOT_JUDGED)] or ["-"]
+        judged = [
+            k
+            for k, r in stats.step_routes.items()
+            if not k.endswith(NOT_JUDGED) and r.count >= MIN_JUDGED_CALLS
+        ] or ["-"]
         worst_key = max(judged, key=lambda k: percentile(stats.step_routes[k].kept, 99))
         worst = percentile(stats.step_routes[worst_key].kept, 99)
         b, half = slope([t for t, _ in samples], [q for _, q in samples])
@@ -836,7 +867,7 @@ def main() -> None:
     parser.add_argument("--heavy", type=float, default=0.1, help="share of heavy tenants")
     parser.add_argument("--heavy-outstanding", type=int, default=4)
     parser.add_argument("--sessions", type=float, default=0.2, help="share playing sessions")
-    parser.add_argument("--drain-minutes", type=float, default=15.0)
+    parser.add_argument("--drain-minutes", type=float, default=30.0)
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--ramp", action="store_true")
     parser.add_argument("--steps", default="10,25,50,100,150")
