@@ -569,6 +569,15 @@ def route_table(routes: dict[str, Route]) -> str:
     return table(headers, rows)
 
 
+def service_times(subs: list[Submitted]) -> list[float]:
+    """Seconds from each ended run's last claim to its end: one attempt's service."""
+    return [
+        ts(s.final["finished_at"]) - s.claims[-1]
+        for s in subs
+        if s.final is not None and s.final.get("finished_at") and s.claims
+    ]
+
+
 def check(ok: bool, what: str) -> bool:
     print(f"{'PASS' if ok else 'MISS'}  {what}")
     return ok
@@ -582,12 +591,16 @@ def fairness_bound(tenants: int, s_max: float, fault_s: float) -> float:
     active runs, so only tenants with 0 active go before it, and of those only ones
     whose last claim is older than its tenant's; once claimed, a tenant has 1 active and
     the newest last claim, so it goes behind our run until our run is claimed, even if
-    it has more queued. So at most ``tenants - 1`` claims (one per other tenant) come
-    before it, whatever the others' queues hold; with W workers each finishing a run
-    within ``s_max``, those claims and its own happen within
-    ``(ceil((tenants - 1) / W) + 1) * s_max``, plus the time faults took workers away.
+    it has more queued (and when that run ends its last claim is still newer than our
+    tenant's). So at most ``tenants - 1`` claims (one per other tenant) come before it,
+    whatever the others' queues hold, plus ``W - 1`` claims that read the same snapshot
+    as another (fair.py's fairness error of one run per concurrent claim). With W
+    workers each finishing a run within ``s_max``, those claims and its own happen
+    within ``(ceil((tenants - 1 + W - 1) / W) + 1) * s_max``, plus the time the faults
+    took workers away.
     """
-    return (math.ceil((tenants - 1) / WORKERS) + 1) * s_max + fault_s
+    ahead = tenants - 1 + WORKERS - 1
+    return (math.ceil(ahead / WORKERS) + 1) * s_max + fault_s
 
 
 def report(tenants: list[Tenant], stats: Stats, st: Stack, fault_s: float) -> bool:
@@ -656,12 +669,7 @@ def report(tenants: list[Tenant], stats: Stats, st: Stack, fault_s: float) -> bo
     # -- fairness
     waits: dict[int, list[float]] = defaultdict(list)
     bounded: list[tuple[float, Submitted]] = []
-    service = [
-        s.final and ts(s.final["finished_at"]) - s.claims[-1]
-        for s in subs
-        if s.final and s.final.get("finished_at") and s.claims
-    ]
-    service = [x for x in service if x]
+    service = service_times(subs)
     s_max = max(service, default=math.nan)
     for s in subs:
         if s.first_claim is not None:
@@ -697,9 +705,9 @@ def report(tenants: list[Tenant], stats: Stats, st: Stack, fault_s: float) -> bo
     )
     worst = max(bounded, key=lambda x: x[0], default=None)
     print(
-        f"bound for a run whose tenant had nothing else unfinished: (ceil((T-1)/W) + 1) x "
-        f"S_max + F = (ceil({len(tenants) - 1}/{WORKERS}) + 1) x {s_max:.1f} s + {fault_s:.0f} s "
-        f"= {bound:.1f} s"
+        f"bound for a run whose tenant had nothing else unfinished: (ceil((T-1 + W-1)/W) + 1) "
+        f"x S_max + F = (ceil({len(tenants) - 1 + WORKERS - 1}/{WORKERS}) + 1) x {s_max:.1f} s "
+        f"+ {fault_s:.0f} s = {bound:.1f} s"
     )
     over = [(w, s.run_id) for w, s in bounded if w > bound]
     ok &= check(
@@ -798,12 +806,7 @@ async def ramp(st: Stack, args: argparse.Namespace) -> bool:
         worst_key = max(judged, key=lambda k: percentile(stats.step_routes[k].kept, 99))
         worst = percentile(stats.step_routes[worst_key].kept, 99)
         b, half = slope([t for t, _ in samples], [q for _, q in samples])
-        ended = [s for t in tenants for s in t.runs if s.final]
-        service = [
-            ts(s.final["finished_at"]) - s.claims[-1]
-            for s in ended  # type: ignore[index]
-            if s.claims and s.final and s.final.get("finished_at")
-        ]
+        service = service_times([s for t in tenants for s in t.runs])
         s_mean = statistics.fmean(service) if service else math.nan
         drain = WORKERS * 60 * args.step_minutes / s_mean if service else math.inf
         q_end = samples[-1][1] if samples else math.nan
