@@ -328,12 +328,16 @@ async def follow(api: Api, tenant: Tenant, sub: Submitted, stats: Stats) -> None
                 sub.final = r.json()
                 break
             await asyncio.sleep(2.0 + random.random())
-    finally:
-        done.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    except asyncio.CancelledError:  # the ramp's end: nothing to wait for
         for task in tasks:
             task.cancel()
+        raise
+    # The stream ends on the run's terminal status, the agents on done (or a 409).
+    done.set()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    for task in tasks:
+        task.cancel()
     ev = await retried(api, f"/v1/runs/{sub.run_id}/events", tenant.key)
     sub.claims = [ts(e["created_at"]) for e in ev["items"] if e["to_status"] == "starting"]
     sub.first_claim = min(sub.claims, default=None)
