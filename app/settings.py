@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.services.crash_loop import Policy
@@ -115,12 +115,27 @@ class Settings(BaseSettings):
     quota_dataset_bytes: int = 1_073_741_824
     log_json: bool = True
     # The runs' artifacts folder the workers write (RLAAS_ARTIFACTS_PATH as theirs; default
-    # <data dir>/artifacts): checkpoint exports are streamed from it, so a deployment mounts
-    # the workers' volume here too (docker/compose.yaml), until an object store replaces it.
+    # <data dir>/artifacts): checkpoint exports are streamed from it, so a deployment
+    # without an artifact store mounts the workers' volume here too (docker/compose.yaml).
     artifacts_path: Path | None = None
+    # The artifact store the workers upload to (docs/storage.md; the same value as theirs:
+    # s3://bucket/prefix with AWS_* credentials, RLAAS_S3_ENDPOINT for an S3-compatible
+    # server): exports are streamed from it instead of the artifacts folder.
+    artifact_store: str | None = None
+    s3_endpoint: str | None = None
 
     def artifacts_dir(self) -> Path:
         return self.artifacts_path or self.data_dir / "artifacts"
+
+    @field_validator("artifact_store")
+    @classmethod
+    def _store_url_parses(cls, value: str | None) -> str | None:
+        from rl_core.store import StoreError, check_store_url
+
+        try:  # a bad URL stops start-up, naming the setting
+            return None if not value else check_store_url(value)
+        except StoreError as exc:
+            raise ValueError(str(exc)) from exc
 
     def requeue_policy(self) -> Policy:
         return Policy(

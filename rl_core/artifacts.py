@@ -20,6 +20,16 @@ ExportFormat = Literal["hf", "peft"]
 EXPORT_FORMATS: Final[tuple[ExportFormat, ...]] = ("hf", "peft")
 
 
+# With an object store (docs/storage.md) an export folder is complete once this object,
+# written after its files, is there (a store has no rename); it lists the files and sizes.
+EXPORT_MARKER: Final = "rlaas_export.json"
+
+
+def export_key(run_id: str, step: int, fmt: ExportFormat) -> str:
+    """The key prefix of one export in the artifact store (the run's folder is its id)."""
+    return export_dir(Path(run_id), step, fmt).as_posix()
+
+
 def export_dir(run_dir: Path, step: int, fmt: ExportFormat) -> Path:
     """The folder of one export of the checkpoint at ``step`` of the run at ``run_dir``."""
     if fmt not in EXPORT_FORMATS:
@@ -27,4 +37,4 @@ def export_dir(run_dir: Path, step: int, fmt: ExportFormat) -> Path:
     return Path(run_dir) / "exports" / f"step-{int(step):08d}" / fmt
 
 
-__all__ = ["EXPORT_FORMATS", "ExportFormat", "export_dir"]
+__all__ = ["EXPORT_FORMATS", "EXPORT_MARKER", "ExportFormat", "export_dir", "export_key"]

@@ -15,7 +15,7 @@ An episode that the agent cuts short (turn or token limits) gets no terms:
 the environment never judged it, so there is nothing to compare.
 
 Verifiers (``math``, ``exact``, ``regex``, ``numeric``, ``json_schema``,
-``python_tests``, ``webhook``) are reward functions that check the answer against the
+``python_tests``, ``webhook``, ``judge``) are reward functions that check the answer against the
 reference. They are registered here, so that the spec (and the control plane)
 knows their names without their libraries, which are imported only when one
 runs (``math-verify`` and ``jsonschema-rs`` are the worker's). A verifier that
@@ -100,19 +100,35 @@ class RewardFunction:
     doc: str
     # Slow checks (a symbolic comparison) run in a thread, under `score_async`'s limit.
     slow: bool = False
+    # Scored over a whole group once its members end (``judge``), not per episode:
+    # `score` and `score_async` leave it out; `rl_core.envs.scored.Scored` adds it later.
+    group: bool = False
 
 
 REWARDS: dict[str, RewardFunction] = {}
 
 
 def register_reward(
-    name: str, fn: RewardFn, *, default_weight: float = 1.0, doc: str = "", slow: bool = False
+    name: str,
+    fn: RewardFn,
+    *,
+    default_weight: float = 1.0,
+    doc: str = "",
+    slow: bool = False,
+    group: bool = False,
 ) -> None:
     """Make ``fn`` attachable by ``name``; names are lower-case identifiers. ``fn`` may be
     a coroutine function (it is awaited by `score_async`)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"reward name {name!r} must be a lower-case identifier")
-    REWARDS[name] = RewardFunction(fn=fn, default_weight=default_weight, doc=doc, slow=slow)
+    REWARDS[name] = RewardFunction(
+        fn=fn, default_weight=default_weight, doc=doc, slow=slow, group=group
+    )
+
+
+def group_terms(terms: tuple[RewardTerm, ...]) -> tuple[RewardTerm, ...]:
+    """The terms scored over a whole group (``judge``), which `score_async` leaves out."""
+    return tuple(t for t in terms if REWARDS[t.name].group)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +163,8 @@ def score(terms: tuple[RewardTerm, ...], ctx: RewardContext) -> dict[str, float]
     functions only (`score_async` runs them all)."""
     values: dict[str, float] = {}
     for term in terms:
+        if REWARDS[term.name].group:
+            continue
         value = REWARDS[term.name].fn(ctx)
         if inspect.isawaitable(value):
             value.close()  # type: ignore[attr-defined]
@@ -168,6 +186,8 @@ async def score_async(
     values: dict[str, float] = {}
     for term in terms:
         reward = REWARDS[term.name]
+        if reward.group:
+            continue
         try:
             async with asyncio.timeout(timeout_s):
                 if inspect.iscoroutinefunction(reward.fn):
@@ -396,4 +416,16 @@ register_reward(
 )
 register_reward(
     "webhook", verify_webhook, doc="the score of the registered endpoint environment.scorer"
+)
+
+
+def _judged_by_group(ctx: RewardContext) -> float:
+    raise RuntimeError("'judge' scores a whole group: it is never called for one episode")
+
+
+register_reward(
+    "judge",
+    _judged_by_group,
+    group=True,
+    doc="an LLM judge's score against environment.judge's rubric, one call per group",
 )

@@ -191,6 +191,27 @@ class WebhookCallSpec(_Section):
     breaker_cooldown_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
+class JudgeSpec(_Section):
+    """The ``judge`` reward's LLM judge (docs/datasets.md#judge): an OpenAI-compatible
+    server registered with ``POST /v1/environments`` (its URL through the address checks,
+    its key the encrypted secret, sent as ``Authorization: Bearer``), the model it serves,
+    the rubric, and the run's budget. One chat-completions call scores a whole group."""
+
+    endpoint: Annotated[str, Field(pattern=r"^env_[A-Za-z0-9]+$", max_length=200)]
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    rubric: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+    # The run's budget: calls (retries and eval groups included) and tokens (the server's
+    # usage, prompt and completion). A call starts only while both are under it.
+    max_calls: Annotated[int, Field(ge=1, le=10_000_000)]
+    max_tokens: Annotated[int, Field(ge=1, le=10_000_000_000)]
+    reply_tokens: Annotated[int, Field(ge=16, le=32_768)] = 2048  # one reply's cap
+    timeout_s: Annotated[float, Field(gt=0, le=600)] = 60.0  # one call's
+    retries: Annotated[int, Field(ge=0, le=5)] = 1  # on no answer, 429 or 5xx
+    # Ask for the scores' JSON schema (``response_format: json_schema``); a server that
+    # refuses it (400/422) is asked again without, once per run.
+    structured: bool = True
+
+
 SESSIONS = "sessions"  # environment.name of a run whose clients play the episodes
 
 
@@ -207,6 +228,7 @@ class EnvironmentSpec(_Section):
     ``scorer`` is the registered endpoint (``env_<id>``) the ``webhook`` reward posts
     each finished episode to (docs/environment-protocol.md#scoring); its calls follow
     ``webhook`` (retries, backoff, breaker) as the environment's do.
+    ``judge`` is the ``judge`` reward's LLM judge (`JudgeSpec`).
     """
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
@@ -214,6 +236,30 @@ class EnvironmentSpec(_Section):
     reward: Annotated[str, Field(min_length=1, max_length=500)] | None = None
     scorer: Annotated[str, Field(pattern=r"^env_[A-Za-z0-9]+$", max_length=200)] | None = None
     webhook: WebhookCallSpec = Field(default_factory=WebhookCallSpec)
+    judge: JudgeSpec | None = None
+
+    @model_validator(mode="after")
+    def _judge_with_judge(self) -> EnvironmentSpec:
+        uses = self.reward is not None and any(t.name == "judge" for t in parse_reward(self.reward))
+        if uses and self.judge is None:
+            raise ValueError(
+                "reward 'judge' scores each group with an LLM judge: describe it in "
+                "environment.judge (endpoint: the env_... id POST /v1/environments returned "
+                "for its URL and key, model, rubric, max_calls, max_tokens)"
+            )
+        if self.judge is not None and not uses:
+            raise ValueError(
+                "environment.judge is read only by the 'judge' reward; add it to "
+                "environment.reward or remove judge"
+            )
+        if uses and self.name == SESSIONS:
+            # No episode of a sessions run passes through the worker's environment: the
+            # judge would never be called.
+            raise ValueError(
+                "reward 'judge' scores the groups the worker plays; in a sessions run the "
+                "clients report each episode's reward (call your judge there)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _scorer_with_webhook(self) -> EnvironmentSpec:
@@ -455,6 +501,10 @@ class TrainSpec(_Section):
     # is taken away keeps its progress.
     checkpoint_interval: Annotated[int, Field(ge=0)] | None = None
     checkpoint_every_s: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    # Retention (docs/storage.md): the newest keep_checkpoints checkpoints are kept, older
+    # ones deleted (from the store and the worker's disk); every checkpoint's exports stay
+    # downloadable. An operator may cap it (RLAAS_KEEP_CHECKPOINTS_MAX on the workers).
+    keep_checkpoints: Annotated[int, Field(ge=1, le=10_000)] = 3
     seed: int = 0
     # Held-out evaluation (rl_core/pipeline/evaluate.py): every eval_interval steps and
     # once before the first, eval_episodes fixed episodes at eval_temperature (0: greedy).

@@ -113,3 +113,29 @@ def mlflow_url() -> Iterator[str]:
 
     with mlflow_server() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3-speaking server (moto's, tests/s3_server.py), one per test process;
+    ``RLAAS_TEST_S3_URL`` names one already running instead."""
+    given = os.environ.get("RLAAS_TEST_S3_URL")
+    if given:
+        yield given
+        return
+    from tests.s3_server import s3_server
+
+    with s3_server() as url:
+        yield url
+
+
+@pytest.fixture
+def s3_store_url(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``s3://<a fresh bucket>/runs`` on that server, with its credentials in the
+    environment as a deployment sets them (``AWS_*``) and ``RLAAS_S3_ENDPOINT``."""
+    from tests.s3_server import CREDENTIALS, new_bucket
+
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RLAAS_S3_ENDPOINT", s3_endpoint)
+    return f"s3://{new_bucket(s3_endpoint)}/runs"

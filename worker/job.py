@@ -123,6 +123,7 @@ def _train_claimed(
                 callbacks=HttpCallbackSource(settings.api_url, claim.lease_token, run_id),
                 gateway=session_gateway(api, run_id, settings),
                 walls=settings.sandbox_walls(),  # deployed: bubblewrap or no tenant code
+                store=settings.store_target(run_id),  # docs/storage.md
             )
         except BaseException:
             trackers.close("failed")
@@ -196,10 +197,10 @@ def session_gateway(api: ControlPlane, run_id: str, settings: WorkerSettings) ->
 
 
 def webhook_targets(claim: Claim, settings: WorkerSettings) -> dict[str, WebhookTarget]:
-    """The run's webhook environment and its ``webhook`` reward's scorer endpoint, those it
-    has, connecting only where this worker's ``RLAAS_ENV_URL_ALLOWLIST`` allows (checked
-    at every connection, not only at registration: a name re-pointed since then is
-    refused)."""
+    """The run's webhook environment, its ``webhook`` reward's scorer endpoint and its
+    ``judge`` reward's LLM judge, those it has, connecting only where this worker's
+    ``RLAAS_ENV_URL_ALLOWLIST`` allows (checked at every connection, not only at
+    registration: a name re-pointed since then is refused)."""
     from rl_core.envs.webhook import WebhookTarget
 
     return {
@@ -211,7 +212,7 @@ def webhook_targets(claim: Claim, settings: WorkerSettings) -> dict[str, Webhook
             max_concurrency=grant.max_concurrency,
             allowlist=settings.env_allowlist(),
         )
-        for grant in (claim.environment, claim.scorer)
+        for grant in (claim.environment, claim.scorer, claim.judge)
         if grant is not None
     }
 

@@ -30,6 +30,7 @@ from rl_core.protocol.addresses import Allowlist
 
 if TYPE_CHECKING:
     from rl_core.envs.walls import WallPolicy
+    from rl_core.training.stored import StoreTarget
 
 # The one way to run tenant code on a deployed worker without bubblewrap (docs/lifecycle.md).
 UNSAFE_SANDBOX = "RLAAS_UNSAFE_SANDBOX_WITHOUT_BWRAP"
@@ -54,9 +55,16 @@ class WorkerSettings(BaseSettings):
     # on a report (the API may be restarting).
     api_retry_seconds: float = 120.0
 
-    # Checkpoints and profiles, one folder per run. Workers that may resume each
-    # other's runs must share it (a volume; a bucket path in production).
+    # Checkpoints and profiles, one folder per run. Without an artifact store, workers that
+    # may resume each other's runs must share it (a volume); with one, it is a cache.
     artifacts_path: Path | None = None
+    # The artifact store (docs/storage.md): s3://bucket/prefix (credentials and region from
+    # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION), file:///folder. Unset: the
+    # artifacts folder is the store. RLAAS_S3_ENDPOINT: an S3-compatible server's URL.
+    artifact_store: str | None = None
+    s3_endpoint: str | None = None
+    # The most checkpoints a run keeps, whatever its spec's train.keep_checkpoints says.
+    keep_checkpoints_max: int | None = Field(default=None, ge=1)
 
     # Where hf:/gguf: model sources of runs are found: a spec names a path inside it.
     models_path: Path | None = None
@@ -88,6 +96,16 @@ class WorkerSettings(BaseSettings):
         Allowlist.parse(value, embedded=False)  # a bad entry stops the worker at start-up
         return value
 
+    @field_validator("artifact_store")
+    @classmethod
+    def _store_url_parses(cls, value: str | None) -> str | None:
+        from rl_core.store import StoreError, check_store_url
+
+        try:  # a bad URL stops start-up, naming the setting
+            return None if not value else check_store_url(value)
+        except StoreError as exc:
+            raise ValueError(str(exc)) from exc
+
     @property
     def embedded(self) -> bool:
         """The embedded default: a SQLite-file broker, so the control plane and this worker
@@ -111,6 +129,19 @@ class WorkerSettings(BaseSettings):
 
     def artifacts_dir(self) -> Path:
         return self.artifacts_path or self.data_dir / "artifacts"
+
+    def store_target(self, run_id: str) -> StoreTarget | None:
+        """Where a run's checkpoints and exports go beyond this disk (None: nowhere); the
+        run's keys lie under its id."""
+        from rl_core.store import open_store
+        from rl_core.training.stored import StoreTarget
+
+        store = (
+            open_store(self.artifact_store, endpoint=self.s3_endpoint)
+            if self.artifact_store
+            else None
+        )
+        return StoreTarget(store, run_id, keep_cap=self.keep_checkpoints_max)
 
     def models_dir(self) -> Path:
         """``RLAAS_MODELS_PATH``, else ``<data dir>/models``."""

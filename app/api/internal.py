@@ -79,6 +79,7 @@ async def claim(
         resume_step=run.current_step,
         environment=await environments.grant_for_run(session, run, app_state.secrets),
         scorer=await environments.scorer_grant_for_run(session, run, app_state.secrets),
+        judge=await environments.judge_grant_for_run(session, run, app_state.secrets),
         checkpoint=checkpoint,
         lease_token=lease_token,
     )

@@ -81,7 +81,7 @@ async def delete(session: AsyncSession, tenant_id: str, env_id: str) -> None:
     for run in await session.scalars(
         select(Run).where(Run.tenant_id == tenant_id, Run.status.in_(_UNFINISHED))
     ):
-        if env_id in (environment_name(run.spec), scorer_name(run.spec)):
+        if env_id in (environment_name(run.spec), scorer_name(run.spec), judge_name(run.spec)):
             raise Conflict(
                 f"run {run.id} ({run.status}) uses {env_id}; cancel it or wait for it to end",
                 field="environment_id",
@@ -105,6 +105,15 @@ def scorer_name(spec: dict[str, Any]) -> str | None:
     posts to (``environment.scorer``), if any."""
     env = spec.get("environment")
     name = env.get("scorer") if isinstance(env, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def judge_name(spec: dict[str, Any]) -> str | None:
+    """The registered LLM judge (``env_<id>``) a stored spec's ``judge`` reward calls
+    (``environment.judge.endpoint``), if any."""
+    env = spec.get("environment")
+    judge = env.get("judge") if isinstance(env, dict) else None
+    name = judge.get("endpoint") if isinstance(judge, dict) else None
     return name if isinstance(name, str) else None
 
 
@@ -132,6 +141,9 @@ async def require_environment(session: AsyncSession, tenant_id: str, env: Enviro
         await require_registered(session, tenant_id, name, field=field)
     if env.scorer is not None:
         await require_registered(session, tenant_id, env.scorer, field="spec.environment.scorer")
+    if env.judge is not None:
+        field = "spec.environment.judge.endpoint"
+        await require_registered(session, tenant_id, env.judge.endpoint, field=field)
 
 
 async def require_registered(
@@ -161,6 +173,13 @@ async def scorer_grant_for_run(
 ) -> EnvironmentGrant | None:
     """The scorer endpoint a claimed run's ``webhook`` reward calls, secret decrypted."""
     return await _grant(session, run, scorer_name(run.spec), box)
+
+
+async def judge_grant_for_run(
+    session: AsyncSession, run: Run, box: SecretBox
+) -> EnvironmentGrant | None:
+    """The LLM judge a claimed run's ``judge`` reward calls, its API key decrypted."""
+    return await _grant(session, run, judge_name(run.spec), box)
 
 
 async def _grant(

@@ -3,15 +3,19 @@
 The worker writes a checkpoint's exports beside it, once, before it reports the checkpoint
 (`rl_core.training.exports`; the layout is `rl_core.artifacts`): merged Hugging Face
 safetensors (``hf``) always, a PEFT adapter (``peft``) for a LoRA run. The control plane
-computes nothing: it checks the request against the run and streams the folder's files.
+computes nothing: it checks the request against the run and streams the folder's files,
+from the artifacts folder or, when one is configured, from the artifact store
+(docs/storage.md), where an export counts only once its marker object is there.
 The archive is a plain tar (safetensors do not compress) made on the fly, with its
 length known before the first byte, so a client sees progress and a cut download.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,29 +26,41 @@ from app.db.models import Artifact
 from app.errors import NotFound, Unprocessable
 from app.services.runs import get_run
 from app.settings import Settings
-from rl_core.artifacts import ExportFormat, export_dir
+from rl_core.artifacts import EXPORT_MARKER, ExportFormat, export_dir, export_key
+from rl_core.store import ArtifactStore, open_store
 
 _BLOCK = 512
 _CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
-class Archive:
-    """A tar of ``files`` (name in the archive, path), ``size`` bytes long."""
+class Member:
+    """One file of the archive: its name there, size, time, and its bytes in chunks."""
 
     name: str
-    files: list[tuple[str, Path]]
+    size: int
+    mtime: float
+    read: Callable[[], Iterator[bytes]]
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A tar of ``files``, ``size`` bytes long."""
+
+    name: str
+    files: list[Member]
     size: int
 
     def chunks(self) -> Iterator[bytes]:
         """The archive's bytes, a file at a time in 1 MiB reads (never a whole file in memory)."""
-        for name, path in self.files:
-            yield _header(name, path)
+        for member in self.files:
+            yield _header(member)
             size = 0
-            with path.open("rb") as f:
-                while block := f.read(_CHUNK):
-                    size += len(block)
-                    yield block
+            for block in member.read():
+                size += len(block)
+                yield block
+            if size != member.size:  # changed under us: a cut archive beats a corrupt one
+                raise OSError(f"{member.name} is {size} bytes, not the {member.size} announced")
             yield b"\0" * _padding(size)
         yield b"\0" * (2 * _BLOCK)  # the end-of-archive marker
 
@@ -77,32 +93,92 @@ async def checkpoint_export(
             "it has no LoRA adapter to export; ask for format=hf (the whole model)",
             field="format",
         )
-    folder = export_dir(settings.artifacts_dir() / run.id, step, fmt)
-    adapter = export_dir(settings.artifacts_dir() / run.id, step, "peft")
-    if fmt == "hf" and not folder.is_dir() and adapter.is_dir():
+    prefix = f"{run.id}-step-{step}-{fmt}"
+    if settings.artifact_store:
+        store = _store(settings.artifact_store, settings.s3_endpoint)
+        found, adapter = await asyncio.to_thread(_stored, store, run.id, step, fmt, prefix)
+    else:
+        found = _local(export_dir(settings.artifacts_dir() / run.id, step, fmt), prefix)
+        adapter = export_dir(settings.artifacts_dir() / run.id, step, "peft").is_dir()
+    if found is None and fmt == "hf" and adapter:
         raise NotFound(
             f"run {run.id} keeps the merged (hf) export of its newest checkpoint only; "
             f"ask for step {steps[-1]}, or for format=peft at step {step} and merge the "
             "adapter onto the base (docs/exports.md)",
             field="format",
         )
-    if not folder.is_dir():
+    if found is None:
         raise NotFound(
             f"the checkpoint at step {step} of run {run.id} has no {fmt} export: the worker "
             "that wrote it made none (a release before exports, a model no Hugging Face "
             "family expresses, or the export failed: the worker's log says why)",
             field="format",
         )
-    prefix = f"{run.id}-step-{step}-{fmt}"
-    files = [(f"{prefix}/{p.name}", p) for p in sorted(folder.iterdir()) if p.is_file()]
-    size = sum(len(_header(n, p)) + _padded(p.stat().st_size) for n, p in files) + 2 * _BLOCK
-    return Archive(name=f"{prefix}.tar", files=files, size=size)
+    size = sum(len(_header(m)) + _padded(m.size) for m in found) + 2 * _BLOCK
+    return Archive(name=f"{prefix}.tar", files=found, size=size)
 
 
-def _header(name: str, path: Path) -> bytes:
-    info = tarfile.TarInfo(name)
-    stat = path.stat()
-    info.size, info.mtime, info.mode = stat.st_size, int(stat.st_mtime), 0o644
+@functools.cache
+def _store(url: str, endpoint: str | None) -> ArtifactStore:
+    """One client per store for the process (its connection pool is reused)."""
+    return open_store(url, endpoint=endpoint)
+
+
+def _local(folder: Path, prefix: str) -> list[Member] | None:
+    """The folder's files (renamed into place whole by the worker), None when absent."""
+    if not folder.is_dir():
+        return None
+
+    def reader(path: Path) -> Callable[[], Iterator[bytes]]:
+        def read() -> Iterator[bytes]:
+            with path.open("rb") as f:
+                while block := f.read(_CHUNK):
+                    yield block
+
+        return read
+
+    members = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            stat = path.stat()
+            members.append(
+                Member(f"{prefix}/{path.name}", stat.st_size, stat.st_mtime, reader(path))
+            )
+    return members
+
+
+def _stored(
+    store: ArtifactStore, run_id: str, step: int, fmt: ExportFormat, prefix: str
+) -> tuple[list[Member] | None, bool]:
+    """The export's objects in the store (None unless its marker is there, i.e. it was
+    uploaded whole), and whether the step's adapter is there."""
+
+    def reader(key: str) -> Callable[[], Iterator[bytes]]:
+        return lambda: store.stream(key, _CHUNK)
+
+    def complete(f: ExportFormat) -> list[Member] | None:
+        key = export_key(run_id, step, f)
+        objects = store.list(key)
+        if not any(o.key == f"{key}/{EXPORT_MARKER}" for o in objects):
+            return None
+        return [
+            Member(
+                f"{prefix}/{o.key[len(key) + 1 :]}",
+                o.size,
+                o.mtime,
+                reader(o.key),
+            )
+            for o in objects
+            if o.key != f"{key}/{EXPORT_MARKER}"
+        ]
+
+    found = complete(fmt)
+    return found, (fmt == "hf" and found is None and complete("peft") is not None)
+
+
+def _header(member: Member) -> bytes:
+    info = tarfile.TarInfo(member.name)
+    info.size, info.mtime, info.mode = member.size, int(member.mtime), 0o644
     return info.tobuf(format=tarfile.PAX_FORMAT)
 
 

@@ -11,6 +11,7 @@ from rl_core.envs.callbacks import CallbackSource, MemoryCallbacks
 from rl_core.envs.code_exec import CodeExec
 from rl_core.envs.dataset import DatasetEnv
 from rl_core.envs.guess_number import GuessNumber
+from rl_core.envs.judge import LLMJudge
 from rl_core.envs.next_number import NextNumber
 from rl_core.envs.openenv import OpenEnvEnvironment
 from rl_core.envs.reasoning_gym import ReasoningGym
@@ -86,8 +87,30 @@ def build_environment(
             # fails the run here, before its first episode.
             env.prepare(env_spec.config)
     if env_spec.reward:
-        env = Scored(env, parse_reward(env_spec.reward), scorer=_scorer(env_spec, webhooks or {}))
+        env = Scored(
+            env,
+            parse_reward(env_spec.reward),
+            scorer=_scorer(env_spec, webhooks or {}),
+            judge=_judge(env_spec, webhooks or {}),
+        )
     return env
+
+
+def _judge(env_spec: EnvironmentSpec, webhooks: Mapping[str, WebhookTarget]) -> LLMJudge | None:
+    """The ``judge`` reward's LLM judge (``environment.judge``), its URL and key found in
+    ``webhooks`` as a webhook environment's are (the worker gets them from the claim)."""
+    if env_spec.judge is None:
+        return None
+    target = webhooks.get(env_spec.judge.endpoint)
+    if target is None:
+        raise UnknownEnvironment(
+            env_spec.judge.endpoint,
+            BUILTINS,
+            "is the judge this run names (environment.judge.endpoint), but this run was "
+            "given no URL for it (register it with POST /v1/environments and run through "
+            "the control plane, or pass webhooks={id: WebhookTarget(...)})",
+        )
+    return LLMJudge(target, env_spec.judge)
 
 
 def _scorer(env_spec: EnvironmentSpec, webhooks: Mapping[str, WebhookTarget]) -> Scorer | None:

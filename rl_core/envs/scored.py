@@ -5,16 +5,22 @@ A reward function (a verifier) that raises or passes ``timeout_s`` fails the epi
 counted by name and reason in the ``env/verifier_failed/<name>/<reason>`` metrics. The
 ``webhook`` verifier calls the run's scorer endpoint (``scorer``), whose request counts
 are reported as ``env/scorer/...``.
+
+A group term (``judge``) is not scored at the episode's end: the episode's answer is
+kept (`JudgeItem`) until its group has ended, then `judge_group` scores the group's
+answers in one call to the run's `LLMJudge` (`rl_core.pipeline.judging` applies the
+scores to the trajectories), its failures counted as the other verifiers' are.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from rl_core.envs.base import Action, Environment, Reset, Step
+from rl_core.envs.judge import JudgeFailed, JudgeItem, LLMJudge
 from rl_core.envs.sandbox import SandboxLimits, run_python
 from rl_core.errors import EnvironmentFailure
 from rl_core.rewards import (
@@ -23,6 +29,7 @@ from rl_core.rewards import (
     RewardContext,
     RewardTerm,
     VerifierFailed,
+    group_terms,
     score_async,
 )
 
@@ -68,12 +75,19 @@ class Scored:
         *,
         timeout_s: float = 30.0,
         scorer: Scorer | None = None,
+        judge: LLMJudge | None = None,
     ) -> None:
         self.inner = inner
         self.terms = terms
         self.timeout_s = timeout_s
         self.scorer = scorer  # the ``webhook`` verifier's endpoint, when the run names one
+        self.judge_weight = sum(t.weight for t in group_terms(terms))
+        if group_terms(terms) and judge is None:
+            raise ValueError("reward 'judge' needs the run's judge (environment.judge)")
+        self.judge = judge if group_terms(terms) else None
         self._episodes: dict[str, _Episode] = {}
+        # Ended episodes' answers awaiting their group's judge call, by episode id.
+        self._awaiting: dict[str, JudgeItem] = {}
         self.verifier_failures: collections.Counter[tuple[str, str]] = collections.Counter()
         self._reported: collections.Counter[tuple[str, str]] = collections.Counter()
 
@@ -119,6 +133,10 @@ class Scored:
                 raise EnvironmentFailure(str(exc)) from exc
             reward = sum(terms.values())
             info |= {"reward_terms": terms, "env_reward": episode.env_reward}
+            if self.judge is not None:
+                self._awaiting[episode_id] = JudgeItem(
+                    prompt=episode.prompt, answer=ctx.final, reference=episode.reference
+                )
         scored = Step(messages=result.messages, reward=reward, done=result.done, info=info)
         episode.results[step] = scored
         return scored
@@ -134,6 +152,29 @@ class Scored:
             await aclose()
         if self.scorer is not None:
             await self.scorer.aclose()
+        if self.judge is not None:
+            await self.judge.aclose()
+
+    async def judge_group(self, episode_ids: Sequence[str]) -> dict[str, float | JudgeFailed]:
+        """The judge term's weighted value for each of a group's episodes that ended with
+        an answer (the others are not in the result), or why it has none; one call."""
+        if self.judge is None:
+            return {}
+        waiting = [(e, self._awaiting.pop(e)) for e in episode_ids if e in self._awaiting]
+        results = await self.judge.score([item for _, item in waiting])
+        out: dict[str, float | JudgeFailed] = {}
+        for (episode_id, _), result in zip(waiting, results, strict=True):
+            if isinstance(result, JudgeFailed):
+                self.verifier_failures["judge", result.reason] += 1
+                out[episode_id] = result
+            else:
+                out[episode_id] = self.judge_weight * result
+        return out
+
+    def forget(self, episode_ids: Sequence[str]) -> None:
+        """Drop answers that will not be judged (their group was cancelled)."""
+        for episode_id in episode_ids:
+            self._awaiting.pop(episode_id, None)
 
     def step_metrics(self) -> dict[str, float]:
         """The inner environment's ``env/`` metrics, if it keeps any (a webhook's faults),
@@ -142,6 +183,8 @@ class Scored:
         metrics = step_metrics() if step_metrics is not None else {}
         if self.scorer is not None:
             metrics |= self.scorer.step_metrics()
+        if self.judge is not None:
+            metrics |= self.judge.step_metrics()
         for (name, reason), n in self.verifier_failures.items():
             since = n - self._reported[name, reason]
             metrics[f"env/verifier_failed/{name}/{reason}"] = float(since)

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 
 from rl_core.agent.agent import Agent
+from rl_core.artifacts import EXPORT_FORMATS
 from rl_core.envs import build_environment
 from rl_core.envs.base import Environment
 from rl_core.envs.walls import WallPolicy
@@ -42,6 +43,7 @@ from rl_core.sessions.broker import SessionBroker
 from rl_core.sessions.sampling import ClientSampling
 from rl_core.sessions.session import SessionConfig
 from rl_core.spec import SESSIONS, JobSpec
+from rl_core.training.stored import RunArtifacts, StoreTarget
 from rl_core.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -63,8 +65,11 @@ class OrbaxCheckpointer:
         artifacts_dir: Path,
         trainer: Trainer,
         exports: Callable[[Path, int], object] | None = None,
+        stored: RunArtifacts | None = None,
     ) -> None:
         self.artifacts_dir, self.trainer, self.exports = artifacts_dir, trainer, exports
+        # The artifact store (docs/storage.md): uploads and retention after each save.
+        self.stored = stored
         # Imported now, while the pipeline is built, not in the first save: the import
         # takes seconds (2.1 s on two busy cores), and the default cadence times each save
         # to choose the interval (rl_core.pipeline.cadence), which the import would inflate.
@@ -73,16 +78,25 @@ class OrbaxCheckpointer:
     def save(self, step: int, extra: Mapping[str, Any]) -> CheckpointRecord:
         from rl_core.training.checkpointing import checkpoint_dir, save_checkpoint
 
-        record = save_checkpoint(
-            checkpoint_dir(self.artifacts_dir, step), step=step, trainer=self.trainer, extra=extra
-        )
+        local = checkpoint_dir(self.artifacts_dir, step)
+        record = save_checkpoint(local, step=step, trainer=self.trainer, extra=extra)
+        if self.stored is not None:  # in the store whole before it is reported, or an error
+            record = self.stored.after_save(record, step)
         if self.exports is not None:
             try:
-                self.exports(Path(record.uri), step)
+                self.exports(local, step)
+                if self.stored is not None:
+                    lora = self.trainer.config.lora is not None
+                    self.stored.after_exports(step, EXPORT_FORMATS, lora=lora)
             except Exception:
                 # The checkpoint is what a resume needs; a failed export costs a download
                 # (the API answers that it is missing), never the run.
                 log.exception("step %d: the checkpoint's exports failed", step)
+        if self.stored is not None:
+            try:
+                self.stored.prune()
+            except Exception:
+                log.exception("step %d: retention failed; older checkpoints stay", step)
         return record
 
 
@@ -316,9 +330,11 @@ def build_pipeline(
     webhooks: Mapping[str, Any] | None,
     callbacks: Any,
     walls: WallPolicy | None = None,
+    store: StoreTarget | None = None,
 ) -> tuple[Pipeline, Callable[[], None]]:
     """The pipeline and a ``close`` to call when it has run (it stops the device thread and,
-    with engine vllm, the server rlaas started)."""
+    with engine vllm, the server rlaas started). ``store``: the artifact store the run's
+    checkpoints go to (`rl_core.training.stored`); None: ``artifacts_dir`` alone."""
     r = spec.rollout
     clients_play = spec.environment.name == SESSIONS
     env = (
@@ -345,6 +361,13 @@ def build_pipeline(
         engine = build_engine(
             spec, model, tokenizer, device, cleanup, log_dir=artifacts_dir, recorder=recorder
         )
+        stored = (
+            RunArtifacts(artifacts_dir, store, keep=spec.train.keep_checkpoints)
+            if artifacts_dir
+            else None
+        )
+        if stored is not None and resume_from is not None:
+            resume_from = stored.resolve(resume_from)  # downloaded when this disk lacks it
         trainer, start_step, position = build_trainer(spec, model, resume_from)
         broker = build_sessions(spec, engine, tokenizer, recorder) if clients_play else None
         agent: EpisodePlayer = broker or build_agent(spec, engine, tokenizer, recorder)
@@ -409,6 +432,7 @@ def build_pipeline(
                 artifacts_dir,
                 trainer,
                 checkpoint_exports(spec, model, tokenizer, artifacts_dir),
+                stored,
             )
             if artifacts_dir
             else None,

@@ -37,6 +37,12 @@ from typing import Any, Protocol
 
 from rl_core.agent.ledger import Trajectory
 from rl_core.envs.episodes import train_episode_id
+from rl_core.pipeline.judging import (
+    judge_spent,
+    judge_trajectories,
+    judges_groups,
+    restore_judge_spent,
+)
 from rl_core.pipeline.queue import Admission, Group, GroupQueue, GroupTask
 
 log = logging.getLogger(__name__)
@@ -104,6 +110,7 @@ class Collector:
         self.cancelled: list[Trajectory] = []
         self.dropped_groups = 0  # too few survivors
         self.first_error: str | None = None
+        restore_judge_spent(env, position.get("judge"))  # the run's budget, not the attempt's
 
     def min_survivors(self) -> int:
         return min(2, self.group_size)
@@ -111,7 +118,9 @@ class Collector:
     def position(self) -> dict[str, Any]:
         """What a checkpoint needs to resume exactly: see the module docstring."""
         pending = sorted({*self._started, *self.queue.pending(), *self._replay})
-        return {"next_index": self.next_index, "pending": [[t.index, t.attempt] for t in pending]}
+        out = {"next_index": self.next_index, "pending": [[t.index, t.attempt] for t in pending]}
+        spent = judge_spent(self.env)
+        return out if spent is None else {**out, "judge": spent}
 
     def requeue(self, task: GroupTask) -> None:
         self._replay.append(task)
@@ -142,10 +151,16 @@ class Collector:
         async with asyncio.TaskGroup() as tg:
             episodes = [tg.create_task(self._episode(task, k)) for k in range(self.group_size)]
             # Async runs (admission by episode) only: sync ones keep groups whole. A group
-            # too small to leave a first part of `min_survivors` and a straggler stays whole.
+            # too small to leave a first part of `min_survivors` and a straggler stays whole,
+            # as does one a judge scores (it reads the whole group in one call).
             split = self.admission.episodes is not None and self.group_size > self.min_survivors()
+            split = split and not judges_groups(self.env)
             sent = await self._send_first_part(task, episodes) if split else None
         group = Group(task=task, trajectories=[e.result() for e in episodes])
+        if judges_groups(self.env):  # its one call, off the other groups' path
+            error = await judge_trajectories(self.env, group.trajectories)
+            self.first_error = self.first_error or error
+            self.finished.extend(group.trajectories)  # counted as the judge left them
         del self._started[task]
         if sent is not None:
             group.part, group.train = "rest", frozenset(range(self.group_size)) - sent
@@ -206,7 +221,8 @@ class Collector:
             self.admission.episode_ended()
         if traj.error and self.first_error is None:
             self.first_error = f"{traj.end_reason}: {traj.error}"
-        self.finished.append(traj)
+        if not judges_groups(self.env):  # a judged one once its group is judged
+            self.finished.append(traj)
         return traj
 
 

@@ -40,6 +40,7 @@ from rl_core.agent.ledger import Trajectory
 from rl_core.envs.base import Environment
 from rl_core.envs.episodes import eval_episode_id
 from rl_core.pipeline.collector import derive_seed
+from rl_core.pipeline.judging import judge_trajectories, judges_groups
 from rl_core.pipeline.pass_at_k import mean_pass_at_k
 
 
@@ -77,9 +78,12 @@ class Evaluator:
                 for i in range(self.episodes)
                 for j in range(self.samples)
             ]
-        return summarize(
-            [t.result() for t in tasks], k=self.samples, pass_threshold=self.pass_threshold
-        )
+        played = [t.result() for t in tasks]
+        if judges_groups(self.env):  # a task's samples are a group: one judge call each
+            async with asyncio.TaskGroup() as tg:
+                for i in range(0, len(played), self.samples):
+                    tg.create_task(judge_trajectories(self.env, played[i : i + self.samples]))
+        return summarize(played, k=self.samples, pass_threshold=self.pass_threshold)
 
     async def _episode(self, step: int, i: int, j: int) -> Trajectory:
         # Sample 0 keeps the sampling seed a one-sample evaluation always had.

@@ -27,6 +27,7 @@ from rl_core.spec import SESSIONS, JobSpec
 if TYPE_CHECKING:
     from rl_core.envs.walls import WallPolicy
     from rl_core.host.trackers.base import Outcome
+    from rl_core.training.stored import StoreTarget
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def train(
     callbacks: Any = None,
     gateway: Callable[[Any], contextlib.AbstractAsyncContextManager[Any]] | None = None,
     walls: WallPolicy | None = None,
+    store: StoreTarget | None = None,
 ) -> TrainResult:
     """Train ``spec`` to ``train.steps`` steps, reporting to ``sink``; see the module docstring.
 
@@ -57,7 +59,9 @@ def train(
     clients (an HTTP server, which rl_core does not have) on the run's own event loop,
     for as long as the run lasts. ``walls``: whether tenant code may run behind a sandbox
     wall weaker than bubblewrap (`rl_core.envs.walls`; None: a single-user machine's
-    policy, a warning; a deployed worker passes its own).
+    policy, a warning; a deployed worker passes its own). ``store``: the artifact store
+    (`rl_core.training.stored.StoreTarget`) the checkpoints and exports are uploaded to,
+    ``artifacts_dir`` then being a cache; a ``resume_from`` missing there is downloaded.
 
     Must be called from synchronous code (it runs its own event loop).
     """
@@ -76,6 +80,7 @@ def train(
         webhooks=webhooks,
         callbacks=callbacks,
         walls=walls,
+        store=store,
     )
 
     async def run() -> TrainResult:

@@ -133,6 +133,9 @@ class ClaimRead(Answer):
     environment: EnvironmentGrant | None = None
     # The scorer endpoint of the spec's ``webhook`` reward (environment.scorer), or None.
     scorer: EnvironmentGrant | None = None
+    # The LLM judge of the spec's ``judge`` reward (environment.judge.endpoint; the secret
+    # is its API key), or None.
+    judge: EnvironmentGrant | None = None
     checkpoint: CheckpointRef | None = None  # the newest checkpoint: where to resume from
     # The credential of every other route of this run (Authorization: Bearer <lease_token>),
     # good until this lease ends; the shared worker token opens only the claim.

@@ -35,6 +35,7 @@ import jax
 
 from rl_core.errors import RlCoreError
 from rl_core.records import CheckpointRecord
+from rl_core.store.folders import publish_dir, staging_dir
 from rl_core.training.trainer import Trainer
 
 FORMAT = 1
@@ -98,7 +99,14 @@ def save_checkpoint(
         with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
             ckptr.save(tmp / "state", args=ocp.args.StandardSave(_flat(trainer.training_state())))
         (tmp / "extra.json").write_text(extra_text, encoding="utf-8")
-        marker = {"format": FORMAT, "step": step, "layout": _layout(trainer)}
+        # "written" tells this write from another of the same step (a resumed attempt's):
+        # a worker's cached copy is used for a resume only if it is the stored one.
+        marker = {
+            "format": FORMAT,
+            "step": step,
+            "layout": _layout(trainer),
+            "written": uuid.uuid4().hex,
+        }
         with (tmp / MARKER).open("w", encoding="utf-8") as f:
             json.dump(marker, f)
             f.flush()
@@ -108,26 +116,6 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return CheckpointRecord(step=step, uri=str(directory), size_bytes=_size(directory))
-
-
-def staging_dir(target: Path) -> Path:
-    """A hidden sibling of ``target`` to write into (not created), once the leftovers of
-    earlier writes of it that crashed are gone: a folder is written there, then published."""
-    for stale in target.parent.glob(f".tmp-{target.name}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    return target.parent / f".tmp-{target.name}-{uuid.uuid4().hex[:8]}"
-
-
-def publish_dir(tmp: Path, target: Path) -> None:
-    """Move the written ``tmp`` into place as ``target`` by renames, so a reader sees the
-    old folder or the new one, whole; an existing ``target`` goes only once ``tmp`` is in."""
-    if target.exists():
-        old = target.parent / f".tmp-{target.name}-old-{uuid.uuid4().hex[:8]}"
-        target.rename(old)
-        tmp.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(target)
 
 
 def _local_path(uri: str) -> Path:

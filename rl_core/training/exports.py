@@ -49,12 +49,8 @@ from rl_core.pretrained.chat_tokenizer import ChatTokenizer
 from rl_core.pretrained.export import write_hf_folder
 from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
 from rl_core.pretrained.weights import hf_name, model_to_tensors
-from rl_core.training.checkpointing import (
-    CheckpointError,
-    publish_dir,
-    read_marker,
-    staging_dir,
-)
+from rl_core.store.folders import publish_dir, staging_dir
+from rl_core.training.checkpointing import CheckpointError, read_marker
 from rl_core.training.lora import LoraConfig
 
 _POLICY = "trainable.policy."

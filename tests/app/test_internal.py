@@ -61,11 +61,12 @@ async def test_a_run_through_its_life(api: Api) -> None:
     body = claim.json()
     assert set(body) == {
         "run_id", "spec", "attempt", "lease_expires_at", "resume_step", "checkpoint",
-        "environment", "scorer", "lease_token",
+        "environment", "scorer", "judge", "lease_token",
     }  # fmt: skip
     assert body["lease_token"].startswith("rlaas_lease_")
     assert body["environment"] is None  # a built-in environment: nothing to hand over
     assert body["scorer"] is None  # and no webhook verifier
+    assert body["judge"] is None  # nor an LLM judge
     assert body["run_id"] == run_id and body["attempt"] == 1 and body["resume_step"] == 0
     assert body["spec"]["environment"]["name"] == "guess_number"
     expires = datetime.fromisoformat(body["lease_expires_at"])

@@ -2,8 +2,10 @@
 verifier, and a real Celery worker fetches the pinned content and trains the tiny model,
 with dynamic sampling on, and its rows' two data sources reported apart. A registered
 scorer endpoint (the ``webhook`` reward) scores every episode beside ``math``: the claim
-hands it to the worker, which posts each episode to it, signed. Held-out pass@1 and
-pass@2 on its eval split reach the API."""
+hands it to the worker, which posts each episode to it, signed; and a registered LLM
+judge (the ``judge`` reward, an OpenAI-compatible fake on loopback) scores each group in
+one call, with the key the tenant registered. Held-out pass@1 and pass@2 on its eval
+split reach the API."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from rl_core.protocol.webhook import ScoreRequest
 from sdk.client import Client
 from sdk.envserver import ScorerServer
 from tests.e2e.stack import Stack, wait_until
+from tests.rl_core.envs.judge_server import FakeJudge
 from tests.sdk.serving import SECRET, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(2)]
@@ -39,6 +42,7 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
         scored.append(request)
         return 0.0  # leaves math's reward as it is: what is proved here is the path
 
+    judge = FakeJudge(scale=0.0)  # neutral too
     # The scorer is on loopback: this deployment allows it (a real one allows public only).
     stack.env["RLAAS_ENV_URL_ALLOWLIST"] = "public,loopback"
     stack.start_api()
@@ -46,20 +50,33 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
     with (
         Client(stack.api_url, stack.api_key) as sdk,
         serving(ScorerServer(neutral, secret=SECRET).app) as scorer_url,
+        serving(judge.app) as judge_url,
     ):
         with stack.client() as client:
             registered = client.post(
                 "/v1/environments", json={"name": "scorer", "url": scorer_url, "secret": SECRET}
             )
             assert registered.status_code == 201, registered.text
+            judge_key = "sk-judge-0123456789abcdef"
+            judge_id = client.post(
+                "/v1/environments",
+                json={"name": "judge", "url": f"{judge_url}/v1", "secret": judge_key},
+            ).json()["id"]
         ds = sdk.upload_dataset(data, required=["question", "answer"])
         assert (ds.rows, ds.fields) == (100, ["answer", "data_source", "question"])
         spec = {
             "model": {"source": "builtin:tiny"},
             "environment": {
                 "name": "dataset",
-                "reward": "math+webhook",
+                "reward": "math+webhook+judge",
                 "scorer": registered.json()["id"],
+                "judge": {
+                    "endpoint": judge_id,
+                    "model": "judge-model",
+                    "rubric": "The sum is right.",
+                    "max_calls": 100,
+                    "max_tokens": 100_000,
+                },
                 "config": {"dataset": ds.id, "prompt": "question", "split": {"eval": 0.1}},
             },
             # The random-init model ends a turn by chance: its stop token is about one in
@@ -153,6 +170,13 @@ def test_a_run_on_an_uploaded_dataset_with_the_math_verifier_trains(
             for r in scored:
                 a, b = r.prompt[-1].content.removesuffix("=").split("+")
                 assert r.answer == str(int(a) + int(b)) and r.info["data_source"] in SOURCES
+            # The judge: one call per group (its members that ended, at most 4; a held-out
+            # task's 2 samples), with the registered key; every such episode judged.
+            assert judge.requests
+            for request, headers in zip(judge.requests, judge.headers, strict=True):
+                assert headers["authorization"] == f"Bearer {judge_key}"
+                assert 1 <= request["messages"][1]["content"].count("# Answer a") <= 4
+            assert all("judge" in t["info"]["reward_terms"] for t in played)
         # Now in use by nothing unfinished: the owner may delete it.
         sdk.delete_dataset(ds.id)
         assert sdk.list_datasets() == []
