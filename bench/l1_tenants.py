@@ -18,8 +18,9 @@ and by polling ``/v1/runs/{id}``, and when it ends reads its events and metrics,
 others); a ``--sessions`` share submits sessions runs and plays them through the
 session URL (open, two chat calls, end with a reward), as an agent would.
 
-Faults (not in ``--ramp``; off with ``--no-faults``): at 35 % of the time one worker is
-SIGKILLed and started again 5 s later; at 60 % Postgres is stopped and started again.
+Faults (not in ``--ramp``; off with ``--no-faults``): at 35 % of the time, once it holds a
+running run, worker-1 is SIGKILLed and started again 5 s later; at 60 % Postgres is
+stopped and started again (``scripts/services.sh pg-stop`` / ``pg-start``).
 
 At the end, with every unfinished run waited for (``--drain-minutes``) then counted:
 
@@ -30,10 +31,11 @@ At the end, with every unfinished run waited for (``--drain-minutes``) then coun
 - per route (client-measured, grouped by route template): count, p50, p99, 5xx.
 
 ``--ramp``: no faults; tenants are added in steps (``--steps``) of ``--step-minutes``
-each, and the step where the p99 of some route passes 1 s, or the queue of runs grows
+each, and the step where the p99 of some route passes 1 s (routes with 100 calls or
+more in the step; not a model call or a session's open, see NOT_JUDGED), or the queue of runs grows
 without bound (its slope over the step is above 0 beyond its 95 % interval and the
 queue at the end is more than the workers can drain in a step), is the breaking point.
-Not a test: CI does not run it.
+Prints a PASS/MISS line per check and exits 1 on a MISS. Not a test: CI does not run it.
 """
 
 from __future__ import annotations
