@@ -12,6 +12,7 @@ import contextlib
 import json
 from typing import Any
 
+from app.db.session import DATABASE_DOWN, DATABASE_RETRY_AFTER_S, database_unreachable
 from app.errors import PayloadTooLarge
 from app.security import parse_prefix
 from app.services.quotas import Limiter
@@ -41,7 +42,16 @@ class BodyLimitMiddleware:
         if not declared and "transfer-encoding" not in headers:
             await self.app(scope, receive, send)  # no body to limit
             return
-        limit, name = await _limit_for(scope, headers)
+        try:
+            limit, name = await _limit_for(scope, headers)
+        except DATABASE_DOWN as exc:
+            # The tenant's limit is read from the database before any route runs, so the
+            # app's 503 handler never sees this: answer its 503 here (a restart under load
+            # gave callers a bare 500 without Retry-After).
+            if not database_unreachable(exc):
+                raise
+            await _unavailable(send)
+            return
         if declared is not None and declared > limit:
             await _reject(send, declared, limit, name)
             return
@@ -111,6 +121,25 @@ async def _reject(send: Any, size: int, limit: int, name: str, *, at_least: bool
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _unavailable(send: Any) -> None:
+    """The app's answer while the database is unreachable (app.main._render_database_down)."""
+    message = f"the database is unreachable; retry in {DATABASE_RETRY_AFTER_S} s"
+    error = {"code": "unavailable", "message": message, "field": None}
+    body = json.dumps({"error": {**error, "retry_after_s": DATABASE_RETRY_AFTER_S}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(DATABASE_RETRY_AFTER_S).encode()),
             ],
         }
     )

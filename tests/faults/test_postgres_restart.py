@@ -103,3 +103,32 @@ def test_a_database_restart_answers_503_and_loses_no_report(
             "running",
             "succeeded",
         ]
+
+
+@pytest.mark.minutes(1)
+def test_a_post_while_the_database_is_down_answers_503_not_500(
+    private_stack: tuple[Stack, str],
+) -> None:
+    """A request with a body reads its tenant's body limit in a middleware, before any
+    route (app/api/body_limit.py), where the app's 503 handler does not reach: found by
+    bench/l1_tenants.py as a bare 500 on POST /v1/runs/{id}/sessions during a restart."""
+    stack, folder = private_stack
+    stack.start_api()  # a fresh process: no tenant's limit is cached yet
+    services("pg-stop", folder)
+    try:
+        with stack.client() as client:
+            for path in ("/v1/runs", "/v1/runs/run_0/sessions"):
+                answer = client.post(path, json={"spec": {}})
+                assert answer.status_code == 503, f"{path}: {answer.text}"
+                assert answer.headers["Retry-After"] == "2"
+                error = answer.json()["error"]
+                assert error["code"] == "unavailable" and "database" in error["message"]
+    finally:
+        services("pg-start", folder)
+    with stack.client() as client:  # and the limit is read once the database is back
+        wait_until(
+            lambda: client.post("/v1/runs", json={"spec": {}}).status_code == 422,
+            30,
+            "the API to answer again after the database came back",
+            stack,
+        )
