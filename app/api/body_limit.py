@@ -103,43 +103,32 @@ async def _reject(send: Any, size: int, limit: int, name: str, *, at_least: bool
         f"{limit} bytes ({name}): send less per request",
         limit_bytes=limit,
     )
-    body = json.dumps(
-        {
-            "error": {
-                "code": error.code,
-                "message": error.message,
-                "field": error.field,
-                **error.extra,
-            }
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    body = {"code": error.code, "message": error.message, "field": error.field, **error.extra}
+    # The body was not read: the connection cannot serve another request.
+    await _answer(send, 413, body, [(b"connection", b"close")])
 
 
 async def _unavailable(send: Any) -> None:
     """The app's answer while the database is unreachable (app.main._render_database_down)."""
     message = f"the database is unreachable; retry in {DATABASE_RETRY_AFTER_S} s"
     error = {"code": "unavailable", "message": message, "field": None}
-    body = json.dumps({"error": {**error, "retry_after_s": DATABASE_RETRY_AFTER_S}}).encode()
+    retry = [(b"retry-after", str(DATABASE_RETRY_AFTER_S).encode())]
+    await _answer(send, 503, {**error, "retry_after_s": DATABASE_RETRY_AFTER_S}, retry)
+
+
+async def _answer(
+    send: Any, status: int, error: dict[str, Any], headers: list[tuple[bytes, bytes]]
+) -> None:
+    """An error answer in the app's shape (``{"error": {...}}``), sent from the middleware."""
+    body = json.dumps({"error": error}).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 503,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                (b"retry-after", str(DATABASE_RETRY_AFTER_S).encode()),
+                *headers,
             ],
         }
     )
