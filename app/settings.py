@@ -130,12 +130,9 @@ class Settings(BaseSettings):
     @field_validator("artifact_store")
     @classmethod
     def _store_url_parses(cls, value: str | None) -> str | None:
-        from rl_core.store import StoreError, check_store_url
+        from rl_core.store import store_setting
 
-        try:  # a bad URL stops start-up, naming the setting
-            return None if not value else check_store_url(value)
-        except StoreError as exc:
-            raise ValueError(str(exc)) from exc
+        return store_setting(value)  # a bad URL stops start-up, naming the setting
 
     def requeue_policy(self) -> Policy:
         return Policy(

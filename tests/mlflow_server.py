@@ -51,13 +51,7 @@ def mlflow_server() -> Iterator[str]:
         _wait_until_ready(url, process, folder / "server.log")
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process)
         log.close()
 
 
@@ -79,3 +73,14 @@ def _wait_until_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> 
             pass
         time.sleep(0.3)
     raise RuntimeError(f"mlflow server not ready in {START_TIMEOUT_S:.0f}s")
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop a server started in its own process group: SIGTERM, then SIGKILL after 15 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

@@ -9,8 +9,6 @@ batch deletes), which is all the store uses.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.mlflow_server import free_port
+from tests.mlflow_server import free_port, stop_group
 
 START_TIMEOUT_S = 60.0
 # moto accepts any credentials; the store signs its requests with these like with real ones.
@@ -59,13 +57,7 @@ def s3_server() -> Iterator[str]:
                 time.sleep(0.2)
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process)
         log.close()
 
 

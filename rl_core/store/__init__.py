@@ -13,7 +13,7 @@ Pure Python over obstore: no JAX, so the control plane imports it too.
 
 from rl_core.store.base import ArtifactStore, StoredObject, StoreError
 from rl_core.store.folders import complete_folders, download_folder, upload_folder
-from rl_core.store.objects import ObjectStore, check_store_url, open_store
+from rl_core.store.objects import ObjectStore, check_store_url, open_store, store_setting
 
 __all__ = [
     "ArtifactStore",
@@ -24,5 +24,6 @@ __all__ = [
     "complete_folders",
     "download_folder",
     "open_store",
+    "store_setting",
     "upload_folder",
 ]

@@ -160,3 +160,13 @@ def open_store(url: str, *, endpoint: str | None = None) -> ObjectStore:
         folder.mkdir(parents=True, exist_ok=True)
         return ObjectStore(LocalStore(folder), url)
     return ObjectStore(MemoryStore(), url)
+
+
+def store_setting(value: str | None) -> str | None:
+    """``RLAAS_ARTIFACT_STORE`` as the API's and the worker's settings take it: unset or
+    empty is None (the artifacts folder is the store); a bad URL is a ``ValueError``
+    naming the fix, so pydantic stops start-up naming the setting."""
+    try:
+        return None if not value else check_store_url(value)
+    except StoreError as exc:
+        raise ValueError(str(exc)) from exc
