@@ -47,7 +47,7 @@ from rl_core.rollout.base import (
 )
 from rl_core.rollout.grammar import Constraint, GrammarTokenizer
 from rl_core.rollout.sampling import TOP_LOGPROBS
-from rl_core.rollout.scheduler import Request, Scheduler, SchedulerStats
+from rl_core.rollout.scheduler import SHRINK_AFTER, Request, Scheduler, SchedulerStats
 
 __all__ = ["EngineConfig", "JaxEngine"]
 
@@ -59,6 +59,9 @@ class EngineConfig:
     # Slot counts of the decode batch: it moves to the smallest that holds the running
     # requests. Two sizes trade a little wasted compute for few compiles.
     batch_buckets: tuple[int, ...] = (8, 64)
+    # Decode steps the batch must have fitted a smaller bucket before it shrinks: a
+    # multi-turn load swings across buckets as turns end and come back (scheduler.py).
+    shrink_after_steps: int = SHRINK_AFTER
     min_prompt_bucket: int = 16  # the shortest packed prefill row
     # Tokens of one packed prefill row. Its attention is quadratic in the row: at 1,024 it
     # cost SmolLM2 more than the padding it saved (64 prompts joining: 1.04x transformers'
@@ -224,6 +227,7 @@ class JaxEngine:
             min_cache_bucket=c.min_cache_bucket,
             max_cache_len=self.max_cache_len,
             prefix_rows=max(c.batch_buckets) if c.prefix_pool_rows is None else c.prefix_pool_rows,
+            shrink_after=c.shrink_after_steps,
             stats=self.stats,
         )
 

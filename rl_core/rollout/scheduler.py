@@ -46,6 +46,13 @@ from rl_core.rollout.grammar import Constraint, words
 from rl_core.rollout.prefix_pool import Hit, PrefixIndex
 from rl_core.rollout.sampling import Controls, Sampled
 
+# Steps in a row a cache must be bigger than its running rows need before it shrinks. A
+# resize copies the whole cache and may need a program for a new pair of shapes, and a
+# multi-turn run's load swings across a row bucket every few steps: an agent's next turn
+# comes back a host round trip after its last one ended. Shrinking at once resized back
+# and forth; growing cannot wait.
+SHRINK_AFTER = 32
+
 
 def packed_bucket(n: int, minimum: int) -> int:
     """The smallest of 2^k, 1.25, 1.5 and 1.75 * 2^k that is >= max(n, minimum).
@@ -97,6 +104,7 @@ class SchedulerStats:
     prefill_calls: int = 0  # packed prefills of whole prompts
     extend_calls: int = 0  # prefills of what follows a parked prefix
     decode_steps: int = 0
+    decoded_rows: int = 0  # the cache's rows, summed over decode steps (empty ones too)
     admitted: int = 0
     resizes: int = 0
     prefilled_tokens: int = 0  # prompt tokens computed (padding not counted)
@@ -121,6 +129,7 @@ class Scheduler:
         min_cache_bucket: int,
         max_cache_len: int,
         prefix_rows: int = 0,
+        shrink_after: int = SHRINK_AFTER,
         stats: SchedulerStats | None = None,
     ) -> None:
         self._programs, self._model_config, self._policy = programs, model_config, policy
@@ -142,6 +151,8 @@ class Scheduler:
         self.prefixes = PrefixIndex(prefix_rows)
         self._pool: KVCache | None = None  # [prefix_rows, >= every cache length seen]
         self._version_seen = -1  # the newest policy version a device call used
+        self._shrink_after = shrink_after
+        self._too_big_for = 0  # steps in a row the cache was bigger than its rows need
 
     @property
     def max_rows(self) -> int:
@@ -167,7 +178,7 @@ class Scheduler:
         self._drop_abandoned()
         finished: list[tuple[Request, Completion]] = []
         constrained = any(s is not None and s.request.constraint for s in self.slots)
-        if self.waiting or constrained or self._shape([]) != self._current_shape():
+        if self._count_too_big() or self.waiting or constrained:
             finished += self._settle()
             finished += self._admit()
         previous = self._inflight
@@ -202,7 +213,7 @@ class Scheduler:
 
     def _admit(self) -> list[tuple[Request, Completion]]:
         joining = self._joining()
-        rows, length = self._shape(joining)
+        rows, length = self._target(joining)
         if (rows, length) != self._current_shape():
             self._resize(rows, length)
         if not joining:
@@ -377,6 +388,7 @@ class Scheduler:
             counts,
         )
         self.stats.decode_steps += 1
+        self.stats.decoded_rows += rows
         self.stats.pipelined_steps += previous is not None
         self.stats.constrained_steps += any(r is not None and r.constraint for r in requests)
         return _InFlight(sampled, decoding)
@@ -497,30 +509,35 @@ class Scheduler:
 
     # shapes --------------------------------------------------------------------------
 
+    def _target(self, joining: list[Request]) -> tuple[int, int]:
+        """The shape to run the next step in: the current one unless it is too small, or
+        too big for ``shrink_after`` steps in a row (`SHRINK_AFTER`)."""
+        want, current = self._shape(joining), self._current_shape()
+        if current is None or self._too_big_for >= self._shrink_after:
+            return want
+        return max(want[0], current[0]), max(want[1], current[1])
+
+    def _count_too_big(self) -> bool:
+        """Count the steps the cache has been bigger than the running rows need; True
+        once it is time to shrink it."""
+        want, current = self._shape([]), self._current_shape()
+        smaller = current is not None and want != current
+        self._too_big_for = self._too_big_for + 1 if smaller else 0
+        return smaller and self._too_big_for >= self._shrink_after
+
     def _resize(self, rows: int, length: int) -> None:
         """Move the running slots into a cache of ``rows x length`` (compacted to the front)."""
-        running = [s for s in self.slots if s is not None]
-        assert len(running) <= rows
-        fresh = KVCache.empty(self._model_config, rows, length)
-        if self.cache is not None and running:
-            old = [i for i, s in enumerate(self.slots) if s is not None]
-            index = jnp.asarray(old, jnp.int32)
-            keep = min(length, self.cache.length)
-            fresh = steps.insert(
-                fresh,
-                KVCache(
-                    tuple(k[index, :, :keep] for k in self.cache.keys),
-                    tuple(v[index, :, :keep] for v in self.cache.values),
-                    self.cache.lengths[index],
-                ),
-                jnp.arange(len(old), dtype=jnp.int32),
-            )
-        seen = jnp.zeros((rows, self._vocab), jnp.int32)
-        if self.seen is not None and running:
-            old = [i for i, s in enumerate(self.slots) if s is not None]
-            seen = steps.move_seen(seen, self.seen, jnp.asarray(old, jnp.int32))
-        self.cache, self.seen = fresh, seen
-        self.slots = [*running, *([None] * (rows - len(running)))]
+        old = [i for i, s in enumerate(self.slots) if s is not None]
+        assert len(old) <= rows
+        if self.cache is not None and self.seen is not None and old:
+            source = np.full((rows,), self.cache.rows, np.int32)
+            source[: len(old)] = old
+            self.cache, self.seen = steps.resize(self.cache, self.seen, source, length)
+        else:
+            self.cache = KVCache.empty(self._model_config, rows, length)
+            self.seen = jnp.zeros((rows, self._vocab), jnp.int32)
+        self.slots = [self.slots[i] for i in old] + [None] * (rows - len(old))
+        self._too_big_for = 0
         self.stats.resizes += 1
 
 

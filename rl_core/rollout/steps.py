@@ -1,4 +1,5 @@
-"""The jitted device programs of the built-in engine: prefill, extend, insert, stash, decode.
+"""The jitted device programs of the built-in engine: prefill, extend, insert, stash, resize,
+decode.
 
 Each is compiled once per shape bucket, never per request: joining prompts are packed end
 to end into one row padded to a bucket of their total (`scheduler.packed_bucket`), the
@@ -108,14 +109,33 @@ def seat(
     return seen.at[slots, first].add(1, mode="drop")
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def move_seen(
-    fresh: jax.Array,  # [R', V] zeros
-    seen: jax.Array,  # [R, V]
-    old: jax.Array,  # [N] int32: the running slots, in their new order
-) -> jax.Array:  # [R', V]: row j is ``seen[old[j]]``
-    """A resize's compaction of the counts, as `insert` does it for the cache."""
-    return fresh.at[: old.shape[0]].set(seen[old])
+@functools.partial(jax.jit, static_argnums=(3,))
+def resize(
+    cache: KVCache,  # [R, S]
+    seen: jax.Array,  # [R, V] int32
+    source: jax.Array,  # [R'] int32: the old row each new row takes; R (out of range): none
+    length: int,  # S'
+) -> tuple[KVCache, jax.Array]:  # [R', S'], [R', V]
+    """The cache and the token counts in another shape, the running rows moved to new slots.
+
+    New row j holds old row ``source[j]``'s first ``min(S, S')`` positions, or nothing.
+    The running rows go in as a padded index rather than a list of their own length, so
+    there is one program per pair of shapes: with a program per count of running rows
+    (as there was), a multi-turn run compiled or loaded one at most resizes."""
+    keep = min(length, cache.length)
+    valid = source < cache.rows
+    take = jnp.where(valid, source, 0)
+
+    def move(x: jax.Array) -> jax.Array:  # [R, Hkv, S, Dh] -> [R', Hkv, S', Dh]
+        rows = jnp.where(valid[:, None, None, None], x[take, :, :keep], 0)
+        return jnp.pad(rows, ((0, 0), (0, 0), (0, length - keep), (0, 0)))
+
+    moved = KVCache(
+        tuple(move(k) for k in cache.keys),
+        tuple(move(v) for v in cache.values),
+        jnp.where(valid, cache.lengths[take], 0),
+    )
+    return moved, jnp.where(valid[:, None], seen[take], 0)
 
 
 class Programs(NamedTuple):

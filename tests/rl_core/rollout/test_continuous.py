@@ -11,6 +11,7 @@ import numpy as np
 from flax import nnx
 
 from rl_core.models import Model, ModelConfig
+from rl_core.rollout import steps
 from rl_core.rollout.base import Completion, SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
 
@@ -172,3 +173,43 @@ def test_rows_that_stop_while_the_next_step_is_in_flight_lose_nothing_and_gain_n
         ends = [i for i, t in enumerate(got.tokens) if t in stops]
         assert ends == ([len(got.tokens) - 1] if got.finish_reason == "stop" else [])
         np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
+def test_a_batch_across_buckets_shrinks_late_compiles_one_resize_per_shape_pair_and_loses_nothing(
+    engine_model: Model,
+) -> None:
+    """Rows stop at different steps, so the running count falls through every value from
+    12 to 0 and crosses the 4-row bucket. The batch shrinks only after ``shrink_after``
+    steps too big, resizes with one program per pair of shapes (not one per running
+    count: a multi-turn run spent a quarter of its rollout compiling those), and every
+    row gets the tokens it gets alone, shrinking at once or late."""
+    stops = tuple(range(2, 40))  # most rows stop within a few tokens, at different steps
+    prompts = [_prompt(3 + i % 5, offset=i) for i in range(12)]
+    results: dict[int, int] = {}
+    for shrink_after in (0, 6):
+        config = EngineConfig(
+            stop_ids=stops, batch_buckets=(4, 16), shrink_after_steps=shrink_after
+        )
+        eng = JaxEngine(engine_model, config=config)
+        try:
+            before = steps.resize._cache_size()
+            together = eng.generate_batch(
+                prompts, max_new_tokens=24, sampling=WARM, seeds=range(12)
+            )
+            compiled = steps.resize._cache_size() - before
+            alone = [
+                eng.generate_batch([p], max_new_tokens=24, sampling=WARM, seeds=[i])[0]
+                for i, p in enumerate(prompts)
+            ]
+        finally:
+            eng.close()
+        lengths = sorted(len(c.tokens) for c in together)
+        assert len(set(lengths)) >= 4, lengths  # the rows left at several different steps
+        for got, want in zip(together, alone, strict=True):
+            assert got.tokens == want.tokens and got.finish_reason == want.finish_reason
+            np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+        assert compiled <= 1  # 16 rows to 4: one pair of shapes (none if cached already)
+        results[shrink_after] = eng.stats.decoded_rows
+    # Late: the 16-row cache was kept for (at most) 6 steps after 4 rows could hold the
+    # batch, 12 empty rows each.
+    assert 0 < results[6] - results[0] <= 6 * 12
