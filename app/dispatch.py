@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from celery import Celery
 
 TASK_RUN_JOB = "rlaas.run_job"
+TASK_SERVE_CHECKPOINT = "rlaas.serve_checkpoint"  # worker/serving.py
 
 log = logging.getLogger("rlaas.dispatch")
 
@@ -37,8 +38,17 @@ class CeleryDispatcher:
     def dispatch(self, run_id: str) -> None:
         self._celery.send_task(TASK_RUN_JOB, args=[run_id], queue=self._queue)
 
+    def serve(self, order: dict[str, Any], queue: str) -> None:
+        """Ask a worker of ``queue`` to serve a checkpoint (`app.services.serving`)."""
+        self._celery.send_task(TASK_SERVE_CHECKPOINT, args=[order], queue=queue)
+
     def close(self) -> None:
         self._celery.close()
+
+
+@runtime_checkable
+class ServeOrders(Protocol):
+    def serve(self, order: dict[str, Any], queue: str) -> None: ...
 
 
 class RecordingDispatcher:
@@ -46,9 +56,13 @@ class RecordingDispatcher:
 
     def __init__(self) -> None:
         self.sent: list[str] = []
+        self.served: list[tuple[dict[str, Any], str]] = []
 
     def dispatch(self, run_id: str) -> None:
         self.sent.append(run_id)
+
+    def serve(self, order: dict[str, Any], queue: str) -> None:
+        self.served.append((order, queue))
 
     def close(self) -> None:
         pass

@@ -31,6 +31,7 @@ from app.api import (
     prometheus,
     results,
     runs,
+    serving,
     sessions,
     stream,
     workers,
@@ -45,7 +46,7 @@ from app.db.session import (
     make_engine,
     make_sessionmaker,
 )
-from app.dispatch import CeleryDispatcher, Dispatcher, dispatch_committed
+from app.dispatch import CeleryDispatcher, Dispatcher, ServeOrders, dispatch_committed
 from app.errors import AppError
 from app.live.stream import live_updates
 from app.observability import Observability, ObservabilityMiddleware, configure_logging
@@ -104,6 +105,9 @@ def create_app(
             secrets=secrets,
             env_allowlist=allowlist,
             limits=Limiter(conf, buckets=buckets),
+            # A dispatcher that can also ask for checkpoint servers (Celery's, the tests'
+            # recorder) does; one that cannot leaves serving off.
+            serve_orders=sender if isinstance(sender, ServeOrders) else None,
         )
         app_state.gateways = gateways.client_session()
         app.state.rlaas = app_state
@@ -138,6 +142,8 @@ def create_app(
     app.include_router(health.router)
     app.include_router(runs.router)
     app.include_router(sessions.router)
+    app.include_router(serving.router)
+    app.include_router(serving.internal_router)
     app.include_router(internal.claim_router)
     app.include_router(internal.router)
     app.include_router(workers.router)

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     # open until `rlaas secrets reseal` has sealed them under the current key.
     old_secret_keys: str | None = None
     task_queue: str = "cpu"
+    # The queue checkpoint servers are asked for on (docs/serving.md): the workers started
+    # with `rlaas worker --serve` (or --queue serve) take it.
+    serve_queue: str = "serve"
     reaper_interval_s: float = 5.0
     # A run still queued this long after it was sent to the broker is sent again.
     redispatch_after_s: float = 300.0

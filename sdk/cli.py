@@ -85,6 +85,13 @@ def _use_compilation_cache() -> None:
 def worker(
     queue: Annotated[str, typer.Option(envvar="RLAAS_QUEUE")] = "cpu",
     loglevel: str = "INFO",
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="also serve checkpoints (the serve queue, RLAAS_SERVE_QUEUE; docs/serving.md)",
+        ),
+    ] = False,
 ) -> None:
     """Run a Celery worker that executes runs (solo pool: JAX must not be forked)."""
     from rl_core.host.memory import limit_malloc_arenas
@@ -92,9 +99,9 @@ def worker(
 
     limit_malloc_arenas()  # before any thread starts: see rl_core.host.memory
     _use_compilation_cache()
-
+    queues = f"{queue},{os.environ.get('RLAAS_SERVE_QUEUE', 'serve')}" if serve else queue
     celery_app.worker_main(
-        ["worker", "--pool", "solo", "--concurrency", "1", "-Q", queue, "--loglevel", loglevel]
+        ["worker", "--pool", "solo", "--concurrency", "1", "-Q", queues, "--loglevel", loglevel]
     )
 
 

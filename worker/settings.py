@@ -81,6 +81,14 @@ class WorkerSettings(BaseSettings):
     gateway_port: int = Field(default=0, ge=0, le=65535)  # 0: any free port
     gateway_url: str | None = None
 
+    # A served checkpoint (worker/serving.py, docs/serving.md): the address its server
+    # binds (port 0: any free one) and, when the control plane must reach it by another
+    # name, that URL; it stops after this many seconds without a call.
+    serve_host: str = "127.0.0.1"
+    serve_port: int = Field(default=0, ge=0, le=65535)
+    serve_url: str | None = None
+    serve_idle_s: float = Field(default=600.0, gt=0)
+
     # How long the end of a run waits for its trackers (docs/trackers.md) to take what is
     # queued; a tracker that is failing gets no wait at all.
     tracker_close_seconds: float = Field(default=30.0, ge=0, le=600)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from worker.celery_app import TASK_RUN_JOB, app
 from worker.job import execute_run
+from worker.serving import TASK_SERVE_CHECKPOINT, serve_checkpoint
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,18 @@ def run_job(run_id: str) -> str:
     finally:
         release_compiled_programs()
     log.info("run %s finished: %s", run_id, outcome)
+    return outcome
+
+
+@app.task(name=TASK_SERVE_CHECKPOINT)  # type: ignore[untyped-decorator]
+def serve_checkpoint_task(order: dict[str, Any]) -> str:
+    """Serve a run's checkpoint until idle (worker/serving.py); sent by the API to the
+    serve queue when a tenant first calls it."""
+    try:
+        outcome = serve_checkpoint(order, WorkerSettings())
+    finally:
+        release_compiled_programs()
+    log.info("run %s step %s served: %s", order.get("run_id"), order.get("step"), outcome)
     return outcome
 
 

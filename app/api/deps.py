@@ -11,7 +11,7 @@ from fastapi import Depends, Header, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.crypto import SecretBox
-from app.dispatch import Dispatcher, dispatch_committed
+from app.dispatch import Dispatcher, ServeOrders, dispatch_committed
 from app.errors import Forbidden, Unauthorized
 from app.observability import Observability
 from app.security import WORKER_CREDENTIAL_PREFIX, LeaseProof, same_secret
@@ -49,6 +49,9 @@ class AppState:
     # made in the lifespan (it needs the running loop).
     gateways: aiohttp.ClientSession | None = None
     gateway_cache: GatewayCache = field(default_factory=GatewayCache)
+    # Where checkpoint servers are asked for (app.services.serving): the Celery dispatcher,
+    # or a test's; None: this deployment sends none (the route answers 503 saying so).
+    serve_orders: ServeOrders | None = None
 
 
 @dataclass

@@ -246,6 +246,23 @@ class Artifact(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class CheckpointServer(Base):
+    """A run's checkpoint served for chat completions (app.services.serving): asked of a
+    worker when ``url`` is NULL, answering at ``url`` once loaded; deleted when it stops."""
+
+    __tablename__ = "checkpoint_servers"
+    __table_args__ = (UniqueConstraint("run_id", "step", name="uq_checkpoint_servers_run_step"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # srv_<hex>
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    token_encrypted: Mapped[str] = mapped_column(Text)  # what the worker's server takes
+    url: Mapped[str | None] = mapped_column(String(2048))
+    requested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    error: Mapped[str | None] = mapped_column(Text)  # the worker could not load it: why
+
+
 class Environment(Base):
     """A registered webhook environment. The secret is stored encrypted, never returned."""
 
