@@ -158,20 +158,26 @@ def load_policy(spec: JobSpec, checkpoint: str, step: int) -> Served:
     from rl_core.pipeline.build import build_trainer, snapshot
     from rl_core.pretrained.sources import load_model
     from rl_core.rollout.jax_engine import JaxEngine
-    from rl_core.sessions.sampling import ClientSampling
 
     model, tokenizer = load_model(spec.model, seed=spec.train.seed)
     engine = JaxEngine(model, config=configs.engine_config(spec, tokenizer), tokenizer=tokenizer)
     trainer, restored, _ = build_trainer(spec, model, checkpoint)
     engine.update_weights(snapshot(trainer.params()), restored)
     del trainer
-    config = SessionConfig(
+    return Served(engine, tokenizer, session_config(spec), name=f"step-{step}")
+
+
+def session_config(spec: JobSpec) -> SessionConfig:
+    """A call's bounds and sampler: the run's, as its sessions gateway has them."""
+    from rl_core.pipeline import configs
+    from rl_core.sessions.sampling import ClientSampling
+
+    return SessionConfig(
         sampling=configs.sampling_params(spec),
         max_new_tokens=spec.agent.max_new_tokens,
         max_context=spec.agent.max_context,
         client_sampling=ClientSampling(**spec.rollout.client_sampling.model_dump()),
     )
-    return Served(engine, tokenizer, config, name=f"step-{step}")
 
 
 class ServingApi:
@@ -243,4 +249,5 @@ __all__ = [
     "serve_checkpoint",
     "serve_until_idle",
     "serving_app",
+    "session_config",
 ]
