@@ -35,6 +35,11 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/runs/{run_id}/openai/responses"): {"model": "session:s1", "input": "hi"},
     ("POST", "/v1/runs/{run_id}/openai/sessions/{name}/end"): {"reward": 1.0},
     ("POST", "/v1/runs/{run_id}/openai/sessions/{name}/cancel"): None,
+    # A served checkpoint (app.api.serving): the owner's first call asks a worker (503).
+    ("POST", "/v1/runs/{run_id}/chat/completions"): {
+        "model": "latest",
+        "messages": [{"role": "user", "content": "hi"}],
+    },
 }
 # A session's own calls take the session's key, not a tenant's: with any tenant's key
 # they answer 404, owner included (tests/app/test_sessions_proxy.py holds them to it).
