@@ -70,6 +70,7 @@ class _Routes:
         self.served, self.token, self.clock = served, token, clock
         self.last_call = clock()
         self.calls = itertools.count()
+        self.answering = 0  # calls in flight: never idle while one is
 
     async def complete(self, request: web.Request) -> web.StreamResponse:
         if not hmac.compare_digest(_bearer(request).encode(), self.token.encode()):
@@ -80,18 +81,22 @@ class _Routes:
                 type="authentication_error",
             )
         self.last_call = self.clock()
-        parsed = parse_request(await request.read())
-        # A session of one call: the sessions gateway's rendering, sampling bounds and
-        # answer, with nothing recorded for training.
-        session = ChatSession(
-            f"{self.served.name}-{next(self.calls)}",
-            engine=self.served.engine,
-            tokenizer=self.served.tokenizer,
-            config=self.served.config,
-        )
-        answer = await session.complete(parsed)
+        self.answering += 1
+        try:
+            parsed = parse_request(await request.read())
+            # A session of one call: the sessions gateway's rendering, sampling bounds and
+            # answer, with nothing recorded for training.
+            session = ChatSession(
+                f"{self.served.name}-{next(self.calls)}",
+                engine=self.served.engine,
+                tokenizer=self.served.tokenizer,
+                config=self.served.config,
+            )
+            answer = await session.complete(parsed)
+        finally:
+            self.answering -= 1
+            self.last_call = self.clock()
         answer = answer.model_copy(update={"model": self.served.name})  # the step that answered
-        self.last_call = self.clock()
         if not parsed.stream:
             return web.Response(text=answer.to_json(), content_type="application/json")
         events = stream_completion(answer, include_usage=_with_usage(parsed.stream_options))
@@ -112,9 +117,10 @@ def serving_app(
 ROUTES: web.AppKey[_Routes] = web.AppKey("serving_routes")
 
 
-def idle_for(app: web.Application, clock: Callable[[], float] = time.monotonic) -> float:
-    """Seconds since the server's last call (or its start)."""
-    return clock() - app[ROUTES].last_call
+def idle_for(app: web.Application) -> float:
+    """Seconds since the server's last call (or its start); 0 while one is answered."""
+    routes = app[ROUTES]
+    return 0.0 if routes.answering else routes.clock() - routes.last_call
 
 
 async def serve_until_idle(
@@ -131,22 +137,25 @@ async def serve_until_idle(
     no call came for ``idle_s`` seconds."""
     app = serving_app(served, token=token)
     runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0][1]
-        url = (public_url or f"http://{host}:{bound}").rstrip("/")
-        await asyncio.to_thread(registered, url)
-        log.info("serving %s at %s until %.0f s idle", served.name, url, idle_s)
-        # Asleep until the idle time would end; a call since moves that end on.
-        while True:
-            left = idle_s - idle_for(app)
-            if left <= 0:
-                break
-            await asyncio.sleep(left)
-    finally:
-        await runner.cleanup()
+    # The JAX engine batches concurrent calls (continuous batching) while it serves.
+    batching = getattr(served.engine, "serving", None)
+    async with batching() if batching else contextlib.nullcontext():
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            bound = runner.addresses[0][1]
+            url = (public_url or f"http://{host}:{bound}").rstrip("/")
+            await asyncio.to_thread(registered, url)
+            log.info("serving %s at %s until %.0f s idle", served.name, url, idle_s)
+            # Asleep until the idle time would end; a call since moves that end on.
+            while True:
+                left = idle_s - idle_for(app)
+                if left <= 0:
+                    break
+                await asyncio.sleep(left)
+        finally:
+            await runner.cleanup()
 
 
 def load_policy(spec: JobSpec, checkpoint: str, step: int) -> Served:
