@@ -213,6 +213,7 @@ def serve_checkpoint(order: dict[str, Any], settings: WorkerSettings) -> str:
     """Load the order's checkpoint and serve it until idle; the outcome, for the log."""
     from rl_core.spec import confine_model_source, parse_spec
     from rl_core.training.stored import RunArtifacts
+    from worker.job import failure_reason
 
     run_id, step = str(order["run_id"]), int(order["step"])
     api = ServingApi(settings.api_url, str(order["server_id"]), str(order["token"]))
@@ -227,7 +228,7 @@ def serve_checkpoint(order: dict[str, Any], settings: WorkerSettings) -> str:
     except Exception as exc:
         log.exception("run %s: the checkpoint of step %d could not be loaded", run_id, step)
         with contextlib.suppress(httpx.HTTPError):
-            api.failed(f"{type(exc).__name__}: {exc}")
+            api.failed(failure_reason(exc))  # the tenant reads it: no path of this machine
         return "failed"
     try:
         asyncio.run(

@@ -1,12 +1,18 @@
 """A served checkpoint's server (worker/serving.py) over real HTTP on loopback: its secret,
 the sessions gateway's answers and refusals, the step's name on each answer, and its stop
 once idle. The engine is `ScriptedEngine` (chosen token ids, no model); restoring a real
-checkpoint is tests/e2e/test_serving.py's."""
+checkpoint is tests/e2e/test_serving.py's; failing to is here, against a loopback
+stand-in for the API's routes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -15,7 +21,8 @@ from rl_core.models.tokenizer import BuiltinTokenizer
 from rl_core.rollout.base import SamplingParams
 from rl_core.rollout.fake import ScriptedEngine
 from rl_core.sessions.session import SessionConfig
-from worker.serving import Served, serve_until_idle
+from worker.serving import Served, serve_checkpoint, serve_until_idle
+from worker.settings import WorkerSettings
 
 IDLE_S = 1.0
 ASK = {"model": "latest", "messages": [{"role": "user", "content": "2 + 5?"}]}
@@ -78,3 +85,47 @@ async def scenario() -> float:
 def test_the_server_answers_its_secret_as_the_gateway_does_and_stops_once_idle() -> None:
     idle = asyncio.run(scenario())
     assert IDLE_S * 0.9 <= idle < IDLE_S + 2, idle  # counted from the last call, not the start
+
+
+class _ControlPlane(BaseHTTPRequestHandler):
+    """The API's /internal/serving routes, remembering what the worker told them."""
+
+    told: ClassVar[list[tuple[str, str, dict[str, Any]]]] = []
+
+    def _record(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        self.told.append((self.command, self.path, body))
+        self.send_response(204)
+        self.end_headers()
+
+    do_POST = do_DELETE = _record
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_checkpoint_that_cannot_be_loaded_is_reported_without_the_workers_paths(
+    tmp_path: Path,
+) -> None:
+    api = ThreadingHTTPServer(("127.0.0.1", 0), _ControlPlane)
+    threading.Thread(target=api.serve_forever, daemon=True).start()
+    try:
+        settings = WorkerSettings(
+            api_url=f"http://127.0.0.1:{api.server_address[1]}", data_dir=tmp_path
+        )
+        missing = tmp_path / "artifacts" / "run_x" / "checkpoints" / "step-00000002"
+        order = {
+            "server_id": "srv_1",
+            "token": "the-order-secret",
+            "run_id": "run_x",
+            "step": 2,
+            "uri": str(missing),
+            "spec": {"model": {"source": "builtin:tiny"}, "environment": {"name": "guess_number"}},
+        }
+        assert serve_checkpoint(order, settings) == "failed"
+    finally:
+        api.shutdown()
+    [(method, path, body)] = _ControlPlane.told
+    assert (method, path) == ("POST", "/internal/serving/srv_1/failed")
+    assert body["error"].startswith("CheckpointError") and str(tmp_path) not in body["error"]
