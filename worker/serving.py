@@ -5,6 +5,8 @@ The API asks for one (`app.services.serving`) by sending the Celery task
 checkpoint's URI, the run's spec, and a server id and secret of the API's making. The
 worker that takes it (`serve_checkpoint`):
 
+0. asks the API whether the order is still wanted (``GET /internal/serving/{id}``): one
+   that waited in the queue past its replacement (no serve worker was running) is skipped;
 1. finds the checkpoint on its disk or downloads it from the artifact store
    (`RunArtifacts.resolve`, as a resumed run does) and restores the policy's weights into
    the built-in JAX engine (`load_policy`);
@@ -196,6 +198,15 @@ class ServingApi:
         self._url = f"{api_url.rstrip('/')}/internal/serving/{server_id}"
         self._headers = {"Authorization": f"Bearer {token}"}
 
+    def wanted(self) -> bool:
+        """Whether the API still waits for this server: an order that waited in the queue
+        past its replacement (no serve worker was running) is not loaded for nothing."""
+        answer = httpx.get(self._url, headers=self._headers, timeout=30)
+        if answer.status_code == 404:
+            return False
+        answer.raise_for_status()
+        return True
+
     def register(self, url: str) -> None:
         answer = httpx.post(self._url, json={"url": url}, headers=self._headers, timeout=30)
         answer.raise_for_status()
@@ -217,6 +228,11 @@ def serve_checkpoint(order: dict[str, Any], settings: WorkerSettings) -> str:
 
     run_id, step = str(order["run_id"]), int(order["step"])
     api = ServingApi(settings.api_url, str(order["server_id"]), str(order["token"]))
+    if not api.wanted():
+        log.info(
+            "run %s: the order to serve step %d was replaced or dropped; skipped", run_id, step
+        )
+        return "unwanted"
     try:
         spec = confine_model_source(parse_spec(order["spec"]), settings.models_dir())
         stored = RunArtifacts(

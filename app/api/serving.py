@@ -12,6 +12,7 @@ proxied to the worker serving the step (`app.services.serving`; the worker's sid
 worker/serving.py), which registers itself on the internal routes below with the
 secret of its order::
 
+    GET    /internal/serving/{server_id}                           still wanted? (204/404)
     POST   /internal/serving/{server_id}          {"url": ...}     loaded: proxy here
     POST   /internal/serving/{server_id}/failed   {"error": ...}   could not load it
     DELETE /internal/serving/{server_id}                           stopped (idle)
@@ -97,6 +98,19 @@ def _token(authorization: str | None) -> str:
     if scheme.lower() != "bearer" or not value.strip():
         raise Unauthorized("missing Authorization: Bearer <the serving order's token>")
     return value.strip()
+
+
+@internal_router.get("/{server_id}", status_code=204)
+async def wanted(
+    server_id: str,
+    session: SessionDep,
+    app_state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> Response:
+    """204 while the API still waits for this server (404: an order replaced or dropped,
+    which the worker then does not load)."""
+    await service.wanted(session, server_id, _token(authorization), app_state.secrets)
+    return Response(status_code=204)
 
 
 @internal_router.post("/{server_id}", status_code=204)

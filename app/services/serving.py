@@ -178,6 +178,10 @@ async def _own(
     return server
 
 
+async def wanted(session: AsyncSession, server_id: str, token: str, box: SecretBox) -> None:
+    await _own(session, server_id, token, box)
+
+
 async def register(
     session: AsyncSession, server_id: str, token: str, url: str, box: SecretBox
 ) -> CheckpointServer:
@@ -215,4 +219,5 @@ __all__ = [
     "register",
     "requested_model",
     "target",
+    "wanted",
 ]

@@ -108,6 +108,8 @@ async def test_a_checkpoint_is_asked_for_then_proxied_to_the_worker_that_registe
         "/internal/serving/srv_0", json={"url": worker_server.url}, headers=bearer(order)
     )
     assert nobody.status_code == 404
+    still = await api.client.get(route, headers=bearer(order))
+    assert still.status_code == 204  # the worker asks before loading
     ok = await api.client.post(route, json={"url": worker_server.url}, headers=bearer(order))
     assert ok.status_code == 204, ok.text
 
@@ -125,6 +127,8 @@ async def test_a_checkpoint_is_asked_for_then_proxied_to_the_worker_that_registe
     await api.client.post(url, json={"model": "latest", **ASK}, headers=auth)
     assert len(api.dispatcher.served) == 2
     again = api.dispatcher.served[1][0]
+    replaced = await api.client.get(route, headers=bearer(order))
+    assert replaced.status_code == 404  # a worker taking the first order now skips it
 
     # A worker that cannot load it says why; the next call reads it, and asks again after.
     failed = await api.client.post(

@@ -99,7 +99,7 @@ class _ControlPlane(BaseHTTPRequestHandler):
         self.send_response(204)
         self.end_headers()
 
-    do_POST = do_DELETE = _record
+    do_GET = do_POST = do_DELETE = _record
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -126,6 +126,7 @@ def test_a_checkpoint_that_cannot_be_loaded_is_reported_without_the_workers_path
         assert serve_checkpoint(order, settings) == "failed"
     finally:
         api.shutdown()
-    [(method, path, body)] = _ControlPlane.told
+    asked, (method, path, body) = _ControlPlane.told
+    assert asked[:2] == ("GET", "/internal/serving/srv_1")  # still wanted: loaded
     assert (method, path) == ("POST", "/internal/serving/srv_1/failed")
     assert body["error"].startswith("CheckpointError") and str(tmp_path) not in body["error"]
