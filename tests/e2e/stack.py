@@ -46,7 +46,9 @@ class Stack:
         wait_until(lambda: _ready(self.api_url), 60, "the API to become ready", self)
 
     def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
-        return self.start(name, [*rlaas(), "worker", "--loglevel", "INFO"])
+        # --serve: it also loads checkpoints tenants call (docs/serving.md), as a
+        # deployment's serve workers do.
+        return self.start(name, [*rlaas(), "worker", "--serve", "--loglevel", "INFO"])
 
     def stop(self, name: str) -> None:
         proc = self.procs.pop(name)

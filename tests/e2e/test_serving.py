@@ -85,7 +85,7 @@ def same(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> bool:
 def test_a_finished_runs_checkpoint_answers_the_openai_client(stack: Stack) -> None:
     stack.env["RLAAS_SERVE_IDLE_S"] = str(IDLE_S)
     stack.start_api()
-    stack.start("worker", [*rlaas(), "worker", "--serve", "--loglevel", "INFO"])
+    stack.start_worker()  # with --serve
     other = subprocess.run(
         [*rlaas(), "tenants", "create", "other"],
         env=stack.env,
