@@ -25,6 +25,7 @@ from app.api import (
     environments,
     health,
     ingest,
+    init_from,
     internal,
     keys,
     limits,
@@ -147,6 +148,7 @@ def create_app(
     app.include_router(environments.router)
     app.include_router(datasets.router)
     app.include_router(datasets.internal_router)
+    app.include_router(init_from.internal_router)
     app.include_router(callbacks.router)
     app.include_router(callbacks.internal_router)
     app.include_router(limits.router)
