@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 
 from app import openapi
 from app.api import (
+    adapters,
     callbacks,
     dashboard,
     datasets,
@@ -147,6 +148,7 @@ def create_app(
     app.include_router(stream.router)
     app.include_router(environments.router)
     app.include_router(datasets.router)
+    app.include_router(adapters.router)
     app.include_router(datasets.internal_router)
     app.include_router(init_from.internal_router)
     app.include_router(callbacks.router)

@@ -90,7 +90,8 @@ class LoraSpec(_Section):
     ] = ("q", "k", "v", "o")
     # The adapter the run starts from instead of fresh ones (docs/exports.md, "Start from
     # an adapter"): ``run:<run_id>`` / ``run:<run_id>@<step>`` (a checkpoint of one of the
-    # tenant's LoRA runs) or ``file:<dir>`` (a PEFT adapter folder; `rlaas train` only).
+    # tenant's LoRA runs), ``adapter:<id>`` (a PEFT adapter uploaded with POST /v1/adapters)
+    # or ``file:<dir>`` (a PEFT adapter folder; `rlaas train` only).
     init_from: Annotated[str | None, Field(max_length=1024)] = None
 
     @field_validator("init_from")
@@ -101,14 +102,16 @@ class LoraSpec(_Section):
         return value
 
 
-INIT_FROM_KINDS = ("run", "file")
+INIT_FROM_KINDS = ("run", "adapter", "file")
 _RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
 def parse_init_from(value: str) -> tuple[str, str, int | None]:
     """``model.lora.init_from`` as ``(kind, location, step)``; step only for ``run:`` (None:
     the run's latest checkpoint). Raises `ValueError` naming the accepted forms."""
-    forms = "'run:<run_id>', 'run:<run_id>@<step>' or 'file:<adapter folder>'"
+    forms = (
+        "'run:<run_id>', 'run:<run_id>@<step>', 'adapter:<adapter_id>' or 'file:<adapter folder>'"
+    )
     kind, sep, rest = value.partition(":")
     if not sep or not rest or kind not in INIT_FROM_KINDS:
         raise ValueError(f"must be {forms}")
@@ -116,7 +119,11 @@ def parse_init_from(value: str) -> tuple[str, str, int | None]:
         return kind, rest, None
     run_id, at, step_text = rest.partition("@")
     if not run_id or len(run_id) > 40 or not set(run_id) <= _RUN_ID_CHARS:
-        raise ValueError(f"{run_id!r} is not a run id; must be {forms}")
+        raise ValueError(f"{run_id!r} is not an id; must be {forms}")
+    if kind == "adapter":
+        if at:
+            raise ValueError(f"an uploaded adapter has no steps; must be {forms}")
+        return kind, run_id, None
     if not at:
         return kind, run_id, None
     if not step_text.isdigit() or int(step_text) < 1:

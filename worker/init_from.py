@@ -1,11 +1,12 @@
 """The adapter a run starts from (``model.lora.init_from``), fetched before training starts.
 
-The control plane pinned ``run:<source>@<step>`` at submit; the worker fetches that
-checkpoint's PEFT export as a tar (``GET /internal/runs/{id}/init-adapter``, behind the
-run's lease token, so any host can) into a cache folder keyed by source and step, and
-hands rl_core a local folder (``file:<dir>``), so rl_core reads a folder and never the
-network. A ``file:`` in a claimed spec is refused: through the service it would name a
-path on this worker's disk (the control plane refuses it at submit too).
+The control plane pinned ``run:<source>@<step>`` at submit (or the run names an uploaded
+``adapter:<id>``); the worker fetches that checkpoint's PEFT export, or the upload, as a
+tar (``GET /internal/runs/{id}/init-adapter``, behind the run's lease token, so any host
+can) into a cache folder keyed by source (and step), and hands rl_core a local folder
+(``file:<dir>``), so rl_core reads a folder and never the network. A ``file:`` in a
+claimed spec is refused: through the service it would name a path on this worker's disk
+(the control plane refuses it at submit too).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class AdapterUnavailable(RuntimeError):
 
 
 class AdapterSource(Protocol):
-    def fetch(self, run_id: str, source_id: str, step: int) -> Path:
-        """A local PEFT adapter folder: the source run's export at ``step``."""
+    def fetch(self, run_id: str, source_id: str, step: int | None) -> Path:
+        """A local PEFT adapter folder: the source run's export at ``step``, or the uploaded
+        adapter ``source_id`` (``step`` None)."""
         ...
 
 
@@ -56,9 +58,10 @@ class HttpAdapters:
         self._retry_seconds = retry_seconds
         self._transport = transport
 
-    def fetch(self, run_id: str, source_id: str, step: int) -> Path:
-        # A checkpoint's export is written once, so source and step name its content.
-        final = self._cache / f"{source_id}-step-{step:08d}"
+    def fetch(self, run_id: str, source_id: str, step: int | None) -> Path:
+        # A checkpoint's export is written once and an upload never replaced, so source and
+        # step name the content.
+        final = self._cache / (source_id if step is None else f"{source_id}-step-{step:08d}")
         if all((final / name).is_file() for name in _FILES):
             return final
         self._cache.mkdir(parents=True, exist_ok=True)
@@ -140,7 +143,7 @@ def with_local_adapter(spec: dict[str, Any], run_id: str, source: AdapterSource)
     if not isinstance(value, str):
         return spec
     kind, source_id, step = parse_init_from(value)
-    if kind != "run" or step is None:
+    if kind == "file" or (kind == "run" and step is None):
         raise AdapterUnavailable(
             f"model.lora.init_from {value!r} was not pinned to a run's checkpoint by the "
             "control plane; submit the run again (through the service: run:<run_id>[@<step>])"

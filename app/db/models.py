@@ -337,3 +337,20 @@ class Dataset(Base):
     fields: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class UploadedAdapter(Base):
+    """A PEFT LoRA adapter a tenant uploaded (POST /v1/adapters) to start runs from
+    (``model.lora.init_from: adapter:<id>``). Its two files are a folder in the data folder
+    (``app.services.adapters``); an upload is never changed, only deleted."""
+
+    __tablename__ = "adapters"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # ad_<hex>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    rank: Mapped[int] = mapped_column(Integer)
+    alpha: Mapped[float] = mapped_column(Float)
+    targets: Mapped[list[str]] = mapped_column(JSON)  # rlaas's names (q, v, ...), sorted
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -25,13 +25,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.db.models import Artifact, Run
+from app.db.models import Artifact, Run, UploadedAdapter
 from app.errors import NotFound, Unprocessable
 from app.security import LeaseProof
+from app.services import adapters
 from app.settings import Settings
 from rl_core.spec import parse_init_from
 
 FIELD = "spec.model.lora.init_from"
+DEFAULT_TARGETS = ["q", "k", "v", "o"]  # rl_core.spec.LoraSpec.targets' default
 
 
 def _init_from(spec: dict[str, Any]) -> str | None:
@@ -58,6 +60,9 @@ async def pin(session: AsyncSession, tenant_id: str, spec: dict[str, Any]) -> di
     if value is None:
         return spec
     kind, source_id, step = parse_init_from(value)  # the spec's own validator passed it
+    if kind == "adapter":
+        await _check_uploaded(session, tenant_id, source_id, spec["model"]["lora"])
+        return spec  # an upload is never replaced: nothing to pin
     if kind != "run":
         raise Unprocessable(
             f"{kind}: names a folder on your own machine (rlaas train); through the service, "
@@ -85,23 +90,12 @@ async def pin(session: AsyncSession, tenant_id: str, spec: dict[str, Any]) -> di
             f"is {mine_source!r}: an adapter fits the base it was trained on",
             field=FIELD,
         )
-    their_rank, rank = their_lora.get("rank", 8), lora.get("rank", 8)
-    if their_rank != rank:
-        raise Unprocessable(
-            f"run {source_id}'s adapter has rank {their_rank}, model.lora.rank is {rank}; "
-            f"set model.lora.rank to {their_rank}",
-            field=FIELD,
-        )
-    default_targets = ["q", "k", "v", "o"]
-    missing = sorted(
-        set(their_lora.get("targets", default_targets)) - set(lora.get("targets", default_targets))
+    _check_fit(
+        f"run {source_id}'s adapter",
+        their_lora.get("rank", 8),
+        their_lora.get("targets", DEFAULT_TARGETS),
+        lora,
     )
-    if missing:
-        raise Unprocessable(
-            f"run {source_id}'s adapter trains {missing}, which model.lora.targets leaves out; "
-            "add them",
-            field=FIELD,
-        )
     steps = await checkpoint_steps(session, source.id)
     if not steps:
         raise Unprocessable(
@@ -119,12 +113,42 @@ async def pin(session: AsyncSession, tenant_id: str, spec: dict[str, Any]) -> di
     return out
 
 
+async def _check_uploaded(
+    session: AsyncSession, tenant_id: str, adapter_id: str, lora: dict[str, Any]
+) -> None:
+    """What the upload's config says against ``model.lora`` (the tensors' shapes against
+    the base are the worker's to check: it has the base)."""
+    adapter = await session.scalar(
+        select(UploadedAdapter).where(
+            UploadedAdapter.id == adapter_id, UploadedAdapter.tenant_id == tenant_id
+        )
+    )
+    if adapter is None:
+        raise Unprocessable(f"you have no adapter {adapter_id!r} to start from", field=FIELD)
+    _check_fit(f"adapter {adapter_id}", adapter.rank, adapter.targets, lora)
+
+
+def _check_fit(what: str, rank: int, targets: list[str], lora: dict[str, Any]) -> None:
+    if rank != lora.get("rank", 8):
+        raise Unprocessable(
+            f"{what} has rank {rank}, model.lora.rank is {lora.get('rank', 8)}; "
+            f"set model.lora.rank to {rank}",
+            field=FIELD,
+        )
+    missing = sorted(set(targets) - set(lora.get("targets", DEFAULT_TARGETS)))
+    if missing:
+        raise Unprocessable(
+            f"{what} trains {missing}, which model.lora.targets leaves out; add them",
+            field=FIELD,
+        )
+
+
 async def adapter_for_run(
     session: AsyncSession, run_id: str, lease: LeaseProof, *, settings: Settings
 ) -> Any:
     """The PEFT export the run pinned (`pin`), as a tar `app.services.exports.Archive`, for
     the run's lease holder only; 404 when the run starts from none or it is gone."""
-    from app.services.exports import checkpoint_export
+    from app.services.exports import checkpoint_export, folder_archive
 
     run = await session.get(Run, run_id)
     if run is None or not lease.opens(run.lease_token_hash):
@@ -133,6 +157,24 @@ async def adapter_for_run(
     if value is None:
         raise NotFound(f"run {run_id} starts from no adapter", field="model.lora.init_from")
     kind, source_id, step = parse_init_from(value)
+    if kind == "adapter":
+        adapter = await session.scalar(
+            select(UploadedAdapter).where(
+                UploadedAdapter.id == source_id, UploadedAdapter.tenant_id == run.tenant_id
+            )
+        )
+        archive = (
+            None
+            if adapter is None
+            else folder_archive(adapters.folder_of(settings, adapter), adapter.id)
+        )
+        if archive is None:
+            raise NotFound(
+                f"the adapter {source_id} run {run_id} starts from was deleted; upload it "
+                "again and submit a new run",
+                field="model.lora.init_from",
+            )
+        return archive
     if kind != "run" or step is None:
         raise NotFound(
             f"run {run_id}'s init_from {value!r} was not pinned at submit; submit it again",

@@ -138,3 +138,118 @@ async def test_a_worker_refuses_an_unpinned_or_file_reference(tmp_path: Path) ->
     for value in ("file:/etc", "run:run_abc"):
         with pytest.raises(AdapterUnavailable, match="not pinned"):
             with_local_adapter({"model": {"lora": {"init_from": value}}}, "run_1", adapters)
+
+
+def peft_tar(
+    rank: int = 4,
+    modules: tuple[str, ...] = ("q_proj", "v_proj"),
+    extra: str | None = None,
+    drop: str = "",
+) -> bytes:
+    """A tar of a PEFT adapter folder as PEFT writes one (the tiny model's widths)."""
+    import io
+    import tarfile
+
+    from safetensors.numpy import save
+
+    tensors = {}
+    for module in modules:
+        key = f"base_model.model.model.layers.0.self_attn.{module}"
+        tensors[f"{key}.lora_A.weight"] = np.ones((rank, 64), np.float32)
+        tensors[f"{key}.lora_B.weight"] = np.ones((64, rank), np.float32)
+    if extra:
+        tensors[extra] = np.ones((2, 2), np.float32)
+    files = {
+        "adapter_config.json": json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 8}),
+        "adapter_model.safetensors": save(tensors),
+    }
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in files.items():
+            if name == drop:
+                continue
+            raw = data.encode() if isinstance(data, str) else data
+            info = tarfile.TarInfo(f"my-adapter/{name}")
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    return out.getvalue()
+
+
+async def upload(api: Api, auth: dict[str, str], body: bytes) -> httpx.Response:
+    return await api.client.post(
+        "/v1/adapters",
+        params={"name": "sft"},
+        content=body,
+        headers={**auth, "Content-Type": "application/x-tar"},
+    )
+
+
+async def test_an_uploaded_adapter_starts_its_tenants_runs_only(iapi: Api, tmp_path: Path) -> None:
+    owner, other = await iapi.tenant(), await iapi.tenant()
+    body = peft_tar()
+    r = await upload(iapi, owner, body)
+    assert r.status_code == 201, r.text
+    adapter = r.json()
+    assert (adapter["rank"], adapter["alpha"], adapter["targets"]) == (4, 8.0, ["q", "v"])
+    listed = (await iapi.client.get("/v1/adapters", headers=owner)).json()["items"]
+    assert [a["id"] for a in listed] == [adapter["id"]]
+    assert (await iapi.client.get("/v1/adapters", headers=other)).json()["items"] == []
+    theirs = await iapi.client.get(f"/v1/adapters/{adapter['id']}", headers=other)
+    assert theirs.status_code == 404
+
+    r = await submit(iapi, owner, f"adapter:{adapter['id']}")
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    # Another tenant naming it is told what a missing id tells.
+    theirs_msg = refusal(await submit(iapi, other, f"adapter:{adapter['id']}"))
+    missing = refusal(await submit(iapi, other, "adapter:ad_0123456789abcdef"))
+    assert theirs_msg == missing.replace("ad_0123456789abcdef", adapter["id"])
+    assert "set model.lora.rank to 4" in refusal(
+        await submit(iapi, owner, f"adapter:{adapter['id']}", rank=8)
+    )
+    assert "trains ['v']" in refusal(
+        await submit(iapi, owner, f"adapter:{adapter['id']}", targets=["q"])
+    )
+
+    # The claiming worker gets the two files as uploaded.
+    claim = await iapi.internal(run_id, "claim", worker_id="w2")
+    answer = await iapi.client.get(
+        f"/internal/runs/{run_id}/init-adapter", headers=lease(iapi.leases[run_id])
+    )
+    assert answer.status_code == 200, answer.text
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=answer.content))
+    adapters = HttpAdapters("http://api", "t", tmp_path / "cache", transport=transport)
+    local = with_local_adapter(claim.json()["spec"], run_id, adapters)
+    folder = Path(local["model"]["lora"]["init_from"].removeprefix("file:"))
+    assert json.loads((folder / "adapter_config.json").read_text())["r"] == 4
+
+    # Not deleted while a run that starts from it is unfinished; one no run names is, files
+    # and all.
+    url = f"/v1/adapters/{adapter['id']}"
+    r = await iapi.client.delete(url, headers=owner)
+    assert r.status_code == 409 and run_id in r.json()["error"]["message"]
+    second = (await upload(iapi, owner, body)).json()["id"]
+    assert len(list((tmp_path / "adapters").glob(f"*/{second}/adapter_config.json"))) == 1
+    url = f"/v1/adapters/{second}"
+    assert (await iapi.client.delete(url, headers=owner)).status_code == 204
+    assert list((tmp_path / "adapters").glob(f"*/{second}")) == []
+    assert (await iapi.client.get(url, headers=owner)).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"not a tar" * 100, "not a whole tar archive"),
+        (peft_tar(extra="base_model.model.lm_head.weight"), "not the 2-d lora_A/lora_B weight"),
+        (peft_tar(modules=("q_proj",))[:2000], "not a whole tar archive"),
+        (peft_tar(drop="adapter_model.safetensors"), "holds no adapter_model.safetensors"),
+        (peft_tar(modules=()), "holds no tensors"),
+        (peft_tar(rank=0), "r=0 is not a rank"),
+    ],
+)
+async def test_what_is_not_a_peft_lora_adapter_is_refused(
+    iapi: Api, body: bytes, problem: str
+) -> None:
+    r = await upload(iapi, await iapi.tenant(), body)
+    assert r.status_code == 422, r.text
+    assert problem in r.json()["error"]["message"]

@@ -169,7 +169,8 @@ def test_a_service_run_reference_is_not_read_by_rlaas_train(tiny_config: ModelCo
         ("hf:some/dir", "must be 'run:<run_id>'"),
         ("run:", "must be 'run:<run_id>'"),
         ("run:abc@0", "positive number"),
-        ("run:a/b", "not a run id"),
+        ("run:a/b", "not an id"),
+        ("adapter:ad_1@3", "has no steps"),
     ],
 )
 def test_bad_init_from_forms_are_refused_by_the_spec(value: str, problem: str) -> None:
