@@ -1,4 +1,5 @@
-"""``model.lora.init_from``: a run that starts from the adapter of one of the tenant's runs.
+"""``model.lora.init_from``: a run that starts from an adapter (one of the tenant's runs', or
+an upload of the tenant's).
 
 At submit (`pin`) the reference is checked against what the control plane knows, so most
 mistakes are a 422 naming ``spec.model.lora.init_from`` before anything is queued: the run
@@ -12,6 +13,9 @@ The worker fetches that checkpoint's PEFT export (`adapter_for_run`, behind the 
 token, streamed like a tenant's download from the artifacts folder or the store) and rl_core
 checks every tensor against the base (rl_core.training.adapter_init): a mismatch only
 the weights show fails the run with the reason.
+
+``adapter:<id>`` is an upload of the tenant's (app/services/adapters.py): checked at submit
+against what its files said at upload (rank, targets), never replaced, so nothing to pin.
 
 ``file:<dir>`` names a folder on the submitter's own machine (``rlaas train``); through the
 service it would be a path on the worker's disk, so it is refused.
