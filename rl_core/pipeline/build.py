@@ -338,8 +338,9 @@ def initial_adapters(spec: JobSpec, model: Model, config: TrainerConfig) -> Any:
     kind, location, _ = parse_init_from(lora.init_from)
     if kind != "file":
         raise AdapterMismatch(
-            f"{lora.init_from!r} names a run of the rlaas service; with rlaas train on your "
-            "machine give that run's adapter folder (file:<exports/step-N/peft>)"
+            f"{lora.init_from!r} names a run or an upload of the rlaas service; with rlaas "
+            "train on your machine give the adapter's folder (file:<dir>: a run's "
+            "exports/step-N/peft, or a folder PEFT saved)"
         )
     from flax import nnx
 

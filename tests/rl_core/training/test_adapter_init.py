@@ -9,7 +9,6 @@ parsed), and differ from the base (so the comparison is not base against base).
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -85,17 +84,11 @@ def test_a_run_starts_from_an_earlier_runs_exported_adapter(
             "targets": ["q", "k", "v", "o", "up"],
             "init_from": f"file:{adapter}",
         },
-        steps=1,
     )
+    # (build_trainer is what runner.train builds its trainer with; the engine then serves
+    # trainer.params(), this policy, from step 0.)
     started = first_policy_logprobs(second, tokens)
     np.testing.assert_allclose(started, trained, atol=1e-5)
-
-    # And the whole pipeline runs from it: the engine serves the same first policy the
-    # trainer scores with (mismatch KL ~ 0 between them).
-    sink = MemorySink()
-    assert train(second, sink=sink).steps_completed == 1
-    metrics = sink.steps[0][1]
-    assert math.isfinite(metrics["loss"]) and metrics["mismatch_kl"] == pytest.approx(0, abs=0.05)
 
 
 def shapes_of(config: ModelConfig) -> Any:
@@ -159,7 +152,7 @@ def test_peft_options_rlaas_does_not_compute_and_missing_files_are_refused(
 def test_a_service_run_reference_is_not_read_by_rlaas_train(tiny_config: ModelConfig) -> None:
     spec = spec_of({"rank": 4, "init_from": "run:run_abc@3"})
     model, _ = load_model(spec.model, seed=0)
-    with pytest.raises(AdapterMismatch, match=r"names a run of the rlaas service.*file:"):
+    with pytest.raises(AdapterMismatch, match=r"an upload of the rlaas service.*file:"):
         build_trainer(spec, model, None)
 
 
