@@ -224,15 +224,21 @@ def webhook_targets(claim: Claim, settings: WorkerSettings) -> dict[str, Webhook
 
 
 _PATH = re.compile(r"(?<![\w:/.])/(?:[\w.+@-]+/)*[\w.+@-]+")
+# The operator's artifact store (its bucket, its prefix, its folder) is no tenant's business.
+_STORE_URL = re.compile(r"\b(?:s3|gs|az|file)://[^\s'\"]*")
 
 
 def failure_reason(exc: BaseException) -> str:
     """What the tenant reads for a failed run: the error's type and message.
 
     Never a traceback, and no path of the worker's machine: paths in the message become
-    their last part (``vllm-server.log``, not ``/srv/rlaas/runs/<id>/vllm-server.log``).
+    their last part (``vllm-server.log``, not ``/srv/rlaas/runs/<id>/vllm-server.log``),
+    and the artifact store's addresses become "the artifact store" and their last part.
     """
-    message = _PATH.sub(lambda m: m.group(0).rsplit("/", 1)[-1], str(exc)).strip()
+    message = _STORE_URL.sub(
+        lambda m: f"the artifact store's {m.group(0).rstrip('/').rsplit('/', 1)[-1]}", str(exc)
+    )
+    message = _PATH.sub(lambda m: m.group(0).rsplit("/", 1)[-1], message).strip()
     return f"{type(exc).__name__}: {message[:2000]}" if message else type(exc).__name__
 
 

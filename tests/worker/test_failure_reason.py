@@ -36,3 +36,14 @@ def test_paths_of_the_worker_machine_become_file_names() -> None:
 
 def test_an_empty_message_gives_the_type() -> None:
     assert failure_reason(_raised(ValueError())) == "ValueError"
+
+
+def test_the_artifact_stores_address_is_not_the_tenants_to_read() -> None:
+    exc = RolloutError(
+        "s3://ops-bucket/rlaas-prod/runs/r-1/checkpoints/step_00000004 is not a complete "
+        "checkpoint in the store; uploading /tmp/w/x.bin to file:///srv/store/runs/r-1/x.bin"
+    )
+    reason = failure_reason(_raised(exc))
+    assert "ops-bucket" not in reason and "rlaas-prod" not in reason and "/srv" not in reason
+    assert "the artifact store's step_00000004 is not a complete checkpoint" in reason
+    assert "uploading x.bin to the artifact store's x.bin" in reason
