@@ -61,9 +61,10 @@ def read_peft_adapter(directory: Path) -> tuple[dict[str, Any], dict[str, np.nda
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
+            # The folder's name only: on a worker the path is its cache's, not the tenant's.
             raise AdapterMismatch(
-                f"{directory} has no {path.name}; a PEFT adapter folder holds "
-                f"{CONFIG_FILE} and {WEIGHTS_FILE}"
+                f"the adapter folder {directory.name!r} has no {path.name}; a PEFT adapter "
+                f"folder holds {CONFIG_FILE} and {WEIGHTS_FILE}"
             )
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
