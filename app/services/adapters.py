@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Run, Tenant, UploadedAdapter, utcnow
 from app.errors import Conflict, NotFound, PayloadTooLarge, Unprocessable
 from app.services import run_states
+from app.services.quotas import Quotas
 from app.settings import Settings
 from rl_core.spec import parse_init_from
 
@@ -111,6 +112,9 @@ async def upload(
                 out.write(chunk)
         files = work / "files"
         checked = await asyncio.to_thread(_unpack_and_check, archive, files)
+        # Under the tenant's lock (submits and deletes take it too).
+        await session.scalar(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+        await _check_quota(session, tenant_id, settings, checked.size_bytes)
         adapter = UploadedAdapter(
             id=f"{ID_PREFIX}{uuid.uuid4().hex}",
             tenant_id=tenant_id,
@@ -216,6 +220,36 @@ def _tensors(path: Path, rank: int) -> list[str]:
     if not targets:
         raise Unprocessable(f"{WEIGHTS_FILE} holds no tensors", field=WEIGHTS_FILE)
     return sorted(targets)
+
+
+async def artifact_bytes_used(session: AsyncSession, tenant_id: str) -> int:
+    """What the tenant's stored artifacts take (the quota ``artifact_bytes``): each run's
+    kept checkpoints and exports as its worker last measured them, and the uploads here."""
+    runs = await session.scalar(
+        select(func.coalesce(func.sum(Run.stored_bytes), 0)).where(Run.tenant_id == tenant_id)
+    )
+    uploads = await session.scalar(
+        select(func.coalesce(func.sum(UploadedAdapter.size_bytes), 0)).where(
+            UploadedAdapter.tenant_id == tenant_id
+        )
+    )
+    return int(runs or 0) + int(uploads or 0)
+
+
+async def _check_quota(
+    session: AsyncSession, tenant_id: str, settings: Settings, size: int
+) -> None:
+    used = await artifact_bytes_used(session, tenant_id)
+    quota = Quotas.of(await session.get(Tenant, tenant_id), settings).artifact_bytes
+    if used + size > quota:
+        error = PayloadTooLarge(
+            f"this tenant's stored artifacts would take {used + size} bytes and the quota is "
+            f"{quota} (quota artifact_bytes: runs' checkpoints and exports, and adapters); "
+            "nothing was stored: delete an adapter first, or ask for a higher quota",
+            limit_bytes=quota,
+        )
+        error.extra["quota"] = {"name": "artifact_bytes", "limit": quota, "used": used}
+        raise error
 
 
 async def list_for(session: AsyncSession, tenant_id: str) -> list[UploadedAdapter]:

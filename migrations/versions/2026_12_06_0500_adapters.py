@@ -1,4 +1,4 @@
-"""uploaded adapters
+"""uploaded adapters, stored artifact bytes
 
 Revision ID: 0014
 Revises: 0012
@@ -6,6 +6,9 @@ Create Date: 2026-12-06 05:00:00.000000
 
 - ``adapters``: a PEFT LoRA adapter a tenant uploaded (POST /v1/adapters) for
   ``model.lora.init_from: adapter:<id>``; its files are in the data folder.
+- ``runs.stored_bytes``: what a run's kept checkpoints and exports take, reported by its
+  worker with each checkpoint; ``tenants.quota_artifact_bytes``: the tenant's cap on those
+  and its adapters together (NULL: the deployment's ``RLAAS_QUOTA_ARTIFACT_BYTES``).
 
 (Revises 0012: written beside 0013, checkpoint_servers, on another branch; whichever
 merges second revises the other.)
@@ -44,8 +47,16 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_adapters")),
     )
     op.create_index(op.f("ix_adapters_tenant_id"), "adapters", ["tenant_id"], unique=False)
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("stored_bytes", sa.BigInteger(), nullable=True))
+    with op.batch_alter_table("tenants") as batch:
+        batch.add_column(sa.Column("quota_artifact_bytes", sa.BigInteger(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("tenants") as batch:
+        batch.drop_column("quota_artifact_bytes")
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_column("stored_bytes")
     op.drop_index(op.f("ix_adapters_tenant_id"), table_name="adapters")
     op.drop_table("adapters")

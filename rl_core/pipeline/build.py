@@ -8,6 +8,7 @@ one place that maps spec fields onto configs. `build_pipeline` wires them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -49,6 +50,16 @@ from rl_core.training.trainer import Trainer, TrainerConfig
 log = logging.getLogger(__name__)
 
 SERVER_LOG = "vllm-server.log"  # in the run's artifacts folder
+
+
+def kept_bytes(run_dir: Path) -> int:
+    """The bytes of a run's checkpoints and exports in its folder."""
+    return sum(
+        f.stat().st_size
+        for sub in ("checkpoints", "exports")
+        for f in (Path(run_dir) / sub).rglob("*")
+        if f.is_file()
+    )
 
 
 class OrbaxCheckpointer:
@@ -97,7 +108,9 @@ class OrbaxCheckpointer:
                 self.stored.prune()
             except Exception:
                 log.exception("step %d: retention failed; older checkpoints stay", step)
-        return record
+        # What the run keeps now (the store holds the same folders: uploaded whole, pruned
+        # alike), for the tenant's storage quota.
+        return dataclasses.replace(record, stored_bytes=kept_bytes(self.artifacts_dir))
 
 
 def checkpoint_exports(

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from rl_core.artifacts import export_dir
-from tests.app.conftest import Api, lease, running_api
+from tests.app.conftest import Api, lease, running_api, set_quota
 from worker.init_from import AdapterUnavailable, HttpAdapters, with_local_adapter
 
 pytestmark = pytest.mark.anyio
@@ -253,3 +253,28 @@ async def test_what_is_not_a_peft_lora_adapter_is_refused(
     r = await upload(iapi, await iapi.tenant(), body)
     assert r.status_code == 422, r.text
     assert problem in r.json()["error"]["message"]
+
+
+async def test_stored_artifacts_count_in_the_tenants_quota(iapi: Api) -> None:
+    auth = await iapi.tenant()
+    run_id = await iapi.submit(auth)
+    await iapi.internal(run_id, "claim", worker_id="w1")
+    for step, kept in ((1, 5_000), (2, 7_000)):  # each report replaces the run's figure
+        r = await iapi.internal(
+            run_id, "artifacts", worker_id="w1", kind="checkpoint", step=step,
+            uri=f"file:///{step}", size_bytes=4_000, stored_bytes=kept,
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+    adapter = (await upload(iapi, auth, peft_tar())).json()
+    limits = (await iapi.client.get("/v1/limits", headers=auth)).json()
+    assert limits["usage"]["artifact_bytes"] == 7_000 + adapter["size_bytes"]
+
+    await set_quota(iapi, auth, artifact_bytes=7_000 + 2 * adapter["size_bytes"] - 1)
+    over = await upload(iapi, auth, peft_tar())
+    assert over.status_code == 413, over.text
+    error = over.json()["error"]
+    used = 7_000 + adapter["size_bytes"]
+    assert error["quota"] == {"name": "artifact_bytes", "limit": used + adapter["size_bytes"] - 1,
+                              "used": used}  # fmt: skip
+    assert "delete an adapter first" in error["message"]
+    assert len((await iapi.client.get("/v1/adapters", headers=auth)).json()["items"]) == 1

@@ -70,6 +70,11 @@ def test_a_run_starts_from_an_earlier_runs_exported_adapter(
     sink = MemorySink()
     assert train(first, sink=sink, artifacts_dir=tmp_path / "first").steps_completed == 2
     adapter = export_dir(tmp_path / "first", 2, "peft")
+    # Each checkpoint's record says what the run keeps once it is saved (the tenant's
+    # storage use): here every file of its checkpoints and exports.
+    kept = [f for sub in ("checkpoints", "exports") for f in (tmp_path / "first" / sub).rglob("*")]
+    stored = sink.checkpoints[-1].stored_bytes
+    assert stored == sum(f.stat().st_size for f in kept if f.is_file()) and stored > 0
     tokens = prompts(tokenizer)
     trained = first_policy_logprobs(first, tokens, resume=sink.checkpoints[-1].uri)
     base = first_policy_logprobs(first, tokens)
