@@ -19,12 +19,14 @@ from fastapi.responses import JSONResponse
 
 from app import openapi
 from app.api import (
+    adapters,
     callbacks,
     dashboard,
     datasets,
     environments,
     health,
     ingest,
+    init_from,
     internal,
     keys,
     limits,
@@ -152,7 +154,9 @@ def create_app(
     app.include_router(stream.router)
     app.include_router(environments.router)
     app.include_router(datasets.router)
+    app.include_router(adapters.router)
     app.include_router(datasets.internal_router)
+    app.include_router(init_from.internal_router)
     app.include_router(callbacks.router)
     app.include_router(callbacks.internal_router)
     app.include_router(limits.router)

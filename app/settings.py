@@ -116,6 +116,12 @@ class Settings(BaseSettings):
     dataset_max_rows: int = 1_000_000
     dataset_max_line_bytes: int = 1_048_576
     quota_dataset_bytes: int = 1_073_741_824
+    # Uploaded PEFT adapters (POST /v1/adapters): the largest upload (a tar of the two
+    # files; a SmolLM2-135M rank-8 adapter is 7.4 MB, a 7B model's rank 64 some 640 MB).
+    adapter_max_bytes: int = 1_073_741_824
+    # Bytes a tenant's stored artifacts may take: its runs' kept checkpoints and exports
+    # (as their workers measure them) and its uploaded adapters (GET /v1/limits).
+    quota_artifact_bytes: int = 100 * 1_073_741_824
     log_json: bool = True
     # The runs' artifacts folder the workers write (RLAAS_ARTIFACTS_PATH as theirs; default
     # <data dir>/artifacts): checkpoint exports are streamed from it, so a deployment

@@ -154,9 +154,16 @@ class CheckpointRecord:
     step: int
     uri: str
     size_bytes: int | None = None
+    # What all of the run's kept checkpoints and exports take once this one is saved, its
+    # exports made and retention done: what the run holds in storage (the tenant's quota
+    # artifact_bytes counts it). None: not measured (a host without an artifacts folder).
+    stored_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "uri": self.uri, "size_bytes": self.size_bytes}
+        data: dict[str, Any] = {"step": self.step, "uri": self.uri, "size_bytes": self.size_bytes}
+        if self.stored_bytes is not None:  # absent for a control plane of the release before
+            data["stored_bytes"] = self.stored_bytes
+        return data
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

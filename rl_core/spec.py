@@ -88,6 +88,47 @@ class LoraSpec(_Section):
     targets: Annotated[
         tuple[Annotated[str, Field(min_length=1, max_length=64)], ...], Field(max_length=32)
     ] = ("q", "k", "v", "o")
+    # The adapter the run starts from instead of fresh ones (docs/exports.md, "Start from
+    # an adapter"): ``run:<run_id>`` / ``run:<run_id>@<step>`` (a checkpoint of one of the
+    # tenant's LoRA runs), ``adapter:<id>`` (a PEFT adapter uploaded with POST /v1/adapters)
+    # or ``file:<dir>`` (a PEFT adapter folder; `rlaas train` only).
+    init_from: Annotated[str | None, Field(max_length=1024)] = None
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from_form(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_init_from(value)  # raises ValueError saying which forms there are
+        return value
+
+
+INIT_FROM_KINDS = ("run", "adapter", "file")
+_RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def parse_init_from(value: str) -> tuple[str, str, int | None]:
+    """``model.lora.init_from`` as ``(kind, location, step)``; step only for ``run:`` (None:
+    the run's latest checkpoint). Raises `ValueError` naming the accepted forms."""
+    forms = (
+        "'run:<run_id>', 'run:<run_id>@<step>', 'adapter:<adapter_id>' or 'file:<adapter folder>'"
+    )
+    kind, sep, rest = value.partition(":")
+    if not sep or not rest or kind not in INIT_FROM_KINDS:
+        raise ValueError(f"must be {forms}")
+    if kind == "file":
+        return kind, rest, None
+    run_id, at, step_text = rest.partition("@")
+    if not run_id or len(run_id) > 40 or not set(run_id) <= _RUN_ID_CHARS:
+        raise ValueError(f"{run_id!r} is not an id; must be {forms}")
+    if kind == "adapter":
+        if at:
+            raise ValueError(f"an uploaded adapter has no steps; must be {forms}")
+        return kind, run_id, None
+    if not at:
+        return kind, run_id, None
+    if not step_text.isdigit() or int(step_text) < 1:
+        raise ValueError(f"the step after '@' must be a positive number; must be {forms}")
+    return kind, run_id, int(step_text)
 
 
 class ModelSpec(_Section):

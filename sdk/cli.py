@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 
 from rl_core.spec import SpecError, load_spec
+from sdk.cli_adapters import adapters as adapters_cli
 from sdk.cli_datasets import datasets as datasets_cli
 from sdk.cli_download import download
 from sdk.cli_workers import workers_cli
@@ -45,6 +46,7 @@ cli.add_typer(envs, name="env")
 keys = typer.Typer(help="Your API keys over the HTTP API: rotate, revoke.", no_args_is_help=True)
 cli.add_typer(keys, name="keys")
 cli.add_typer(datasets_cli, name="datasets")
+cli.add_typer(adapters_cli, name="adapters")
 cli.add_typer(verifiers_cli, name="verifiers")  # sdk/verifiers_cli.py
 cli.command("download")(download)  # sdk/cli_download.py
 

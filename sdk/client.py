@@ -28,6 +28,7 @@ from sdk.errors import ApiError, RateLimited, RlaasError, ServerError, Unreachab
 from sdk.errors import error_from_response as _error
 from sdk.models import (
     TERMINAL,
+    Adapter,
     ApiKeyInfo,
     Checkpoint,
     Dataset,
@@ -432,6 +433,51 @@ class Client:
     def delete_dataset(self, dataset_id: str) -> None:
         """Refused (409, naming them) while a queued or running run uses it."""
         self._request("DELETE", _dataset(dataset_id))
+
+    # --- adapters -------------------------------------------------------------------
+
+    def upload_adapter(
+        self, folder: str | Path, *, name: str | None = None, timeout_s: float = 600.0
+    ) -> Adapter:
+        """Upload a PEFT LoRA adapter folder (``adapter_config.json`` and
+        ``adapter_model.safetensors``, as PEFT's ``save_pretrained`` or ``rlaas download
+        --format peft`` leave them) to start runs from: ``model.lora.init_from:
+        adapter:<id>``. ``name`` defaults to the folder's name. The two files go up as a
+        tar, streamed from a temporary file."""
+        import tarfile
+        import tempfile
+
+        folder = Path(folder)
+        files = [folder / "adapter_config.json", folder / "adapter_model.safetensors"]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise RlaasError(f"{folder} has no {' and no '.join(missing)}: not a PEFT adapter")
+        with tempfile.TemporaryFile() as archive:
+            with tarfile.open(fileobj=archive, mode="w") as tar:
+                for file in files:
+                    tar.add(file, arcname=file.name)
+            archive.seek(0)
+
+            def chunks() -> Iterator[bytes]:
+                while chunk := archive.read(1 << 16):
+                    yield chunk
+
+            response = self._request(
+                "POST",
+                "/v1/adapters",
+                params=_params(name=name or folder.resolve().name),
+                content=chunks(),
+                headers={"Content-Type": "application/x-tar"},
+                timeout=timeout_s,
+            )
+        return Adapter.from_json(response.json())
+
+    def list_adapters(self) -> list[Adapter]:
+        return [Adapter.from_json(a) for a in self._json("GET", "/v1/adapters")["items"]]
+
+    def delete_adapter(self, adapter_id: str) -> None:
+        """Refused (409, naming them) while a queued or running run starts from it."""
+        self._request("DELETE", f"/v1/adapters/{_segment(adapter_id, 'adapter id')}")
 
     # --- API keys -------------------------------------------------------------------
 

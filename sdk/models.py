@@ -234,6 +234,32 @@ class Environment:
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """An uploaded PEFT LoRA adapter; a run starts from it with
+    ``model.lora.init_from: adapter:<id>`` (its ``model.lora.rank`` = ``rank``)."""
+
+    id: str
+    name: str
+    rank: int
+    alpha: float
+    targets: list[str]
+    size_bytes: int
+    created_at: datetime | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Adapter:
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            rank=int(data["rank"]),
+            alpha=float(data["alpha"]),
+            targets=[str(t) for t in data["targets"]],
+            size_bytes=int(data["size_bytes"]),
+            created_at=_time(data.get("created_at")),
+        )
+
+
+@dataclass(frozen=True)
 class Dataset:
     """An uploaded dataset; use ``id`` as the ``dataset`` environment's ``config.dataset``."""
 

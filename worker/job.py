@@ -16,6 +16,7 @@ from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane,
 from worker.callbacks import HttpCallbackSource
 from worker.datasets import HttpDatasets, with_local_dataset
 from worker.heartbeat import Heartbeater
+from worker.init_from import HttpAdapters, with_local_adapter
 from worker.settings import WorkerSettings
 from worker.sinks import HttpRunSink
 from worker.startup import sandbox_wall
@@ -103,6 +104,11 @@ def _train_claimed(
             settings.api_url, claim.lease_token, settings.data_dir / "dataset-cache"
         )
         raw_spec = with_local_dataset(claim.spec, run_id, datasets)
+        # The adapter it starts from (model.lora.init_from), the same way: a local folder.
+        adapters = HttpAdapters(
+            settings.api_url, claim.lease_token, settings.data_dir / "adapter-cache"
+        )
+        raw_spec = with_local_adapter(raw_spec, run_id, adapters)
         # A tenant's hf:/gguf: path is read inside the operator's models folder only.
         spec = confine_model_source(parse_spec(raw_spec), settings.models_dir())
         # The spec's trackers (W&B, MLflow, TensorBoard), fed off the pipeline's path.

@@ -91,6 +91,8 @@ async def _limit_for(scope: Any, headers: dict[str, str]) -> tuple[int, str]:
         # An upload streams to disk (app.services.datasets), never whole in memory: its
         # own cap, which the service also counts against.
         return settings.dataset_max_bytes, "dataset_max_bytes, the operator's cap on one upload"
+    if scope["path"].rstrip("/") == "/v1/adapters":  # the same for adapters (app.services.adapters)
+        return settings.adapter_max_bytes, "adapter_max_bytes, the operator's cap on one upload"
     scheme, _, token = headers.get("authorization", "").partition(" ")
     prefix = parse_prefix(token.strip()) if scheme.lower() == "bearer" else None
     limiter: Limiter = app_state.limits

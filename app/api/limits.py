@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from app.api.deps import SessionDep, StateDep, TenantDep
 from app.schemas.limits import LimitsRead, QuotasRead, UsageRead
+from app.services.adapters import artifact_bytes_used
 from app.services.budget import run_seconds_used
 from app.services.datasets import bytes_used as datasets_bytes
 from app.services.quotas import runs_in_flight
@@ -27,11 +28,13 @@ async def get_limits(session: SessionDep, tenant_id: TenantDep, app_state: State
             run_seconds_period_s=period,
             train_steps=quotas.train_steps,
             dataset_bytes=quotas.dataset_bytes,
+            artifact_bytes=quotas.artifact_bytes,
         ),
         usage=UsageRead(
             runs_in_flight=await runs_in_flight(session, tenant_id),
             requests_available=await app_state.limits.requests_available(tenant_id, quotas),
             run_seconds=round(used),
             dataset_bytes=await datasets_bytes(session, tenant_id),
+            artifact_bytes=await artifact_bytes_used(session, tenant_id),
         ),
     )

@@ -53,6 +53,9 @@ class Tenant(Base):
     quota_train_steps: Mapped[int | None] = mapped_column(Integer)
     # Bytes all of the tenant's datasets may take (BigInteger: past 2 GiB is a fair ask).
     quota_dataset_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # Bytes the tenant's stored artifacts may take: its runs' kept checkpoints and exports
+    # and its uploaded adapters.
+    quota_artifact_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # When a worker last took one of this tenant's runs: the fair claim (app.services.fair)
     # serves the tenant waited on longest first.
     last_claim_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -105,6 +108,9 @@ class Run(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     error: Mapped[str | None] = mapped_column(Text)
     current_step: Mapped[int] = mapped_column(Integer, default=0)
+    # The bytes its kept checkpoints and exports take, as its worker measured them after
+    # its newest checkpoint (NULL: none reported yet).
+    stored_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # The worker's newest InflightSnapshot (rl_core.records), sent with its heartbeat.
     inflight: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     inflight_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -354,3 +360,20 @@ class Dataset(Base):
     fields: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class UploadedAdapter(Base):
+    """A PEFT LoRA adapter a tenant uploaded (POST /v1/adapters) to start runs from
+    (``model.lora.init_from: adapter:<id>``). Its two files are a folder in the data folder
+    (``app.services.adapters``); an upload is never changed, only deleted."""
+
+    __tablename__ = "adapters"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # ad_<hex>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    rank: Mapped[int] = mapped_column(Integer)
+    alpha: Mapped[float] = mapped_column(Float)
+    targets: Mapped[list[str]] = mapped_column(JSON)  # rlaas's names (q, v, ...), sorted
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

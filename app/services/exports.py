@@ -118,6 +118,15 @@ async def checkpoint_export(
     return Archive(name=f"{prefix}.tar", files=found, size=size)
 
 
+def folder_archive(folder: Path, name: str) -> Archive | None:
+    """A tar of the files of ``folder`` under ``name/``; None when there is no folder."""
+    found = _local(folder, name)
+    if found is None:
+        return None
+    size = sum(len(_header(m)) + _padded(m.size) for m in found) + 2 * _BLOCK
+    return Archive(name=f"{name}.tar", files=found, size=size)
+
+
 @functools.cache
 def _store(url: str, endpoint: str | None) -> ArtifactStore:
     """One client per store for the process (its connection pool is reused)."""

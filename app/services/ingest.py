@@ -240,6 +240,8 @@ async def store_artifact(session: AsyncSession, run: Run, body: ArtifactBody) ->
               "attempt": stmt.excluded.attempt},
     )  # fmt: skip
     await session.execute(stmt)
+    if body.kind == "checkpoint" and body.stored_bytes is not None:
+        run.stored_bytes = body.stored_bytes  # the run's storage use now (its quota's)
 
 
 async def newest_checkpoint(session: AsyncSession, run_id: str) -> Artifact | None:

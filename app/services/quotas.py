@@ -54,6 +54,7 @@ class Quotas:
     run_seconds: int | None = None  # per settings.quota_run_seconds_period_s; None: no budget
     train_steps: int | None = None  # the most one run may ask for; None: no cap
     dataset_bytes: int = 1_073_741_824  # all of the tenant's uploaded datasets together
+    artifact_bytes: int = 100 * 1_073_741_824  # runs' kept checkpoints/exports, adapters
 
     @classmethod
     def of(cls, tenant: Tenant | None, settings: Settings) -> Quotas:
@@ -70,6 +71,7 @@ class Quotas:
             run_seconds=pick("quota_run_seconds", settings.quota_run_seconds),
             train_steps=pick("quota_train_steps", settings.quota_train_steps),
             dataset_bytes=pick("quota_dataset_bytes", settings.quota_dataset_bytes),
+            artifact_bytes=pick("quota_artifact_bytes", settings.quota_artifact_bytes),
         )
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db.models import MetricPoint, Run, RunEvent, utcnow
 from app.errors import BadRequest, Conflict, NotFound, Unprocessable
 from app.schemas import RunCreate
-from app.services import datasets, environments, run_states
+from app.services import datasets, environments, init_from, run_states
 from rl_core.spec import JobSpec, shared_model_source_problem
 
 
@@ -51,6 +51,7 @@ async def create_run(
     # After the admission, which locks the tenant's row: an upload replacing this content
     # waits for the commit, so the content pinned here is not removed under the run.
     spec = await datasets.pin(session, tenant_id, body.spec.model_dump(mode="json"))
+    spec = await init_from.pin(session, tenant_id, spec)  # the adapter's step, pinned
     now = utcnow()
     run = Run(
         id=f"run_{uuid.uuid4().hex}",

@@ -8,6 +8,7 @@ one place that maps spec fields onto configs. `build_pipeline` wires them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -44,11 +45,21 @@ from rl_core.sessions.sampling import ClientSampling
 from rl_core.sessions.session import SessionConfig
 from rl_core.spec import SESSIONS, JobSpec
 from rl_core.training.stored import RunArtifacts, StoreTarget
-from rl_core.training.trainer import Trainer
+from rl_core.training.trainer import Trainer, TrainerConfig
 
 log = logging.getLogger(__name__)
 
 SERVER_LOG = "vllm-server.log"  # in the run's artifacts folder
+
+
+def kept_bytes(run_dir: Path) -> int:
+    """The bytes of a run's checkpoints and exports in its folder."""
+    return sum(
+        f.stat().st_size
+        for sub in ("checkpoints", "exports")
+        for f in (Path(run_dir) / sub).rglob("*")
+        if f.is_file()
+    )
 
 
 class OrbaxCheckpointer:
@@ -97,7 +108,9 @@ class OrbaxCheckpointer:
                 self.stored.prune()
             except Exception:
                 log.exception("step %d: retention failed; older checkpoints stay", step)
-        return record
+        # What the run keeps now (the store holds the same folders: uploaded whole, pruned
+        # alike), for the tenant's storage quota.
+        return dataclasses.replace(record, stored_bytes=kept_bytes(self.artifacts_dir))
 
 
 def checkpoint_exports(
@@ -309,7 +322,8 @@ def build_trainer(
     ``resume_from`` is a checkpoint of an earlier attempt; without it the run
     starts at step 0 with a fresh collector.
     """
-    trainer = Trainer(model, configs.trainer_config(spec))
+    config = configs.trainer_config(spec)
+    trainer = Trainer(model, config, initial_adapters=initial_adapters(spec, model, config))
     if resume_from is None:
         return trainer, 0, None
     from rl_core.training.checkpointing import restore_checkpoint
@@ -317,6 +331,35 @@ def build_trainer(
     start_step, extra = restore_checkpoint(resume_from, trainer=trainer)
     log.info("resumed from %s at step %d", resume_from, start_step)
     return trainer, start_step, extra.get("collector")
+
+
+def initial_adapters(spec: JobSpec, model: Model, config: TrainerConfig) -> Any:
+    """The adapters ``model.lora.init_from`` names, checked against the base; None without.
+
+    rl_core reads a folder (``file:``) only: a service resolves ``run:`` to the folder of
+    that checkpoint's PEFT export before the run reaches here (worker/init_from.py). On a
+    resumed attempt they are read again: the checkpoint's adapters replace them as the
+    policy, and they stay its KL reference.
+    """
+    lora = spec.model.lora
+    if lora is None or lora.init_from is None:
+        return None
+    from rl_core.spec import parse_init_from
+    from rl_core.training.adapter_init import AdapterMismatch
+    from rl_core.training.adapter_init import initial_adapters as read_adapters
+
+    kind, location, _ = parse_init_from(lora.init_from)
+    if kind != "file":
+        raise AdapterMismatch(
+            f"{lora.init_from!r} names a run or an upload of the rlaas service; with rlaas "
+            "train on your machine give the adapter's folder (file:<dir>: a run's "
+            "exports/step-N/peft, or a folder PEFT saved)"
+        )
+    from flax import nnx
+
+    assert config.lora is not None  # the spec's model.lora
+    params = nnx.state(model, nnx.Param)
+    return read_adapters(Path(location).expanduser(), params, config.lora)
 
 
 def build_pipeline(

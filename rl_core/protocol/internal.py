@@ -295,6 +295,9 @@ class ArtifactBody(Sent):
     step: int = Field(ge=0, le=INT32)
     uri: str = Field(min_length=1, max_length=4096)
     size_bytes: int | None = Field(default=None, ge=0, le=INT64)
+    # A checkpoint's: the bytes the run's kept checkpoints and exports take now
+    # (rl_core.records.CheckpointRecord.stored_bytes); the run's storage use.
+    stored_bytes: int | None = Field(default=None, ge=0, le=INT64)
 
 
 class ArtifactStored(Answer):

@@ -64,17 +64,23 @@ def _target_of(path: Sequence[Any], targets: tuple[str, ...]) -> str | None:
     return None
 
 
-def init_adapters(params: Any, config: LoraConfig, key: jax.Array) -> Adapters:
-    """Fresh adapters for every targeted kernel of ``params`` (B = 0: no change yet)."""
-    found: list[tuple[str, jax.Array]] = []
+def targeted_kernels(params: Any, targets: tuple[str, ...]) -> dict[str, jax.Array]:
+    """Every kernel of ``params`` that a LoRA over ``targets`` adapts, by adapter key."""
+    found: dict[str, jax.Array] = {}
 
     def visit(path: Sequence[Any], leaf: jax.Array) -> jax.Array:
-        name = _target_of(path, config.targets)
+        name = _target_of(path, targets)
         if name is not None:
-            found.append((name, leaf))
+            found[name] = leaf
         return leaf
 
     jax.tree_util.tree_map_with_path(visit, params)
+    return found
+
+
+def init_adapters(params: Any, config: LoraConfig, key: jax.Array) -> Adapters:
+    """Fresh adapters for every targeted kernel of ``params`` (B = 0: no change yet)."""
+    found = list(targeted_kernels(params, config.targets).items())
     if not found:
         raise UnsupportedSpec(
             "model.lora.targets",

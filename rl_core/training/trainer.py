@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -141,7 +141,13 @@ class Trainer:
     and never mutated; the trainer keeps its own arrays.
     """
 
-    def __init__(self, model: Model, config: TrainerConfig) -> None:
+    def __init__(
+        self,
+        model: Model,
+        config: TrainerConfig,
+        *,
+        initial_adapters: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         self.config = config
         self.schedule = learning_rate_schedule(config)
         self.tx = optax.chain(
@@ -164,7 +170,13 @@ class Trainer:
             # Base frozen; it is also the KL reference (adapters at 0 = the initial policy).
             self._frozen["base"] = params
             rng, init_key = jax.random.split(rng)
-            trainable: ts.Trainable = {"policy": init_adapters(params, config.lora, init_key)}
+            adapters = init_adapters(params, config.lora, init_key)
+            if initial_adapters:
+                # model.lora.init_from (rl_core.training.adapter_init, checked there): the
+                # run starts from that policy, which is also its KL reference.
+                adapters = _with_initial(adapters, initial_adapters)
+                self._frozen["ref_adapters"] = jax.tree.map(jnp.copy, adapters)
+            trainable: ts.Trainable = {"policy": adapters}
         else:
             trainable = {"policy": params}
             if config.grpo.kl_coef > 0:
@@ -268,7 +280,10 @@ class Trainer:
                 self._policy(), self.trainable.get("value"), tokens
             )
         if cfg.grpo.kl_coef > 0:
-            ref_params = self._frozen["base" if cfg.lora is not None else "ref"]
+            if "ref_adapters" in self._frozen:  # started from an adapter: that policy
+                ref_params = self._merged({"policy": self._frozen["ref_adapters"]}, self._frozen)
+            else:
+                ref_params = self._frozen["base" if cfg.lora is not None else "ref"]
             ref, _ = self._score_chunked(ref_params, None, tokens)
         if cfg.ppo is not None:
             if batch.rewards is None:
@@ -324,6 +339,23 @@ class Trainer:
         self.updates = int(state["updates"])
         self.rng = jax.random.wrap_key_data(jnp.asarray(state["rng"]))
         self._params_cache = None
+
+
+def _with_initial(fresh: Any, initial: Mapping[str, Mapping[str, Any]]) -> Any:
+    """``fresh`` adapters with those of ``initial`` in place (same keys and shapes, checked
+    by the caller); a module ``initial`` lacks keeps its fresh pair (B = 0: no change)."""
+    unknown = sorted(set(initial) - set(fresh))
+    if unknown:
+        raise ValueError(f"initial adapters for modules the LoRA does not target: {unknown}")
+    out = dict(fresh)
+    for name, pair in initial.items():
+        out[name] = {}
+        for part in ("a", "b"):
+            want = fresh[name][part]
+            if tuple(pair[part].shape) != tuple(want.shape):
+                raise ValueError(f"initial {name}.{part} is {pair[part].shape}, not {want.shape}")
+            out[name][part] = jnp.asarray(pair[part], want.dtype)
+    return out
 
 
 __all__ = [

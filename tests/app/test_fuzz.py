@@ -29,10 +29,15 @@ from app.main import create_app
 from tests.app.conftest import WORKER, app_settings, lease
 from tests.app.webhook_server import serve_app
 
-# A dataset upload's body is the JSONL or Parquet file's bytes: sent as such, like any
-# binary body.
+# A dataset upload's body is the JSONL or Parquet file's bytes, an adapter upload's a tar:
+# sent as such, like any binary body.
 schemathesis.serializer.alias(
-    ["application/x-ndjson", "application/vnd.apache.parquet", "application/x-parquet"],
+    [
+        "application/x-ndjson",
+        "application/vnd.apache.parquet",
+        "application/x-parquet",
+        "application/x-tar",
+    ],
     "application/octet-stream",
 )
 

@@ -29,6 +29,7 @@ async def test_limits_show_the_defaults_then_the_overrides_and_the_use(api: Api)
         "run_seconds_period_s": settings.quota_run_seconds_period_s,
         "train_steps": None,
         "dataset_bytes": settings.quota_dataset_bytes,
+        "artifact_bytes": settings.quota_artifact_bytes,
     }
     await api.submit(auth)
     # Six requests a minute: one comes back every 10 s, so the GET's own use still shows on

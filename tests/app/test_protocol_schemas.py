@@ -53,7 +53,10 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, str, type[BaseModel]
 }
 # Worker routes whose answer is bytes, not a protocol model: a dataset's pinned content,
 # streamed as the tenant uploaded it (checked by its SHA-256 on the worker).
-STREAMED = {("/internal/runs/{run_id}/datasets/{sha256}", "get")}
+STREAMED = {
+    ("/internal/runs/{run_id}/datasets/{sha256}", "get"),
+    ("/internal/runs/{run_id}/init-adapter", "get"),  # a tar (app/api/init_from.py)
+}
 
 
 @pytest.fixture(scope="module")

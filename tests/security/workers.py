@@ -88,6 +88,7 @@ def run_scoped_calls(run_id: str, worker_id: str) -> list[tuple[str, str, str, d
         ("gateway", "POST", f"{base}/gateway", {**w, **gateway}),
         ("env-callbacks", "GET", f"{base}/env-callbacks/{run_id}~a1-g0-e0/1?wait_s=0", {}),
         ("datasets", "GET", f"{base}/datasets/{'0' * 64}", {}),
+        ("init-adapter", "GET", f"{base}/init-adapter", {}),
         ("status", "POST", f"{base}/status", {**w, "status": "failed", "error": "sabotaged"}),
     ]  # fmt: skip
 
