@@ -1,7 +1,7 @@
 """uploaded adapters, stored artifact bytes
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 Create Date: 2026-12-06 05:00:00.000000
 
 - ``adapters``: a PEFT LoRA adapter a tenant uploaded (POST /v1/adapters) for
@@ -9,9 +9,6 @@ Create Date: 2026-12-06 05:00:00.000000
 - ``runs.stored_bytes``: what a run's kept checkpoints and exports take, reported by its
   worker with each checkpoint; ``tenants.quota_artifact_bytes``: the tenant's cap on those
   and its adapters together (NULL: the deployment's ``RLAAS_QUOTA_ARTIFACT_BYTES``).
-
-(Revises 0012: written beside 0013, checkpoint_servers, on another branch; whichever
-merges second revises the other.)
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014"
-down_revision: str | None = "0012"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
