@@ -126,26 +126,31 @@ def chrome_trace(spans: Iterable[Span]) -> dict[str, Any]:
     ("X") events with ``tid`` numbered per track, plus ``thread_name`` metadata.
     """
     tids: dict[str, int] = {}
-    events: list[dict[str, Any]] = []
-    for span in sorted(spans, key=lambda s: s.start_us):
-        tid = tids.setdefault(span.track, len(tids) + 1)
-        events.append(
-            {
-                "name": span.name,
-                "cat": "stage",
-                "ph": "X",
-                "ts": span.start_us,
-                "dur": span.dur_us,
-                "pid": 1,
-                "tid": tid,
-                "args": {"step": span.step, **(span.args or {})},
-            }
-        )
-    meta = [
-        {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": track}}
-        for track, tid in tids.items()
+    events = [
+        trace_event(span, tids.setdefault(span.track, len(tids) + 1))
+        for span in sorted(spans, key=lambda s: s.start_us)
     ]
+    meta = [track_event(track, tid) for track, tid in tids.items()]
     return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+
+
+def trace_event(span: Span, tid: int) -> dict[str, Any]:
+    """One span as a complete ("X") trace event on thread row ``tid``."""
+    return {
+        "name": span.name,
+        "cat": "stage",
+        "ph": "X",
+        "ts": span.start_us,
+        "dur": span.dur_us,
+        "pid": 1,
+        "tid": tid,
+        "args": {"step": span.step, **(span.args or {})},
+    }
+
+
+def track_event(track: str, tid: int) -> dict[str, Any]:
+    """The metadata event that names thread row ``tid`` after its track."""
+    return {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": track}}
 
 
 class Profiler:
