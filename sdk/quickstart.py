@@ -80,6 +80,10 @@ def run_quickstart(
         )
         _wait_ready(api_url, procs[0])
         procs.append(_spawn("worker", [sys.executable, "-m", "sdk.cli", "worker"], env, data_dir))
+        # Checkpoints are served by a worker of their own (docs/serving.md): on the run's
+        # worker, a served checkpoint would hold it (until idle) and runs would wait.
+        serve = [sys.executable, "-m", "sdk.cli", "worker", "--queue", "serve"]
+        procs.append(_spawn("serve-worker", serve, env, data_dir))
         _warn_of_a_weak_sandbox()
         console.print(f"control plane at {api_url} (API docs at {api_url}/docs)")
         console.print(f"logs in {data_dir / 'logs'}")
