@@ -42,6 +42,7 @@ from rl_core.protocol.chat_completions import (
     parse_request,
     stream_completion,
 )
+from rl_core.protocol.internal import ServingFailedBody, ServingUrlBody
 from rl_core.sessions.session import ChatSession, SessionConfig
 from worker.gateway import MAX_BODY_BYTES, _bearer, _errors, _event_stream, _with_usage
 from worker.settings import WorkerSettings
@@ -208,12 +209,16 @@ class ServingApi:
         return True
 
     def register(self, url: str) -> None:
-        answer = httpx.post(self._url, json={"url": url}, headers=self._headers, timeout=30)
+        body = ServingUrlBody(url=url).model_dump()
+        answer = httpx.post(self._url, json=body, headers=self._headers, timeout=30)
         answer.raise_for_status()
 
     def failed(self, error: str) -> None:
         httpx.post(
-            f"{self._url}/failed", json={"error": error[:2000]}, headers=self._headers, timeout=30
+            f"{self._url}/failed",
+            json=ServingFailedBody(error=error[:2000]).model_dump(),
+            headers=self._headers,
+            timeout=30,
         ).raise_for_status()
 
     def deregister(self) -> None:

@@ -25,11 +25,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
 
 from app.api.deps import SessionDep, StateDep, TenantDep
 from app.dispatch import ServeOrders
 from app.errors import Unauthorized, Unavailable
+from app.schemas.internal import ServingFailedBody, ServingUrlBody
 from app.services import gateways
 from app.services import serving as service
 
@@ -83,16 +83,6 @@ async def _send(orders: ServeOrders, order: dict[str, Any], queue: str) -> None:
     await asyncio.to_thread(orders.serve, order, queue)
 
 
-class ServerUrl(BaseModel):
-    # Where the worker's server answers, as the API reaches it (RLAAS_SERVE_URL, else
-    # http://RLAAS_SERVE_HOST:port).
-    url: Annotated[str, Field(max_length=2048, pattern=r"^https?://[^\s]+$")]
-
-
-class ServerError(BaseModel):
-    error: Annotated[str, Field(max_length=4000)]
-
-
 def _token(authorization: str | None) -> str:
     scheme, _, value = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
@@ -116,7 +106,7 @@ async def wanted(
 @internal_router.post("/{server_id}", status_code=204)
 async def register(
     server_id: str,
-    body: ServerUrl,
+    body: ServingUrlBody,
     session: SessionDep,
     app_state: StateDep,
     authorization: Annotated[str | None, Header()] = None,
@@ -128,7 +118,7 @@ async def register(
 @internal_router.post("/{server_id}/failed", status_code=204)
 async def failed(
     server_id: str,
-    body: ServerError,
+    body: ServingFailedBody,
     session: SessionDep,
     app_state: StateDep,
     authorization: Annotated[str | None, Header()] = None,

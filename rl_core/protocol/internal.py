@@ -185,6 +185,20 @@ class GatewayBody(Sent):
     token: str = Field(min_length=16, max_length=200)
 
 
+class ServingUrlBody(Sent):
+    """A served checkpoint's server (worker/serving.py), loaded: where the control plane
+    reaches it (RLAAS_SERVE_URL, else http://RLAAS_SERVE_HOST:port). Sent with the serving
+    order's secret, not a worker credential: the order is the server's only authority."""
+
+    url: str = Field(max_length=2048, pattern=r"^https?://[^\s]+$")
+
+
+class ServingFailedBody(Sent):
+    """Why a served checkpoint could not be loaded: the tenant's next call reads it."""
+
+    error: str = Field(max_length=4000)
+
+
 class StatusBody(Sent):
     worker_id: WorkerId
     status: Literal["running", "succeeded", "failed", "cancelled"]

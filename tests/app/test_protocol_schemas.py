@@ -16,8 +16,8 @@ from rl_core.protocol import webhook
 
 REF = "#/components/schemas/{model}"
 
-# (path, method) -> (request body model or None, answer status, answer model)
-ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, str, type[BaseModel]]] = {
+# (path, method) -> (request body model or None, answer status, answer model or None: empty)
+ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, str, type[BaseModel] | None]] = {
     ("/internal/runs/{run_id}/claim", "post"): (wire.ClaimBody, "200", wire.ClaimRead),
     ("/internal/runs/{run_id}/heartbeat", "post"): (
         wire.HeartbeatBody,
@@ -44,6 +44,11 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, str, type[BaseModel]
         "200",
         wire.CallbackRead,
     ),
+    # A served checkpoint's server (worker/serving.py), behind its order's secret.
+    ("/internal/serving/{server_id}", "get"): (None, "204", None),
+    ("/internal/serving/{server_id}", "post"): (wire.ServingUrlBody, "204", None),
+    ("/internal/serving/{server_id}/failed", "post"): (wire.ServingFailedBody, "204", None),
+    ("/internal/serving/{server_id}", "delete"): (None, "204", None),
     # The body is read raw (the MAC is over its bytes) and validated as CallbackBody.
     ("/v1/env-callbacks/{episode_id}/{step}", "post"): (
         None,
@@ -119,6 +124,9 @@ def test_every_worker_route_declares_the_protocols_models(openapi: dict[str, Any
         if body is not None:
             schema = op["requestBody"]["content"]["application/json"]["schema"]
             _assert_declares(openapi, schema, body, "validation")
+        if answer is None:
+            assert "content" not in op["responses"][status], (path, method)
+            continue
         schema = op["responses"][status]["content"]["application/json"]["schema"]
         _assert_declares(openapi, schema, answer, "serialization")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -155,9 +156,37 @@ def test_every_worker_route_but_the_claim_is_run_scoped(live: LiveApi) -> None:
         return any(m == method and re.fullmatch(pattern, path) for m, path in called)
 
     # Besides the claim, the shared token opens one route: a worker's report of itself (its
-    # sandbox wall, listed on /readyz), which names no run and answers nothing of one.
-    assert {route for route in routes if not is_called(*route)} == {
+    # sandbox wall, listed on /readyz), which names no run and answers nothing of one. The
+    # serving routes open to a serving order's secret alone (the test below).
+    serving = {(method, path) for method, path, _ in serving_calls("{server_id}")}
+    assert {route for route in routes if not is_called(*route)} - serving == {
         ("POST", "/internal/runs/{run_id}/claim"),
         ("POST", "/internal/workers/report"),
     }
-    assert len(called) == len(routes) - 2
+    assert serving <= routes
+    assert len(called) == len(routes) - 2 - len(serving)
+
+
+def serving_calls(server_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """One well-formed call to each route of a served checkpoint's server (worker/serving.py)."""
+    path = f"/internal/serving/{server_id}"
+    return [
+        ("GET", path, {}),
+        ("POST", path, {"url": "http://attacker.example"}),
+        ("POST", f"{path}/failed", {"error": "sabotaged"}),
+        ("DELETE", path, {}),
+    ]
+
+
+def test_a_worker_credential_is_no_serving_orders_secret(live: LiveApi) -> None:
+    """A served checkpoint's routes answer its order's secret only: a worker's claim token,
+    or the shared token that claims, is refused there like any wrong secret (a live order's
+    wrong secret: 401, tests/app/test_serving.py), so it registers no URL that the API
+    would proxy a tenant's calls to."""
+    with client(live) as http:
+        _, run_id = webhook_run(http, live)
+        held = claim(http, run_id, "w-serving")
+        for headers in (held.headers, SHARED):
+            for method, path, body in serving_calls("srv_0"):
+                r = http.request(method, path, json=body or None, headers=headers)
+                assert r.status_code in (401, 404), (method, path, r.status_code, r.text)
