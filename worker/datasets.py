@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import logging
 import os
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,10 +24,7 @@ from typing import Any, Protocol
 import httpx
 
 from rl_core.protocol.datasets import procedural_task
-
-log = logging.getLogger(__name__)
-
-CHUNK = 1 << 16
+from worker.leased_fetch import LeasedFetch
 
 
 class DatasetUnavailable(RuntimeError):
@@ -52,49 +47,30 @@ class HttpDatasets:
         retry_seconds: float = 120.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._base = api_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {lease_token}"}
+        self._fetch = LeasedFetch(
+            api_url, lease_token, retry_seconds=retry_seconds, transport=transport
+        )
         self._cache = cache_dir
-        self._retry_seconds = retry_seconds
-        self._transport = transport
 
     def fetch(self, run_id: str, sha256: str) -> Path:
         final = self._cache / f"{sha256}.jsonl"
         if final.is_file():  # named by its hash, and moved in only once checked
             return final
         self._cache.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + self._retry_seconds
-        delay = 0.5
-        while True:
-            try:
-                return self._download(run_id, sha256, final)
-            except (httpx.TransportError, _Transient) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise DatasetUnavailable(f"dataset {sha256}: gave up: {exc}") from exc
-                log.warning("fetching dataset %s failed (%s); retrying", sha256, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        return self._fetch.retrying(
+            f"dataset {sha256}", lambda: self._download(run_id, sha256, final), DatasetUnavailable
+        )
 
     def _download(self, run_id: str, sha256: str, final: Path) -> Path:
-        url = f"{self._base}/internal/runs/{run_id}/datasets/{sha256}"
         tmp = final.with_name(f".{uuid.uuid4().hex}.part")
         digest = hashlib.sha256()
         try:
-            with (
-                httpx.Client(headers=self._headers, transport=self._transport, timeout=60) as http,
-                http.stream("GET", url) as response,
-            ):
-                if response.status_code >= 500 or response.status_code == 429:
-                    raise _Transient(f"HTTP {response.status_code}")
-                if response.status_code != 200:
-                    response.read()
-                    raise DatasetUnavailable(
-                        f"dataset {sha256}: HTTP {response.status_code}: {_message(response)}"
-                    )
-                with tmp.open("wb") as out:
-                    for chunk in response.iter_bytes(CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
+            self._fetch.stream_to(
+                f"/internal/runs/{run_id}/datasets/{sha256}",
+                tmp,
+                lambda reason: DatasetUnavailable(f"dataset {sha256}: {reason}"),
+                on_chunk=digest.update,
+            )
             if digest.hexdigest() != sha256:
                 raise DatasetUnavailable(
                     f"dataset {sha256}: the content fetched has SHA-256 {digest.hexdigest()}"
@@ -104,17 +80,6 @@ class HttpDatasets:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-
-
-class _Transient(Exception):
-    pass
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:300]
 
 
 def with_local_dataset(spec: dict[str, Any], run_id: str, source: DatasetSource) -> dict[str, Any]:

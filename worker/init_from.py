@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import shutil
 import tarfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,10 +22,8 @@ from typing import Any, Protocol
 import httpx
 
 from rl_core.spec import parse_init_from
+from worker.leased_fetch import LeasedFetch
 
-log = logging.getLogger(__name__)
-
-CHUNK = 1 << 16
 _FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -52,11 +48,10 @@ class HttpAdapters:
         retry_seconds: float = 120.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._base = api_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {lease_token}"}
+        self._fetch = LeasedFetch(
+            api_url, lease_token, retry_seconds=retry_seconds, transport=transport
+        )
         self._cache = cache_dir
-        self._retry_seconds = retry_seconds
-        self._transport = transport
 
     def fetch(self, run_id: str, source_id: str, step: int | None) -> Path:
         # A checkpoint's export is written once and an upload never replaced, so source and
@@ -65,37 +60,19 @@ class HttpAdapters:
         if all((final / name).is_file() for name in _FILES):
             return final
         self._cache.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + self._retry_seconds
-        delay = 0.5
-        while True:
-            try:
-                return self._download(run_id, final)
-            except (httpx.TransportError, _Transient) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise AdapterUnavailable(f"the adapter of {source_id}: gave up: {exc}") from exc
-                log.warning("fetching the adapter of %s failed (%s); retrying", source_id, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        return self._fetch.retrying(
+            f"the adapter of {source_id}", lambda: self._download(run_id, final), AdapterUnavailable
+        )
 
     def _download(self, run_id: str, final: Path) -> Path:
-        url = f"{self._base}/internal/runs/{run_id}/init-adapter"
         part = self._cache / f".{uuid.uuid4().hex}"
         try:
-            with (
-                httpx.Client(headers=self._headers, transport=self._transport, timeout=60) as http,
-                http.stream("GET", url) as response,
-            ):
-                if response.status_code >= 500 or response.status_code == 429:
-                    raise _Transient(f"HTTP {response.status_code}")
-                if response.status_code != 200:
-                    response.read()
-                    raise AdapterUnavailable(
-                        f"model.lora.init_from: HTTP {response.status_code}: {_message(response)}"
-                    )
-                part.mkdir()
-                with (part / "adapter.tar").open("wb") as out:
-                    for chunk in response.iter_bytes(CHUNK):
-                        out.write(chunk)
+            part.mkdir()
+            self._fetch.stream_to(
+                f"/internal/runs/{run_id}/init-adapter",
+                part / "adapter.tar",
+                lambda reason: AdapterUnavailable(f"model.lora.init_from: {reason}"),
+            )
             folder = _unpacked(part / "adapter.tar", part / "files")
             shutil.rmtree(final, ignore_errors=True)  # an incomplete one from a crash
             folder.rename(final)
@@ -121,17 +98,6 @@ def _unpacked(archive: Path, into: Path) -> Path:
     if missing:
         raise AdapterUnavailable(f"model.lora.init_from: the adapter fetched lacks {missing}")
     return into
-
-
-class _Transient(Exception):
-    pass
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:300]
 
 
 def with_local_adapter(spec: dict[str, Any], run_id: str, source: AdapterSource) -> dict[str, Any]:

@@ -65,3 +65,31 @@ def test_the_spec_gets_the_local_path(tmp_path: Path) -> None:
     assert with_local_dataset(generated, "run_1", source) is generated
     with pytest.raises(DatasetUnavailable, match="no pinned content"):
         with_local_dataset({"environment": {"name": "dataset", "config": {}}}, "run_1", source)
+
+
+def test_a_busy_or_dropped_control_plane_is_retried_until_the_deadline(tmp_path: Path) -> None:
+    answers = iter([503, 429, "drop", 200])
+    calls: list[str] = []
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        answer = next(answers)
+        if answer == "drop":
+            raise httpx.ConnectError("connection reset", request=request)
+        assert isinstance(answer, int)
+        return httpx.Response(answer, content=CONTENT if answer == 200 else b"")
+
+    source = HttpDatasets(
+        "http://api", "lease-token", tmp_path / "a", transport=httpx.MockTransport(flaky)
+    )
+    assert source.fetch("run_1", SHA).read_bytes() == CONTENT and len(calls) == 4
+    busy = HttpDatasets(
+        "http://api",
+        "lease-token",
+        tmp_path / "b",
+        retry_seconds=1.0,
+        transport=control_plane(b"", [], status=503),
+    )
+    with pytest.raises(DatasetUnavailable, match="gave up: HTTP 503"):
+        busy.fetch("run_1", SHA)
+    assert list((tmp_path / "b").iterdir()) == []
