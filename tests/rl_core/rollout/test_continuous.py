@@ -192,11 +192,13 @@ def test_a_batch_across_buckets_shrinks_late_compiles_one_resize_per_shape_pair_
         )
         eng = JaxEngine(engine_model, config=config)
         try:
-            before = steps.resize._cache_size()
+            before = steps.resize._cache_size(), steps.insert._cache_size()
             together = eng.generate_batch(
                 prompts, max_new_tokens=24, sampling=WARM, seeds=range(12)
             )
-            compiled = steps.resize._cache_size() - before
+            compiled = steps.resize._cache_size() - before[0]
+            # The moves are resize's: the old path inserted K running rows, a program per K.
+            assert steps.insert._cache_size() == before[1]
             alone = [
                 eng.generate_batch([p], max_new_tokens=24, sampling=WARM, seeds=[i])[0]
                 for i, p in enumerate(prompts)
