@@ -72,7 +72,9 @@ class TinkerWorker:
 
     async def base(self, name: str) -> _Base:
         if name not in self.allowed:
-            raise Refused(f"base_model {name!r} is not served here; use one of {list(self.allowed)}")
+            raise Refused(
+                f"base_model {name!r} is not served here; use one of {list(self.allowed)}"
+            )
         async with self._loading:
             if name not in self.bases:
                 self.bases[name] = await asyncio.to_thread(_load_base, name)
@@ -257,3 +259,40 @@ def tinker_app(worker: TinkerWorker, *, token: str) -> web.Application:
     app.router.add_post("/models/{model_id}/{action}", model_call)
     app.router.add_post("/sample", sample)
     return app
+
+
+async def serve(
+    worker: TinkerWorker, *, token: str, host: str, port: int, bound: Any = None
+) -> None:
+    """Serve until cancelled; ``bound(url)`` is called once the socket listens."""
+    runner = web.AppRunner(tinker_app(worker, token=token), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        url = f"http://{host}:{runner.addresses[0][1]}"
+        log.info("tinker worker at %s, bases %s", url, worker.allowed)
+        if bound is not None:
+            bound(url)
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main() -> None:
+    """``python -m worker.tinker_server``: RLAAS_TINKER_WORKER_TOKEN (required),
+    RLAAS_TINKER_HOST (127.0.0.1), RLAAS_TINKER_PORT (8500), RLAAS_TINKER_BASES."""
+    import os
+
+    logging.basicConfig(level=logging.INFO)
+    token = os.environ.get("RLAAS_TINKER_WORKER_TOKEN")
+    if not token:
+        raise SystemExit("set RLAAS_TINKER_WORKER_TOKEN (the control plane sends the same)")
+    bases = tuple(b.strip() for b in os.environ.get("RLAAS_TINKER_BASES", "builtin:tiny").split(","))
+    worker = TinkerWorker(tuple(b for b in bases if b))
+    host = os.environ.get("RLAAS_TINKER_HOST", "127.0.0.1")
+    asyncio.run(serve(worker, token=token, host=host, port=int(os.environ.get("RLAAS_TINKER_PORT", "8500"))))
+
+
+if __name__ == "__main__":
+    main()

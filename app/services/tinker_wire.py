@@ -31,7 +31,9 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
     value, shift = 0, 0
     while True:
         if i >= len(buf):
-            raise BadRequest("body is not a valid protobuf message (truncated varint)", field="body")
+            raise BadRequest(
+                "body is not a valid protobuf message (truncated varint)", field="body"
+            )
         byte = buf[i]
         i += 1
         value |= (byte & 0x7F) << shift
@@ -56,7 +58,9 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
         elif wire == 5:
             value, i = buf[i : i + 4], i + 4
         else:
-            raise BadRequest(f"body is not a protobuf message this API reads (wire type {wire})", field="body")
+            raise BadRequest(
+                f"body is not a protobuf message this API reads (wire type {wire})", field="body"
+            )
         if i > len(buf):
             raise BadRequest("body is not a valid protobuf message (truncated field)", field="body")
         yield number, wire, value
@@ -184,9 +188,7 @@ def write_forward_backward_output(logprobs: Sequence[Sequence[float]], loss: flo
         at += len(chunk)
         offsets.append(at)
     batched = (
-        _len(1, data)
-        + _len(2, struct.pack(f"<{len(offsets)}q", *offsets))
-        + _int(3, DTYPE_FLOAT32)
+        _len(1, data) + _len(2, struct.pack(f"<{len(offsets)}q", *offsets)) + _int(3, DTYPE_FLOAT32)
     )
     record = (
         _len(1, b"ArrayRecord")

@@ -115,7 +115,9 @@ class LoraModel:
         """Each datum's target logprobs, and the batch's summed loss; unless
         ``forward_only``, the loss's gradient joins the accumulator."""
         if loss_fn not in LOSSES:
-            raise UnsupportedSpec("loss_fn", f"loss_fn {loss_fn!r} is not served; use one of {LOSSES}")
+            raise UnsupportedSpec(
+                "loss_fn", f"loss_fn {loss_fn!r} is not served; use one of {LOSSES}"
+            )
         if not data:
             raise UnsupportedSpec("data", "forward_backward needs at least one datum")
         needed = ("target_tokens", *LOSS_INPUTS[loss_fn])
@@ -149,7 +151,9 @@ class LoraModel:
     def optim_step(self, p: AdamParams) -> dict[str, float]:
         """Adam (decoupled weight decay) on the accumulated gradient, which it then clears."""
         grads = self.grads
-        norm = float(jnp.sqrt(sum(jnp.sum(g.astype(jnp.float32) ** 2) for g in jax.tree.leaves(grads))))
+        norm = float(
+            jnp.sqrt(sum(jnp.sum(g.astype(jnp.float32) ** 2) for g in jax.tree.leaves(grads)))
+        )
         if p.grad_clip_norm > 0 and norm > p.grad_clip_norm:
             grads = jax.tree.map(lambda g: g * (p.grad_clip_norm / norm), grads)
         self.steps += 1
