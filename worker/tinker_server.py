@@ -225,7 +225,8 @@ def tinker_app(worker: TinkerWorker, *, token: str) -> web.Application:
                 status=401,
             )
         try:
-            return await handler(request)
+            answer: web.StreamResponse = await handler(request)
+            return answer
         except Refused as exc:
             return web.json_response({"error": str(exc), "category": "user"}, status=exc.status)
         except (RlCoreError, KeyError, TypeError, ValueError) as exc:
@@ -288,10 +289,14 @@ def main() -> None:
     token = os.environ.get("RLAAS_TINKER_WORKER_TOKEN")
     if not token:
         raise SystemExit("set RLAAS_TINKER_WORKER_TOKEN (the control plane sends the same)")
-    bases = tuple(b.strip() for b in os.environ.get("RLAAS_TINKER_BASES", "builtin:tiny").split(","))
+    bases = tuple(
+        b.strip() for b in os.environ.get("RLAAS_TINKER_BASES", "builtin:tiny").split(",")
+    )
     worker = TinkerWorker(tuple(b for b in bases if b))
     host = os.environ.get("RLAAS_TINKER_HOST", "127.0.0.1")
-    asyncio.run(serve(worker, token=token, host=host, port=int(os.environ.get("RLAAS_TINKER_PORT", "8500"))))
+    asyncio.run(
+        serve(worker, token=token, host=host, port=int(os.environ.get("RLAAS_TINKER_PORT", "8500")))
+    )
 
 
 if __name__ == "__main__":

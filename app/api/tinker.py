@@ -75,7 +75,7 @@ async def _body(request: Request) -> dict[str, Any]:
 
 def _field(body: dict[str, Any], name: str, kind: type = str) -> Any:
     value = body.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise BadRequest(f"{name} must be a {kind.__name__}", field=name)
     return value
 
@@ -321,7 +321,7 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
         raise BadRequest("prompt has no tokens", field="prompt")
     params = body.get("sampling_params") or {}
     stop = params.get("stop")
-    if isinstance(stop, str) or stop and any(isinstance(s, str) for s in stop):
+    if isinstance(stop, str) or (stop and any(isinstance(s, str) for s in stop)):
         raise BadRequest(
             "stop strings are not served yet; pass stop token ids", field="sampling_params.stop"
         )

@@ -43,11 +43,12 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value): an int for varints and fixed, bytes for length-delimited."""
+    """(field number, wire type, value): an int for a varint, bytes for the other types."""
     i = 0
     while i < len(buf):
         key, i = _varint(buf, i)
         number, wire = key >> 3, key & 7
+        value: Any
         if wire == 0:
             value, i = _varint(buf, i)
         elif wire == 1:
@@ -110,7 +111,9 @@ def _datum(buf: bytes, index: int) -> dict[str, Any]:
         elif number == 2:
             name, tensor = _map_entry(v)
             where = f"data[{index}].loss_fn_inputs.{name}"
-            inputs[name] = _tensor(bytes(tensor), where)  # type: ignore[arg-type]
+            if not isinstance(tensor, bytes):
+                raise BadRequest(f"{where} must be a Tensor message", field=where)
+            inputs[name] = _tensor(tensor, where)
     return {"tokens": tokens, "inputs": inputs}
 
 

@@ -44,7 +44,11 @@ def tinker_worker(token: str) -> Iterator[str]:
     def run() -> None:
         asyncio.set_event_loop(loop)
         worker = TinkerWorker((BASE,))
-        task.append(loop.create_task(serve(worker, token=token, host="127.0.0.1", port=0, bound=urls.append)))
+        task.append(
+            loop.create_task(
+                serve(worker, token=token, host="127.0.0.1", port=0, bound=urls.append)
+            )
+        )
         with contextlib.suppress(asyncio.CancelledError):
             loop.run_until_complete(task[0])
 
@@ -89,8 +93,10 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
     ):
         key_a, key_b = api.tenant(), api.tenant()
         service = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_a}")
-        assert BASE in [m.model_name for m in service.get_server_capabilities().supported_models]
-        training = service.create_lora_training_client(base_model=BASE, rank=4, seed=0)
+        rest = service.create_rest_client()
+        served = rest.get_server_capabilities().result().supported_models
+        assert BASE in [m.model_name for m in served]
+        training = service.create_lora_training_client(base_model=BASE, rank=4, seed=0).result()
         model_id = training.model_id
         info = training.get_info()
         assert (info.model_id, info.lora_rank) == (model_id, 4)
@@ -98,7 +104,7 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
         # Sample the untrained adapter from saved sampler weights.
         first = training.save_weights_for_sampler(name="init").result().path
         assert first == f"tinker://{model_id}/sampler_weights/init"
-        sampler = service.create_sampling_client(model_path=first)
+        sampler = service.create_sampling_client(model_path=first).result()
         params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=3)
         prompt = types.ModelInput.from_ints(PROMPT)
         sampled = sampler.sample(prompt, num_samples=4, sampling_params=params).result()
@@ -112,7 +118,7 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
             out = training.forward_backward(data, "importance_sampling").result()
             losses.append(out.metrics["loss:sum"])
             if step == 0:  # the trainer scores the sampled tokens as the sampler did
-                for (tokens, lp), row in zip(seqs, out.loss_fn_outputs, strict=True):
+                for (_, lp), row in zip(seqs, out.loss_fn_outputs, strict=True):
                     got = row["logprobs"].to_numpy()[len(PROMPT) - 1 :]
                     np.testing.assert_allclose(got, lp, atol=2e-3)
             training.optim_step(types.AdamParams(learning_rate=0.05)).result()
@@ -131,7 +137,7 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
         assert ce_out.metrics["loss:sum"] == pytest.approx(-(lp * [1.0, 0.5, 1.0]).sum(), rel=1e-4)
 
         # The trained weights sample; the first snapshot answers as before training.
-        trained = training.save_weights_and_get_sampling_client()
+        trained = training.save_weights_and_get_sampling_client().result()
         again = trained.sample(prompt, num_samples=4, sampling_params=params).result()
         assert len(again.sequences) == 4
         same = sampler.sample(prompt, num_samples=4, sampling_params=params).result()
@@ -151,6 +157,6 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
         assert other.status_code == 404, other.text
         service_b = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_b}")
         with pytest.raises(tinker.NotFoundError):
-            service_b.create_sampling_client(model_path=first).sample(
+            service_b.create_sampling_client(model_path=first).result().sample(
                 prompt, num_samples=1, sampling_params=params
             ).result()
