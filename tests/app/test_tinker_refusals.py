@@ -1,0 +1,93 @@
+"""The Tinker-compatible routes' refusals: each names what to change (docs/tinker.md).
+
+Over ASGI with a worker URL that nothing listens on: every case here is refused before
+a call would reach it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.app.conftest import Api, running_api
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def api(app_database: str) -> AsyncIterator[Api]:
+    async with running_api(app_database, tinker_worker_url="http://127.0.0.1:9") as running:
+        yield running
+
+
+async def tml(api: Api) -> dict[str, str]:
+    key = (await api.tenant())["Authorization"].removeprefix("Bearer ")
+    return {"X-API-Key": f"tml-{key}"}
+
+
+async def test_a_key_is_needed_and_the_tml_prefix_is_dropped(api: Api) -> None:
+    r = await api.client.post("/api/v1/create_session", json={})
+    assert r.status_code == 401 and r.json()["error"]["field"] == "X-API-Key"
+    r = await api.client.post(
+        "/api/v1/create_session", json={}, headers={"X-API-Key": "tml-rlaas_nope_nope"}
+    )
+    assert r.status_code == 401
+    r = await api.client.post("/api/v1/create_session", json={}, headers=await tml(api))
+    assert r.status_code == 200 and r.json()["session_id"].startswith("tss_")
+
+
+async def test_create_model_names_the_bad_field(api: Api) -> None:
+    auth = await tml(api)
+    r = await api.client.post(
+        "/api/v1/create_model", json={"base_model": "Qwen/Qwen3-8B"}, headers=auth
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "base_model"
+    assert "builtin:tiny" in r.json()["error"]["message"]
+    r = await api.client.post(
+        "/api/v1/create_model",
+        json={"base_model": "builtin:tiny", "lora_config": {"rank": 0}},
+        headers=auth,
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "lora_config.rank"
+
+
+async def test_forward_backward_takes_protobuf_and_reads_it_carefully(api: Api) -> None:
+    auth = await tml(api)
+    r = await api.client.post("/api/v1/forward_backward", json={}, headers=auth)
+    assert r.status_code == 400 and "protobuf" in r.json()["error"]["message"]
+    proto = {**auth, "Content-Type": "application/x-protobuf"}
+    r = await api.client.post("/api/v1/forward_backward", content=b"\x0a\xff", headers=proto)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "body"
+    # model_id "x", loss_fn "cross_entropy", no such model: 404, not another tenant's.
+    body = b"\x0a\x01x" + b"\x22\x0dcross_entropy"
+    r = await api.client.post("/api/v1/forward_backward", content=body, headers=proto)
+    assert r.status_code == 404 and r.json()["error"]["field"] == "model_id"
+
+
+async def test_unknown_futures_samplers_and_paths_are_404(api: Api) -> None:
+    auth = await tml(api)
+    r = await api.client.post("/api/v1/retrieve_future", json={"request_id": "tf_x"}, headers=auth)
+    assert r.status_code == 404 and r.json()["error"]["field"] == "request_id"
+    r = await api.client.get("/api/v1/samplers/ts_x", headers=auth)
+    assert r.status_code == 404
+    r = await api.client.post(
+        "/api/v1/create_sampling_session",
+        json={"model_path": "tinker://tm_x/sampler_weights/a"},
+        headers=auth,
+    )
+    assert r.status_code == 404 and r.json()["error"]["field"] == "model_path"
+    r = await api.client.post(
+        "/api/v1/asample",
+        json={"base_model": "builtin:tiny", "prompt": {"chunks": []}, "sampling_params": {}},
+        headers=auth,
+    )
+    assert r.status_code == 400 and r.json()["error"]["field"] == "prompt"
+
+
+async def test_without_a_worker_work_calls_say_how_to_get_one(app_database: str) -> None:
+    async with running_api(app_database) as api:
+        r = await api.client.post(
+            "/api/v1/create_model", json={"base_model": "builtin:tiny"}, headers=await tml(api)
+        )
+        assert r.status_code == 503 and "RLAAS_TINKER_WORKER_URL" in r.json()["error"]["message"]
