@@ -25,6 +25,7 @@ from sqlalchemy import select
 from app.api.deps import SessionDep, StateDep, _authenticated
 from app.db.models import TinkerFuture, TinkerModel, TinkerSampler, utcnow
 from app.errors import BadRequest, Gone, NotFound, Unauthorized
+from app.security import parse_prefix
 from app.services import tinker_wire as wire
 from app.services.tinker import WORKER_TIMEOUT_S, TinkerCalls, as_json, new_id
 
@@ -108,9 +109,20 @@ async def healthz() -> dict[str, str]:
 
 
 @router.post("/client/config")
-async def client_config(_tenant: TenantDep) -> dict[str, Any]:
-    # httpx rather than the SDK's optional pyqwest transport; uncompressed protobuf bodies.
-    return {"use_pyqwest_transport": False, "proto_compress_fwdbwd": False}
+async def client_config(
+    app_state: StateDep,
+    _tenant: TenantDep,
+    x_api_key: Annotated[str | None, Header()] = None,
+) -> dict[str, Any]:
+    # The SDK splits forward_backward into chunks of at most this many bytes (by its own
+    # estimate); half the tenant's body quota keeps each chunk's body under it.
+    key = (x_api_key or "").removeprefix("tml-")
+    limit = await app_state.limits.body_limit(app_state.sessions, parse_prefix(key))
+    return {
+        "use_pyqwest_transport": False,  # httpx, not the SDK's optional transport
+        "proto_compress_fwdbwd": False,
+        "fwdbwd_max_chunk_bytes_count": max(1, limit // 2),
+    }
 
 
 @router.post("/create_session")

@@ -80,6 +80,14 @@ def _loss(
     return loss, lp * mask
 
 
+@functools.cache
+def _compiled(graphdef: Any, lora: LoraConfig, loss_fn: str, forward_only: bool) -> Any:
+    """The jitted loss (and gradient) of one architecture: shared by every adapter on it,
+    so a second model on a base compiles nothing."""
+    loss = functools.partial(_loss, graphdef=graphdef, lora=lora, loss_fn=loss_fn)
+    return jax.jit(loss if forward_only else jax.value_and_grad(loss, has_aux=True))
+
+
 class LoraModel:
     """One tenant's adapter on a base `Model` (which it never changes), its gradient
     accumulator and Adam moments."""
@@ -96,18 +104,7 @@ class LoraModel:
         self.m: Adapters = zeros(self.adapters)
         self.v: Adapters = zeros(self.adapters)
         self.steps = 0
-        self._grad_fns: dict[tuple[str, bool], Any] = {}
         self._merge = jax.jit(functools.partial(merged_params, config=self.lora))
-
-    def _fn(self, loss_fn: str, forward_only: bool) -> Any:
-        key = (loss_fn, forward_only)
-        if key not in self._grad_fns:
-            loss = functools.partial(
-                _loss, graphdef=self._graphdef, lora=self.lora, loss_fn=loss_fn
-            )
-            fn = jax.value_and_grad(loss, has_aux=True)
-            self._grad_fns[key] = jax.jit(loss if forward_only else fn)
-        return self._grad_fns[key]
 
     def forward_backward(
         self, data: Sequence[Datum], loss_fn: str, *, forward_only: bool = False
@@ -139,7 +136,7 @@ class LoraModel:
         batch = {k: jnp.asarray(v) for k, v in arrays.items()}
         batch["target_tokens"] = batch["target_tokens"].astype(jnp.int32)
         batch["tokens"], batch["mask"] = jnp.asarray(tokens), jnp.asarray(mask)
-        fn = self._fn(loss_fn, forward_only)
+        fn = _compiled(self._graphdef, self.lora, loss_fn, forward_only)
         if forward_only:
             loss, lp = fn(self.adapters, self._base, self._rest, batch)
         else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
 from worker.tinker_server import Refused, TinkerWorker
 
 TOKENS = [1, 5, 6, 7, 8]
@@ -34,3 +36,52 @@ def test_training_calls_apply_in_seq_id_order() -> None:
     assert second["metrics"]["step"] == 1.0 and second["metrics"]["grad_norm"] > 0
     assert third["loss"] < first["loss"]  # the step came between them
     assert refused is not None and refused.status == 409 and "already applied" in str(refused)
+
+
+def _train(worker: TinkerWorker, model_id: str, advantages: list[float]) -> Any:
+    """Three steps of importance sampling on fixed data; seq_ids 1..6."""
+
+    async def steps() -> None:
+        data = {
+            "tokens": TOKENS[:-1],
+            "inputs": {
+                "target_tokens": TOKENS[1:],
+                "logprobs": [-3.0] * 4,
+                "advantages": advantages,
+            },
+        }
+        for i in range(3):
+            body = {"loss_fn": "importance_sampling", "data": [data], "seq_id": 2 * i + 1}
+            await worker.forward_backward(model_id, body)
+            await worker.optim_step(
+                model_id, {"seq_id": 2 * i + 2, "adam": {"learning_rate": 0.02}}
+            )
+
+    return steps()
+
+
+def test_two_models_on_one_base_train_as_each_would_alone() -> None:
+    a_adv, b_adv = [1.0, 0.5, 0.0, 1.0], [-1.0, 0.0, 2.0, 1.0]
+
+    async def together() -> tuple[Any, Any]:
+        worker = TinkerWorker(("builtin:tiny",))
+        for model_id, seed in (("a", 1), ("b", 2)):
+            await worker.create(
+                {"model_id": model_id, "base_model": "builtin:tiny", "rank": 4, "seed": seed}
+            )
+        await asyncio.gather(_train(worker, "a", a_adv), _train(worker, "b", b_adv))
+        assert len(worker.bases) == 1  # one base loaded for both
+        return worker.models["a"].lora.adapters, worker.models["b"].lora.adapters
+
+    async def alone() -> Any:
+        worker = TinkerWorker(("builtin:tiny",))
+        await worker.create({"model_id": "a", "base_model": "builtin:tiny", "rank": 4, "seed": 1})
+        await _train(worker, "a", a_adv)
+        return worker.models["a"].lora.adapters
+
+    a, b = asyncio.run(together())
+    a_alone = asyncio.run(alone())
+    for name, ad in a_alone.items():
+        np.testing.assert_allclose(np.asarray(a[name]["b"]), np.asarray(ad["b"]), atol=1e-6)
+        assert not np.allclose(np.asarray(a[name]["b"]), np.asarray(b[name]["b"]))
+    assert any(np.abs(np.asarray(ad["b"])).max() > 0 for ad in a_alone.values())  # it trained
