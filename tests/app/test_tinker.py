@@ -93,7 +93,7 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
     ):
         key_a, key_b = api.tenant(), api.tenant()
         service = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_a}")
-        rest = service.create_rest_client()
+        rest = tinker.RestClient(base_url=api.url, api_key=f"tml-{key_a}")
         served = rest.get_server_capabilities().result().supported_models
         assert BASE in [m.model_name for m in served]
         training = service.create_lora_training_client(base_model=BASE, rank=4, seed=0).result()
