@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     tinker_worker_url: str | None = None
     tinker_worker_token: str | None = None
     tinker_bases: str = "builtin:tiny"
+    # retrieve_future holds a poll this long before answering try_again (the SDK reads
+    # for 45 s): lower it behind a proxy that cuts idle requests sooner.
+    tinker_long_poll_s: float = 30.0
     reaper_interval_s: float = 5.0
     # A run still queued this long after it was sent to the broker is sent again.
     redispatch_after_s: float = 300.0

@@ -7,8 +7,8 @@ spends one request of the tenant's quota, as any ``/v1`` call.
 
 Work calls (create_model, forward_backward, optim_step, save_weights_for_sampler, asample)
 answer a future id at once (app.services.tinker); ``retrieve_future`` long-polls it for up
-to `LONG_POLL_S`, then answers ``try_again``. Another tenant's model, sampler or future is
-a 404, as one that does not exist.
+to ``RLAAS_TINKER_LONG_POLL_S`` (30 s), then answers ``try_again``. Another tenant's
+model, sampler or future is a 404, as one that does not exist.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from app.services.tinker import WORKER_TIMEOUT_S, TinkerCalls, as_json, new_id
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
 
-LONG_POLL_S = 30.0  # under the SDK's 45 s read timeout on retrieve_future
 POLL_EVERY_S = 0.2  # a call another API process makes: read its row this often
 # A pending call older than this has no process making it (each gives up by then).
 LOST_AFTER = timedelta(seconds=WORKER_TIMEOUT_S + 60)
@@ -375,10 +374,11 @@ async def retrieve_future(request: Request, session: SessionDep, tenant_id: Tena
         raise NotFound(f"no future {future_id}", field="request_id")
     await session.commit()  # what follows reads with sessions of its own
     sessions = request.app.state.rlaas.sessions
+    long_poll_s = request.app.state.rlaas.settings.tinker_long_poll_s
     task = calls_of(request).in_flight.get(future_id)
     if task is not None:  # this process makes the call: wake when it ends
-        await asyncio.wait({task}, timeout=LONG_POLL_S)
-    deadline = time.monotonic() + (0 if task is not None else LONG_POLL_S)
+        await asyncio.wait({task}, timeout=long_poll_s)
+    deadline = time.monotonic() + (0 if task is not None else long_poll_s)
     while True:
         async with sessions() as poll:
             row = await poll.scalar(select(TinkerFuture).where(TinkerFuture.id == future_id))

@@ -89,6 +89,8 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
             migrated_database(postgres_url),
             tinker_worker_url=worker_url,
             tinker_worker_token=token,
+            # Polls answer try_again after 0.3 s: the client's re-polling is exercised.
+            tinker_long_poll_s=0.3,
         ) as api,
     ):
         key_a, key_b = api.tenant(), api.tenant()
@@ -111,6 +113,11 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
         seqs = [(list(s.tokens), list(s.logprobs or [])) for s in sampled.sequences]
         assert len(seqs) == 4 and all(len(t) == len(lp) > 0 for t, lp in seqs)
 
+        # The untrained adapter is the identity (its B is 0): the base samples the same.
+        base = service.create_sampling_client(base_model=BASE).result()
+        from_base = base.sample(prompt, num_samples=4, sampling_params=params).result()
+        assert [list(s.tokens) for s in from_base.sequences] == [t for t, _ in seqs]
+
         # Train on those samples with the importance-sampling loss.
         data = [datum(t, lp, a) for (t, lp), a in zip(seqs, ADVANTAGES, strict=True)]
         losses = []
@@ -132,7 +139,9 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
                 "weights": types.TensorData.from_numpy(np.array([1.0, 0.5, 1.0], np.float32)),
             },
         )
+        ce_only = training.forward([ce], "cross_entropy").result()  # no gradient
         ce_out = training.forward_backward([ce], "cross_entropy").result()
+        assert ce_only.metrics["loss:sum"] == pytest.approx(ce_out.metrics["loss:sum"], rel=1e-5)
         lp = ce_out.loss_fn_outputs[0]["logprobs"].to_numpy()
         assert ce_out.metrics["loss:sum"] == pytest.approx(-(lp * [1.0, 0.5, 1.0]).sum(), rel=1e-4)
 
