@@ -165,6 +165,7 @@ def create_app(
     app.include_router(limits.router)
     app.include_router(keys.router)
     app.include_router(tinker.router)
+    app.include_router(tinker.internal_router)
     app.include_router(prometheus.router)
     # The dashboard last: its /static mount must not shadow any API route.
     app.include_router(dashboard.router)

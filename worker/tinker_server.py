@@ -26,6 +26,7 @@ import hmac
 import logging
 from typing import Any
 
+import httpx
 from aiohttp import web
 
 from rl_core.errors import RlCoreError
@@ -280,23 +281,55 @@ async def serve(
         await runner.cleanup()
 
 
+class Registration:
+    """The worker's side of ``/internal/tinker/workers``: its URL, secret and bases told to
+    the control plane (with this worker's credential), and withdrawn when it stops."""
+
+    def __init__(self, api_url: str, credential: str) -> None:
+        self._url = f"{api_url.rstrip('/')}/internal/tinker/workers"
+        self._headers = {"Authorization": f"Bearer {credential}"}
+        self.worker_id: str | None = None
+
+    def register(self, url: str, token: str, bases: tuple[str, ...]) -> str:
+        body = {"url": url, "token": token, "bases": list(bases)}
+        r = httpx.post(self._url, json=body, headers=self._headers, timeout=30)
+        r.raise_for_status()
+        self.worker_id = str(r.json()["id"])
+        return self.worker_id
+
+    def deregister(self) -> None:
+        if self.worker_id is not None:
+            httpx.delete(f"{self._url}/{self.worker_id}", headers=self._headers, timeout=30)
+            self.worker_id = None
+
+
 def main() -> None:
-    """``python -m worker.tinker_server``: RLAAS_TINKER_WORKER_TOKEN (required),
-    RLAAS_TINKER_HOST (127.0.0.1), RLAAS_TINKER_PORT (8500), RLAAS_TINKER_BASES."""
+    """``python -m worker.tinker_server``: serves on RLAAS_TINKER_HOST (127.0.0.1) :
+    RLAAS_TINKER_PORT (8500) the bases of RLAAS_TINKER_BASES (builtin:tiny), and registers
+    with the control plane at RLAAS_API_URL with RLAAS_WORKER_CREDENTIAL (docs/tinker.md).
+    Its secret is RLAAS_TINKER_WORKER_TOKEN, or a fresh one."""
     import os
+    import secrets
+
+    from worker.settings import WorkerSettings
 
     logging.basicConfig(level=logging.INFO)
-    token = os.environ.get("RLAAS_TINKER_WORKER_TOKEN")
-    if not token:
-        raise SystemExit("set RLAAS_TINKER_WORKER_TOKEN (the control plane sends the same)")
-    bases = tuple(
-        b.strip() for b in os.environ.get("RLAAS_TINKER_BASES", "builtin:tiny").split(",")
-    )
-    worker = TinkerWorker(tuple(b for b in bases if b))
+    settings = WorkerSettings()
+    token = os.environ.get("RLAAS_TINKER_WORKER_TOKEN") or secrets.token_urlsafe(32)
+    names = os.environ.get("RLAAS_TINKER_BASES", "builtin:tiny").split(",")
+    bases = tuple(b.strip() for b in names if b.strip())
     host = os.environ.get("RLAAS_TINKER_HOST", "127.0.0.1")
-    asyncio.run(
-        serve(worker, token=token, host=host, port=int(os.environ.get("RLAAS_TINKER_PORT", "8500")))
-    )
+    port = int(os.environ.get("RLAAS_TINKER_PORT", "8500"))
+    public = os.environ.get("RLAAS_TINKER_PUBLIC_URL")  # as the API reaches it, if not host:port
+    registration = Registration(settings.api_url, settings.resolved_worker_token())
+
+    def bound(url: str) -> None:
+        registration.register(public or url, token, bases)
+
+    try:
+        asyncio.run(serve(TinkerWorker(bases), token=token, host=host, port=port, bound=bound))
+    finally:
+        registration.deregister()
 
 
 if __name__ == "__main__":

@@ -22,14 +22,27 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Request, Response
 from sqlalchemy import select
 
-from app.api.deps import SessionDep, StateDep, _authenticated
+from app.api.deps import SessionDep, StateDep, WorkerDep, _authenticated
 from app.db.models import TinkerFuture, TinkerModel, TinkerSampler, utcnow
+from app.db.models import TinkerWorker as TinkerWorkerRow
 from app.errors import BadRequest, Gone, NotFound, Unauthorized
 from app.security import parse_prefix
 from app.services import tinker_wire as wire
-from app.services.tinker import WORKER_TIMEOUT_S, TinkerCalls, as_json, new_id
+from app.services.tinker import (
+    WORKER_TIMEOUT_S,
+    Target,
+    TinkerCalls,
+    as_json,
+    holder,
+    new_id,
+    offered_bases,
+    pick,
+    register,
+)
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
+# Model workers register here (worker/tinker_server.py), with their own worker credential.
+internal_router = APIRouter(prefix="/internal/tinker", tags=["internal"], include_in_schema=False)
 
 POLL_EVERY_S = 0.2  # a call another API process makes: read its row this often
 # A pending call older than this has no process making it (each gives up by then).
@@ -57,10 +70,18 @@ TenantDep = Annotated[str, Depends(tinker_tenant, scope="function")]
 def calls_of(request: Request) -> TinkerCalls:
     calls: TinkerCalls | None = getattr(request.app.state, "tinker", None)
     if calls is None:
-        conf = request.app.state.rlaas.settings
-        calls = TinkerCalls(conf.tinker_worker_url, conf.tinker_worker_token)
-        request.app.state.tinker = calls
+        calls = request.app.state.tinker = TinkerCalls()
     return calls
+
+
+async def _holder(request: Request, session: SessionDep, model: TinkerModel) -> Target:
+    app_state = request.app.state.rlaas
+    return await holder(session, app_state.settings, app_state.secrets, model)
+
+
+async def _pick(request: Request, session: SessionDep, base: str) -> Target:
+    app_state = request.app.state.rlaas
+    return await pick(session, app_state.settings, app_state.secrets, base)
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -78,11 +99,6 @@ def _field(body: dict[str, Any], name: str, kind: type = str) -> Any:
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise BadRequest(f"{name} must be a {kind.__name__}", field=name)
     return value
-
-
-def _bases(request: Request) -> list[str]:
-    conf = request.app.state.rlaas.settings
-    return [b.strip() for b in conf.tinker_bases.split(",") if b.strip()]
 
 
 async def _model(session: SessionDep, tenant_id: str, model_id: str) -> TinkerModel:
@@ -140,10 +156,13 @@ async def telemetry(_tenant: TenantDep) -> dict[str, Any]:
 
 
 @router.get("/get_server_capabilities")
-async def capabilities(request: Request, _tenant: TenantDep) -> dict[str, Any]:
+async def capabilities(
+    app_state: StateDep, session: SessionDep, _tenant: TenantDep
+) -> dict[str, Any]:
+    bases = await offered_bases(session, app_state.settings)
     return {
         "supported_models": [
-            {"model_name": b, "trainable": True, "sampleable": True} for b in _bases(request)
+            {"model_name": b, "trainable": True, "sampleable": True} for b in bases
         ]
     }
 
@@ -156,13 +175,9 @@ async def create_model(
     request: Request, session: SessionDep, tenant_id: TenantDep
 ) -> dict[str, Any]:
     calls = calls_of(request)
-    calls.require()
     body = await _body(request)
     base = _field(body, "base_model")
-    if base not in _bases(request):
-        raise BadRequest(
-            f"base_model {base!r} is not served; use one of {_bases(request)}", field="base_model"
-        )
+    target = await _pick(request, session, base)
     lora = body.get("lora_config") or {}
     rank = lora.get("rank", 8)
     if not isinstance(rank, int) or not 1 <= rank <= 256:
@@ -170,12 +185,20 @@ async def create_model(
             "lora_config.rank must be an integer from 1 to 256", field="lora_config.rank"
         )
     model_id = new_id("tm")
-    session.add(TinkerModel(id=model_id, tenant_id=tenant_id, base_model=base, lora_rank=rank))
+    session.add(
+        TinkerModel(
+            id=model_id,
+            tenant_id=tenant_id,
+            base_model=base,
+            lora_rank=rank,
+            worker_id=target.worker_id,
+        )
+    )
     future_id = await _future(session, tenant_id, "create_model")
     order = {"model_id": model_id, "base_model": base, "rank": rank, "seed": lora.get("seed") or 0}
 
     async def call() -> dict[str, Any]:
-        await calls.post("/models", order)
+        await calls.post(target, "/models", order)
         return {"model_id": model_id, "type": "create_model"}
 
     calls.start(request.app.state.rlaas.sessions, future_id, call)
@@ -200,20 +223,20 @@ async def forward_backward(
     request: Request, session: SessionDep, tenant_id: TenantDep
 ) -> dict[str, Any]:
     calls = calls_of(request)
-    calls.require()
     if wire.PROTOBUF not in request.headers.get("content-type", ""):
         raise BadRequest("forward_backward takes a protobuf body (tinker SDK 0.38)", field="body")
     if request.headers.get("content-encoding"):
         raise BadRequest("send forward_backward uncompressed", field="Content-Encoding")
     order = wire.read_forward_backward(await request.body())
     model = await _model(session, tenant_id, order.pop("model_id"))
+    target = await _holder(request, session, model)
     future_id = await _future(session, tenant_id, "forward_backward")
 
     def encode(answer: dict[str, Any]) -> tuple[bytes, str]:
         return wire.write_forward_backward_output(answer["logprobs"], answer["loss"]), wire.PROTOBUF
 
     async def call() -> dict[str, Any]:
-        return await calls.post(f"/models/{model.id}/forward_backward", order)
+        return await calls.post(target, f"/models/{model.id}/forward_backward", order)
 
     calls.start(request.app.state.rlaas.sessions, future_id, call, encode)
     return {"request_id": future_id, "model_id": model.id}
@@ -222,9 +245,9 @@ async def forward_backward(
 @router.post("/optim_step")
 async def optim_step(request: Request, session: SessionDep, tenant_id: TenantDep) -> dict[str, Any]:
     calls = calls_of(request)
-    calls.require()
     body = await _body(request)
     model = await _model(session, tenant_id, _field(body, "model_id"))
+    target = await _holder(request, session, model)
     adam = body.get("adam_params")
     if not isinstance(adam, dict):
         raise BadRequest("adam_params must be an object (only Adam is served)", field="adam_params")
@@ -232,7 +255,7 @@ async def optim_step(request: Request, session: SessionDep, tenant_id: TenantDep
     future_id = await _future(session, tenant_id, "optim_step")
 
     async def call() -> dict[str, Any]:
-        answer = await calls.post(f"/models/{model.id}/optim_step", order)
+        answer = await calls.post(target, f"/models/{model.id}/optim_step", order)
         return {"type": "optim_step", "metrics": answer["metrics"]}
 
     calls.start(request.app.state.rlaas.sessions, future_id, call)
@@ -244,9 +267,9 @@ async def save_for_sampler(
     request: Request, session: SessionDep, tenant_id: TenantDep
 ) -> dict[str, Any]:
     calls = calls_of(request)
-    calls.require()
     body = await _body(request)
     model = await _model(session, tenant_id, _field(body, "model_id"))
+    target = await _holder(request, session, model)
     seq_id = body.get("seq_id")
     name = body.get("path") or f"snapshot-{seq_id}"
     if not isinstance(name, str) or "/" in name:
@@ -263,7 +286,8 @@ async def save_for_sampler(
     future_id = await _future(session, tenant_id, "save_weights_for_sampler")
 
     async def call() -> dict[str, Any]:
-        await calls.post(f"/models/{model.id}/save_for_sampler", {"seq_id": seq_id, "path": path})
+        order = {"seq_id": seq_id, "path": path}
+        await calls.post(target, f"/models/{model.id}/save_for_sampler", order)
         return {"type": "save_weights_for_sampler", "path": path, "sampling_session_id": sampler_id}
 
     calls.start(request.app.state.rlaas.sessions, future_id, call)
@@ -291,8 +315,8 @@ async def create_sampling_session(
     path, base = body.get("model_path"), body.get("base_model")
     if path:
         base = (await _owned_path(session, tenant_id, _field(body, "model_path"))).base_model
-    elif base not in _bases(request):
-        raise BadRequest(f"base_model must be one of {_bases(request)}", field="base_model")
+    else:
+        await _pick(request, session, _field(body, "base_model"))  # refuses a base not served
     sampler_id = new_id("ts")
     session.add(TinkerSampler(id=sampler_id, tenant_id=tenant_id, base_model=base, model_path=path))
     return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
@@ -309,7 +333,6 @@ async def get_sampler(sampler_id: str, session: SessionDep, tenant_id: TenantDep
 @router.post("/asample")
 async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -> dict[str, Any]:
     calls = calls_of(request)
-    calls.require()
     body = await _body(request)
     path, base = body.get("model_path"), body.get("base_model")
     if body.get("sampling_session_id"):
@@ -319,10 +342,12 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
                 f"no sampling session {body['sampling_session_id']}", field="sampling_session_id"
             )
         path, base = found.model_path, found.base_model
-    elif path:
-        base = (await _owned_path(session, tenant_id, path)).base_model
-    elif base not in _bases(request):
-        raise BadRequest(f"base_model must be one of {_bases(request)}", field="base_model")
+    if path:
+        target = await _holder(request, session, await _owned_path(session, tenant_id, path))
+    elif isinstance(base, str):
+        target = await _pick(request, session, base)
+    else:
+        raise BadRequest("base_model must be a string (or send model_path)", field="base_model")
     tokens: list[int] = []
     for chunk in (body.get("prompt") or {}).get("chunks") or []:
         if chunk.get("type", "encoded_text") != "encoded_text":
@@ -357,7 +382,7 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
         return wire.write_sample_response(answer["sequences"]), wire.PROTOBUF
 
     async def call() -> dict[str, Any]:
-        return await calls.post("/sample", order)
+        return await calls.post(target, "/sample", order)
 
     calls.start(request.app.state.rlaas.sessions, future_id, call, encode)
     return {"request_id": future_id, "sample_sequence_ids": [f"{future_id}-{i}" for i in range(n)]}
@@ -397,3 +422,32 @@ async def retrieve_future(request: Request, session: SessionDep, tenant_id: Tena
             )
             return Response(body, media_type="application/json")
         await asyncio.sleep(POLL_EVERY_S)
+
+
+# --- model workers -----------------------------------------------------------------------
+
+
+@internal_router.post("/workers", status_code=201, dependencies=[WorkerDep])
+async def register_worker(
+    request: Request, session: SessionDep, app_state: StateDep
+) -> dict[str, str]:
+    """A model worker's URL, its secret (which the control plane sends as its bearer) and
+    the bases it offers; new models on those bases go to the newest worker offering them."""
+    body = await _body(request)
+    url, token = _field(body, "url"), _field(body, "token")
+    bases = _field(body, "bases", list)
+    if not url.startswith(("http://", "https://")):
+        raise BadRequest("url must be http(s)://host:port", field="url")
+    if not bases or not all(isinstance(b, str) and b for b in bases):
+        raise BadRequest("bases must be a non-empty list of model sources", field="bases")
+    return {"id": await register(session, app_state.secrets, url, token, bases)}
+
+
+@internal_router.delete("/workers/{worker_id}", status_code=204, dependencies=[WorkerDep])
+async def deregister_worker(worker_id: str, session: SessionDep) -> Response:
+    """The worker stops: its models' calls answer 410 from now on (their weights are gone)."""
+    found = await session.get(TinkerWorkerRow, worker_id)
+    if found is None:
+        raise NotFound(f"no tinker worker {worker_id}", field="worker_id")
+    await session.delete(found)
+    return Response(status_code=204)

@@ -380,14 +380,31 @@ class UploadedAdapter(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class TinkerWorker(Base):
+    """A model worker of the Tinker-compatible API (worker/tinker_server.py) that registered
+    its URL (``POST /internal/tinker/workers``); its secret is stored encrypted."""
+
+    __tablename__ = "tinker_workers"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # tw_<hex>
+    url: Mapped[str] = mapped_column(String(1024))
+    token_sealed: Mapped[str] = mapped_column(Text)
+    bases: Mapped[list[str]] = mapped_column(JSON)
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class TinkerModel(Base):
     """A LoRA model made through the Tinker-compatible API (``POST /api/v1/create_model``);
-    its weights live on the worker that holds its base (worker/tinker_server.py)."""
+    its weights live on the worker that holds its base (``worker_id``; NULL: the worker at
+    ``RLAAS_TINKER_WORKER_URL``, or a registered worker that has gone)."""
 
     __tablename__ = "tinker_models"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)  # tm_<hex>
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    worker_id: Mapped[str | None] = mapped_column(
+        ForeignKey("tinker_workers.id", ondelete="SET NULL"), nullable=True
+    )
     base_model: Mapped[str] = mapped_column(String(1024))
     lora_rank: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

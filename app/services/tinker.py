@@ -1,8 +1,9 @@
 """Futures of the Tinker-compatible API: stored in the database, answered by the model worker.
 
 A work route writes a `TinkerFuture` row (pending) and answers its id at once; a task of
-this process then makes the call on the worker that holds the model
-(worker/tinker_server.py, at ``RLAAS_TINKER_WORKER_URL``) and writes the answer, already
+this process then makes the call on the worker that holds the model (worker/tinker_server.py:
+one that registered its URL, or the operator's ``RLAAS_TINKER_WORKER_URL``) and writes
+the answer, already
 in the form ``retrieve_future`` sends (protobuf for sample and forward_backward, JSON for
 the rest), or the worker's refusal. ``retrieve_future`` long-polls the row.
 
@@ -17,14 +18,17 @@ import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.models import TinkerFuture, utcnow
-from app.errors import AppError
+from app.crypto import SecretBox
+from app.db.models import TinkerFuture, TinkerModel, TinkerWorker, utcnow
+from app.errors import AppError, BadRequest, Gone
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -47,26 +51,97 @@ class WorkerUnavailable(AppError):
     code = "worker_unavailable"
 
 
-class TinkerCalls:
-    """The calls in flight from this process to the model worker."""
+@dataclass(frozen=True)
+class Target:
+    """A model worker: where it listens, its secret, and its row (None: the static one)."""
 
-    def __init__(self, url: str | None, token: str | None) -> None:
-        self.url = url.rstrip("/") if url else None
-        self.token = token or ""
+    url: str
+    token: str
+    worker_id: str | None
+
+
+async def pick(session: AsyncSession, settings: Settings, box: SecretBox, base: str) -> Target:
+    """The worker for a new model (or a base's sampling) on ``base``: the operator's
+    ``RLAAS_TINKER_WORKER_URL`` when set, else the newest registered worker offering it."""
+    if settings.tinker_worker_url:
+        if base in static_bases(settings):
+            return Target(
+                settings.tinker_worker_url.rstrip("/"), settings.tinker_worker_token or "", None
+            )
+    else:
+        rows = await session.scalars(
+            select(TinkerWorker).order_by(TinkerWorker.registered_at.desc())
+        )
+        for row in rows:
+            if base in row.bases:
+                return _target(row, box)
+    offered = await offered_bases(session, settings)
+    if offered:
+        raise BadRequest(
+            f"base_model {base!r} is not served; use one of {offered}", field="base_model"
+        )
+    raise WorkerUnavailable(
+        "this deployment serves no Tinker models: start a tinker worker "
+        "(python -m worker.tinker_server) or set RLAAS_TINKER_WORKER_URL (docs/tinker.md)"
+    )
+
+
+async def holder(
+    session: AsyncSession, settings: Settings, box: SecretBox, model: TinkerModel
+) -> Target:
+    """The worker that holds ``model``."""
+    if model.worker_id is not None:
+        row = await session.get(TinkerWorker, model.worker_id)
+        if row is not None:
+            return _target(row, box)
+    elif settings.tinker_worker_url:
+        return Target(
+            settings.tinker_worker_url.rstrip("/"), settings.tinker_worker_token or "", None
+        )
+    raise Gone(
+        f"the worker that held model {model.id} has gone, and its weights with it; "
+        "create the model again",
+        field="model_id",
+    )
+
+
+def _target(row: TinkerWorker, box: SecretBox) -> Target:
+    return Target(row.url, box.decrypt(row.token_sealed, context=f"tinker-worker:{row.id}"), row.id)
+
+
+def static_bases(settings: Settings) -> list[str]:
+    return [b.strip() for b in settings.tinker_bases.split(",") if b.strip()]
+
+
+async def offered_bases(session: AsyncSession, settings: Settings) -> list[str]:
+    if settings.tinker_worker_url:
+        return static_bases(settings)
+    rows = await session.scalars(select(TinkerWorker))
+    return sorted({base for row in rows for base in row.bases})
+
+
+async def register(
+    session: AsyncSession, box: SecretBox, url: str, token: str, bases: list[str]
+) -> str:
+    worker_id = new_id("tw")
+    sealed = box.encrypt(token, context=f"tinker-worker:{worker_id}")
+    session.add(TinkerWorker(id=worker_id, url=url.rstrip("/"), token_sealed=sealed, bases=bases))
+    return worker_id
+
+
+class TinkerCalls:
+    """The calls in flight from this process to model workers."""
+
+    def __init__(self) -> None:
         self.in_flight: dict[str, asyncio.Task[None]] = {}
 
-    def require(self) -> None:
-        if self.url is None:
-            raise WorkerUnavailable(
-                "this deployment serves no Tinker models: set RLAAS_TINKER_WORKER_URL to a "
-                "running tinker worker (docs/tinker.md)"
-            )
-
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def post(self, target: Target, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """The worker's answer, or a `WorkerRefusal` with its message."""
         async with httpx.AsyncClient(timeout=WORKER_TIMEOUT_S) as client:
             r = await client.post(
-                f"{self.url}{path}", json=body, headers={"Authorization": f"Bearer {self.token}"}
+                f"{target.url}{path}",
+                json=body,
+                headers={"Authorization": f"Bearer {target.token}"},
             )
         answer: dict[str, Any] = r.json()
         if r.status_code != 200:

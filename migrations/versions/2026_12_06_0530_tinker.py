@@ -4,7 +4,8 @@ Revision ID: 0015
 Revises: 0014
 Create Date: 2026-12-06 05:30:00.000000
 
-- ``tinker_models``: a tenant's LoRA model made through ``/api/v1/create_model``;
+- ``tinker_workers``: model workers that registered their URL (and secret, encrypted);
+- ``tinker_models``: a tenant's LoRA model (``/api/v1/create_model``), on its worker;
 - ``tinker_futures``: every work call's result (or error), read by ``retrieve_future``;
 - ``tinker_samplers``: sampling sessions, on a base model or saved sampler weights.
 """
@@ -22,7 +23,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _owned(name: str, *columns: sa.Column) -> None:  # type: ignore[type-arg]
+def _owned(name: str, *columns: sa.schema.SchemaItem) -> None:
     op.create_table(
         name,
         sa.Column("id", sa.String(length=40), nullable=False),
@@ -41,8 +42,24 @@ def _owned(name: str, *columns: sa.Column) -> None:  # type: ignore[type-arg]
 
 
 def upgrade() -> None:
+    op.create_table(
+        "tinker_workers",
+        sa.Column("id", sa.String(length=40), nullable=False),
+        sa.Column("url", sa.String(length=1024), nullable=False),
+        sa.Column("token_sealed", sa.Text(), nullable=False),
+        sa.Column("bases", sa.JSON(), nullable=False),
+        sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_tinker_workers")),
+    )
     _owned(
         "tinker_models",
+        sa.Column("worker_id", sa.String(length=40), nullable=True),
+        sa.ForeignKeyConstraint(
+            ["worker_id"],
+            ["tinker_workers.id"],
+            name=op.f("fk_tinker_models_worker_id_tinker_workers"),
+            ondelete="SET NULL",
+        ),
         sa.Column("base_model", sa.String(length=1024), nullable=False),
         sa.Column("lora_rank", sa.Integer(), nullable=False),
     )
@@ -67,3 +84,4 @@ def downgrade() -> None:
     for name in ("tinker_samplers", "tinker_futures", "tinker_models"):
         op.drop_index(op.f(f"ix_{name}_tenant_id"), table_name=name)
         op.drop_table(name)
+    op.drop_table("tinker_workers")

@@ -1,7 +1,8 @@
 """The official ``tinker`` SDK (0.38), unchanged, against rlaas on loopback.
 
 A real control plane (uvicorn, Postgres migrated by Alembic) and a real model worker
-(worker.tinker_server's aiohttp app, in a thread of this process, holding ``builtin:tiny``).
+(worker.tinker_server's aiohttp app, in a thread of this process, holding ``builtin:tiny``,
+registered with the API through /internal/tinker/workers).
 Tenant A's ``ServiceClient``: a LoRA model, sampler weights saved and sampled, training
 with ``importance_sampling`` on its own samples (the trainer's logprobs of the sampled
 tokens equal the sampler's, so the ratio starts at 1) until the loss falls, a
@@ -24,8 +25,8 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.web.live import live_api, migrated_database
-from worker.tinker_server import TinkerWorker, serve
+from tests.web.live import WORKER_TOKEN, live_api, migrated_database
+from worker.tinker_server import Registration, TinkerWorker, serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(1)]
 
@@ -35,34 +36,38 @@ ADVANTAGES = [1.0, -1.0, 1.0, -1.0]  # the task: prefer samples 0 and 2 to 1 and
 
 
 @contextlib.contextmanager
-def tinker_worker(token: str) -> Iterator[str]:
-    """worker.tinker_server on a free loopback port, in a thread; yields its URL."""
-    urls: list[str] = []
+def tinker_worker(api_url: str) -> Iterator[str]:
+    """worker.tinker_server on a free loopback port, in a thread, registered with the API
+    as ``python -m worker.tinker_server`` registers (its own secret, the worker credential)."""
+    registration = Registration(api_url, WORKER_TOKEN)
+    token = secrets.token_urlsafe(16)
+    ids: list[str] = []
     loop = asyncio.new_event_loop()
     task: list[asyncio.Task[None]] = []
+
+    def bound(url: str) -> None:
+        ids.append(registration.register(url, token, (BASE,)))
 
     def run() -> None:
         asyncio.set_event_loop(loop)
         worker = TinkerWorker((BASE,))
-        task.append(
-            loop.create_task(
-                serve(worker, token=token, host="127.0.0.1", port=0, bound=urls.append)
-            )
-        )
+        server = serve(worker, token=token, host="127.0.0.1", port=0, bound=bound)
+        task.append(loop.create_task(server))
         with contextlib.suppress(asyncio.CancelledError):
             loop.run_until_complete(task[0])
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
-    while not urls:
+    while not ids:
         assert thread.is_alive() and time.monotonic() < deadline, "the tinker worker did not start"
         time.sleep(0.02)
     try:
-        yield urls[0]
+        yield ids[0]
     finally:
         loop.call_soon_threadsafe(task[0].cancel)
         thread.join(10)
+        registration.deregister()
 
 
 def datum(completion: list[int], logprobs: list[float], advantage: float) -> types.Datum:
@@ -82,16 +87,10 @@ def datum(completion: list[int], logprobs: list[float], advantage: float) -> typ
 
 
 def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) -> None:
-    token = secrets.token_urlsafe(16)
+    # Polls answer try_again after 0.3 s: the client's re-polling is exercised.
     with (
-        tinker_worker(token) as worker_url,
-        live_api(
-            migrated_database(postgres_url),
-            tinker_worker_url=worker_url,
-            tinker_worker_token=token,
-            # Polls answer try_again after 0.3 s: the client's re-polling is exercised.
-            tinker_long_poll_s=0.3,
-        ) as api,
+        live_api(migrated_database(postgres_url), tinker_long_poll_s=0.3) as api,
+        tinker_worker(api.url),
     ):
         key_a, key_b = api.tenant(), api.tenant()
         service = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_a}")
