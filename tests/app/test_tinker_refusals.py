@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.app.conftest import Api, running_api
+from tests.app.conftest import WORKER, Api, running_api
 
 pytestmark = pytest.mark.anyio
 
@@ -91,3 +91,37 @@ async def test_without_a_worker_work_calls_say_how_to_get_one(app_database: str)
             "/api/v1/create_model", json={"base_model": "builtin:tiny"}, headers=await tml(api)
         )
         assert r.status_code == 503 and "RLAAS_TINKER_WORKER_URL" in r.json()["error"]["message"]
+
+
+async def test_workers_register_with_their_credential_and_models_follow_them(
+    app_database: str,
+) -> None:
+    async with running_api(app_database) as api:
+        auth = await tml(api)
+        worker = {"url": "http://127.0.0.1:9", "token": "s3cret", "bases": ["builtin:tiny"]}
+        r = await api.client.post("/internal/tinker/workers", json=worker)
+        assert r.status_code == 401
+        r = await api.client.post(
+            "/internal/tinker/workers", json={**worker, "url": "ftp://x"}, headers=WORKER
+        )
+        assert r.status_code == 400 and r.json()["error"]["field"] == "url"
+        r = await api.client.post("/internal/tinker/workers", json=worker, headers=WORKER)
+        assert r.status_code == 201
+        worker_id = r.json()["id"]
+        r = await api.client.get("/api/v1/get_server_capabilities", headers=auth)
+        assert [m["model_name"] for m in r.json()["supported_models"]] == ["builtin:tiny"]
+
+        r = await api.client.post(
+            "/api/v1/create_model", json={"base_model": "builtin:tiny"}, headers=auth
+        )
+        assert r.status_code == 200
+        model_id = r.json()["model_id"]
+        r = await api.client.delete(f"/internal/tinker/workers/{worker_id}", headers=WORKER)
+        assert r.status_code == 204
+        # Its weights went with the worker: the client is told to start again, not to wait.
+        r = await api.client.post(
+            "/api/v1/optim_step",
+            json={"model_id": model_id, "adam_params": {"learning_rate": 0.1}},
+            headers=auth,
+        )
+        assert r.status_code == 410 and r.json()["error"]["field"] == "model_id"
