@@ -96,6 +96,7 @@ class LoraModel:
         if rank < 1:
             raise UnsupportedSpec("lora_config.rank", f"rank must be at least 1, got {rank}")
         self.lora = lora or LoraConfig(rank=rank, alpha=float(rank), targets=("q", "k", "v", "o"))
+        self.max_len: int = model.config.max_seq_len
         graphdef, base, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]
         self._graphdef, self._base, self._rest = graphdef, base, rest
         self.adapters = init_adapters(base, self.lora, jax.random.key(seed))
@@ -118,7 +119,13 @@ class LoraModel:
         if not data:
             raise UnsupportedSpec("data", "forward_backward needs at least one datum")
         needed = ("target_tokens", *LOSS_INPUTS[loss_fn])
-        length = _bucket(max(len(d.tokens) for d in data))
+        for i, d in enumerate(data):
+            if not 0 < len(d.tokens) <= self.max_len:
+                raise UnsupportedSpec(
+                    f"data[{i}].model_input",
+                    f"has {len(d.tokens)} tokens; send 1 to {self.max_len} (the base's context)",
+                )
+        length = min(_bucket(max(len(d.tokens) for d in data)), self.max_len)
         arrays = {name: np.zeros((len(data), length), np.float32) for name in needed}
         tokens = np.zeros((len(data), length), np.int32)
         mask = np.zeros((len(data), length), np.float32)

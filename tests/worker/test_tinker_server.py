@@ -85,3 +85,20 @@ def test_two_models_on_one_base_train_as_each_would_alone() -> None:
         np.testing.assert_allclose(np.asarray(a[name]["b"]), np.asarray(ad["b"]), atol=1e-6)
         assert not np.allclose(np.asarray(a[name]["b"]), np.asarray(b[name]["b"]))
     assert any(np.abs(np.asarray(ad["b"])).max() > 0 for ad in a_alone.values())  # it trained
+
+
+def test_a_datum_longer_than_the_base_context_is_refused_by_name() -> None:
+    async def scenario() -> str:
+        worker = TinkerWorker(("builtin:tiny",))
+        await worker.create({"model_id": "m", "base_model": "builtin:tiny", "rank": 2})
+        too_long = worker.models["m"].lora.max_len + 1
+        datum = {"tokens": [1] * too_long, "inputs": {"target_tokens": [1] * too_long}}
+        body = {"loss_fn": "cross_entropy", "data": [datum], "seq_id": 1}
+        try:
+            await worker.forward_backward("m", body)
+        except Exception as exc:
+            return str(exc)
+        return "accepted"
+
+    message = asyncio.run(scenario())
+    assert "data[0].model_input" in message and "context" in message
