@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
@@ -413,7 +413,9 @@ async def retrieve_future(request: Request, session: SessionDep, tenant_id: Tena
         if row.state == "failed":
             body, _ = as_json({"error": row.error, "category": row.error_category or "unknown"})
             return Response(body, media_type="application/json")
-        if task is None and utcnow() - row.created_at > LOST_AFTER:
+        created = row.created_at  # SQLite (the embedded default) gives it back naive
+        created = created if created.tzinfo is not None else created.replace(tzinfo=UTC)
+        if task is None and utcnow() - created > LOST_AFTER:
             # No process is making this call any more (the API restarted meanwhile).
             raise Gone(f"future {future_id} was lost; send the call again")
         if time.monotonic() >= deadline:
