@@ -7,7 +7,8 @@ Tenant A's ``ServiceClient``: a LoRA model, sampler weights saved and sampled, t
 with ``importance_sampling`` on its own samples (the trainer's logprobs of the sampled
 tokens equal the sampler's, so the ratio starts at 1) until the loss falls, a
 ``cross_entropy`` pass, trained weights sampled while the first snapshot still answers as
-before. Tenant B gets 404 on A's model and on A's sampler weights.
+before. Meanwhile tenant B trains a model of its own on the same base (``cross_entropy``,
+from another thread); neither tenant reaches the other's model (404), nor B A's weights.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -117,6 +119,31 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
         from_base = base.sample(prompt, num_samples=4, sampling_params=params).result()
         assert [list(s.tokens) for s in from_base.sequences] == [t for t, _ in seqs]
 
+        # A cross_entropy datum: weights pick the tokens that count.
+        ce = types.Datum(
+            model_input=types.ModelInput.from_ints(PROMPT[:-1]),
+            loss_fn_inputs={
+                "target_tokens": types.TensorData.from_numpy(np.array(PROMPT[1:], np.int64)),
+                "weights": types.TensorData.from_numpy(np.array([1.0, 0.5, 1.0], np.float32)),
+            },
+        )
+
+        # Meanwhile tenant B trains a model of its own on the same base, with its own client.
+        service_b = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_b}")
+
+        def train_b() -> tuple[str, list[float]]:
+            b = service_b.create_lora_training_client(base_model=BASE, rank=2).result()
+            b_losses = []
+            for _ in range(3):
+                b_losses.append(
+                    b.forward_backward([ce], "cross_entropy").result().metrics["loss:sum"]
+                )
+                b.optim_step(types.AdamParams(learning_rate=0.05)).result()
+            return b.model_id, b_losses
+
+        pool = ThreadPoolExecutor(1)
+        b_training = pool.submit(train_b)
+
         # Train on those samples with the importance-sampling loss.
         data = [datum(t, lp, a) for (t, lp), a in zip(seqs, ADVANTAGES, strict=True)]
         losses = []
@@ -129,15 +156,11 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
                     np.testing.assert_allclose(got, lp, atol=2e-3)
             training.optim_step(types.AdamParams(learning_rate=0.05)).result()
         assert losses[-1] < losses[0] - 0.1, losses
+        b_model, b_losses = b_training.result(timeout=120)
+        pool.shutdown()
+        assert b_losses[-1] < b_losses[0], b_losses
 
         # cross_entropy: the loss is minus the weighted sum of the logprobs it answers.
-        ce = types.Datum(
-            model_input=types.ModelInput.from_ints(PROMPT[:-1]),
-            loss_fn_inputs={
-                "target_tokens": types.TensorData.from_numpy(np.array(PROMPT[1:], np.int64)),
-                "weights": types.TensorData.from_numpy(np.array([1.0, 0.5, 1.0], np.float32)),
-            },
-        )
         ce_only = training.forward([ce], "cross_entropy").result()  # no gradient
         ce_out = training.forward_backward([ce], "cross_entropy").result()
         assert ce_only.metrics["loss:sum"] == pytest.approx(ce_out.metrics["loss:sum"], rel=1e-5)
@@ -156,14 +179,14 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
             atol=1e-5,
         )
 
-        # Another tenant reaches neither the model nor its sampler weights.
-        other = httpx.post(
-            f"{api.url}/api/v1/get_info",
-            json={"model_id": model_id},
-            headers={"X-API-Key": f"tml-{key_b}"},
-        )
-        assert other.status_code == 404, other.text
-        service_b = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_b}")
+        # Neither tenant reaches the other's model; B does not reach A's sampler weights.
+        for key, other_model in ((key_b, model_id), (key_a, b_model)):
+            other = httpx.post(
+                f"{api.url}/api/v1/get_info",
+                json={"model_id": other_model},
+                headers={"X-API-Key": f"tml-{key}"},
+            )
+            assert other.status_code == 404, other.text
         with pytest.raises(tinker.NotFoundError):
             service_b.create_sampling_client(model_path=first).result().sample(
                 prompt, num_samples=1, sampling_params=params
