@@ -88,6 +88,35 @@ def _compiled(graphdef: Any, lora: LoraConfig, loss_fn: str, forward_only: bool)
     return jax.jit(loss if forward_only else jax.value_and_grad(loss, has_aux=True))
 
 
+@jax.jit
+def _adam(
+    w: Adapters,
+    m: Adapters,
+    v: Adapters,
+    g: Adapters,
+    t: jax.Array,
+    lr: jax.Array,
+    beta1: jax.Array,
+    beta2: jax.Array,
+    eps: jax.Array,
+    weight_decay: jax.Array,
+    clip: jax.Array,
+) -> tuple[Adapters, Adapters, Adapters, jax.Array]:
+    """One Adam step; the hyperparameters are traced, so each call may bring its own
+    without compiling again."""
+    norm = jnp.sqrt(sum(jnp.sum(x.astype(jnp.float32) ** 2) for x in jax.tree.leaves(g)))
+    scale = jnp.where((clip > 0) & (norm > clip), clip / norm, 1.0)
+    m = jax.tree.map(lambda m, g: beta1 * m + (1 - beta1) * g * scale, m, g)
+    v = jax.tree.map(lambda v, g: beta2 * v + (1 - beta2) * (g * scale) ** 2, v, g)
+    c1, c2 = 1 - beta1**t, 1 - beta2**t
+
+    def step(w: jax.Array, m: jax.Array, v: jax.Array) -> jax.Array:
+        update = (m / c1) / (jnp.sqrt(v / c2) + eps) + weight_decay * w
+        return (w - lr * update).astype(w.dtype)
+
+    return jax.tree.map(step, w, m, v), m, v, norm
+
+
 class LoraModel:
     """One tenant's adapter on a base `Model` (which it never changes), its gradient
     accumulator and Adam moments."""
@@ -154,25 +183,18 @@ class LoraModel:
 
     def optim_step(self, p: AdamParams) -> dict[str, float]:
         """Adam (decoupled weight decay) on the accumulated gradient, which it then clears."""
-        grads = self.grads
-        norm = float(
-            jnp.sqrt(sum(jnp.sum(g.astype(jnp.float32) ** 2) for g in jax.tree.leaves(grads)))
-        )
-        if p.grad_clip_norm > 0 and norm > p.grad_clip_norm:
-            grads = jax.tree.map(lambda g: g * (p.grad_clip_norm / norm), grads)
         self.steps += 1
-        t = self.steps
-        self.m = jax.tree.map(lambda m, g: p.beta1 * m + (1 - p.beta1) * g, self.m, grads)
-        self.v = jax.tree.map(lambda v, g: p.beta2 * v + (1 - p.beta2) * g * g, self.v, grads)
-        c1, c2 = 1 - p.beta1**t, 1 - p.beta2**t
-
-        def step(w: jax.Array, m: jax.Array, v: jax.Array) -> jax.Array:
-            update = (m / c1) / (jnp.sqrt(v / c2) + p.eps) + p.weight_decay * w
-            return w - p.learning_rate * update
-
-        self.adapters = jax.tree.map(step, self.adapters, self.m, self.v)
+        hyper = [p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm]
+        self.adapters, self.m, self.v, norm = _adam(
+            self.adapters,
+            self.m,
+            self.v,
+            self.grads,
+            jnp.float32(self.steps),
+            *map(jnp.float32, hyper),
+        )
         self.grads = jax.tree.map(jnp.zeros_like, self.grads)
-        return {"grad_norm": norm, "step": float(t)}
+        return {"grad_norm": float(norm), "step": float(self.steps)}
 
     def sampler_weights(self) -> Any:
         """The merged weights as `nnx.state(model)`: what a `JaxEngine` samples with. A copy:
