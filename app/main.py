@@ -36,6 +36,7 @@ from app.api import (
     serving,
     sessions,
     stream,
+    tinker,
     workers,
 )
 from app.api.body_limit import BodyLimitMiddleware
@@ -134,6 +135,8 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
             await live.aclose()
+            if (tinker_calls := getattr(app.state, "tinker", None)) is not None:
+                await tinker_calls.close()  # Tinker calls in flight end with the process
             await app_state.gateways.close()
             sender.close()
             if bucket_engine is not None:
@@ -161,6 +164,8 @@ def create_app(
     app.include_router(callbacks.internal_router)
     app.include_router(limits.router)
     app.include_router(keys.router)
+    app.include_router(tinker.router)
+    app.include_router(tinker.internal_router)
     app.include_router(prometheus.router)
     # The dashboard last: its /static mount must not shadow any API route.
     app.include_router(dashboard.router)

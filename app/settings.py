@@ -44,6 +44,14 @@ class Settings(BaseSettings):
     # The queue checkpoint servers are asked for on (docs/serving.md): the workers started
     # with `rlaas worker --serve` (or --queue serve) take it.
     serve_queue: str = "serve"
+    # The Tinker-compatible API (docs/tinker.md): the model worker its calls go to
+    # (`python -m worker.tinker_server`), the secret it takes, and the base models offered.
+    tinker_worker_url: str | None = None
+    tinker_worker_token: str | None = None
+    tinker_bases: str = "builtin:tiny"
+    # retrieve_future holds a poll this long before answering try_again (the SDK reads
+    # for 45 s): lower it behind a proxy that cuts idle requests sooner.
+    tinker_long_poll_s: float = 30.0
     reaper_interval_s: float = 5.0
     # A run still queued this long after it was sent to the broker is sent again.
     redispatch_after_s: float = 300.0

@@ -94,6 +94,9 @@ async def _limit_for(scope: Any, headers: dict[str, str]) -> tuple[int, str]:
     if scope["path"].rstrip("/") == "/v1/adapters":  # the same for adapters (app.services.adapters)
         return settings.adapter_max_bytes, "adapter_max_bytes, the operator's cap on one upload"
     scheme, _, token = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" and headers.get("x-api-key"):
+        # The Tinker SDK's header, its key prefixed tml- (app/api/tinker.py).
+        scheme, token = "bearer", headers["x-api-key"].removeprefix("tml-")
     prefix = parse_prefix(token.strip()) if scheme.lower() == "bearer" else None
     limiter: Limiter = app_state.limits
     return await limiter.body_limit(app_state.sessions, prefix), "quota body_bytes"

@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -376,4 +377,68 @@ class UploadedAdapter(Base):
     alpha: Mapped[float] = mapped_column(Float)
     targets: Mapped[list[str]] = mapped_column(JSON)  # rlaas's names (q, v, ...), sorted
     size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TinkerWorker(Base):
+    """A model worker of the Tinker-compatible API (worker/tinker_server.py) that registered
+    its URL (``POST /internal/tinker/workers``); its secret is stored encrypted."""
+
+    __tablename__ = "tinker_workers"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # tw_<hex>
+    url: Mapped[str] = mapped_column(String(1024))
+    token_sealed: Mapped[str] = mapped_column(Text)
+    bases: Mapped[list[str]] = mapped_column(JSON)
+    # The worker credential that registered it (NULL: the shared token): only that
+    # credential may withdraw it, so one worker cannot unplug another's models.
+    credential_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TinkerModel(Base):
+    """A LoRA model made through the Tinker-compatible API (``POST /api/v1/create_model``);
+    its weights live on the worker that holds its base (``worker_id``; NULL: the worker at
+    ``RLAAS_TINKER_WORKER_URL``, or a registered worker that has gone)."""
+
+    __tablename__ = "tinker_models"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # tm_<hex>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    worker_id: Mapped[str | None] = mapped_column(
+        ForeignKey("tinker_workers.id", ondelete="SET NULL"), nullable=True
+    )
+    base_model: Mapped[str] = mapped_column(String(1024))
+    lora_rank: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TinkerFuture(Base):
+    """One Tinker work call: answered by id at once, its result read by ``retrieve_future``.
+    ``state``: pending, done (``result`` in ``media_type``) or failed (``error``)."""
+
+    __tablename__ = "tinker_futures"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # tf_<hex>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    result: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    media_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_category: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class TinkerSampler(Base):
+    """A sampling session (``create_sampling_session``): a base model or a model's saved
+    sampler weights (``model_path``, ``tinker://<model id>/sampler_weights/<name>``)."""
+
+    __tablename__ = "tinker_samplers"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # ts_<hex>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    base_model: Mapped[str] = mapped_column(String(1024))
+    model_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -44,22 +44,12 @@ from rl_core.sessions.broker import SessionBroker
 from rl_core.sessions.sampling import ClientSampling
 from rl_core.sessions.session import SessionConfig
 from rl_core.spec import SESSIONS, JobSpec
-from rl_core.training.stored import RunArtifacts, StoreTarget
+from rl_core.training.stored import RunArtifacts, StoreTarget, folder_bytes
 from rl_core.training.trainer import Trainer, TrainerConfig
 
 log = logging.getLogger(__name__)
 
 SERVER_LOG = "vllm-server.log"  # in the run's artifacts folder
-
-
-def kept_bytes(run_dir: Path) -> int:
-    """The bytes of a run's checkpoints and exports in its folder."""
-    return sum(
-        f.stat().st_size
-        for sub in ("checkpoints", "exports")
-        for f in (Path(run_dir) / sub).rglob("*")
-        if f.is_file()
-    )
 
 
 class OrbaxCheckpointer:
@@ -108,9 +98,14 @@ class OrbaxCheckpointer:
                 self.stored.prune()
             except Exception:
                 log.exception("step %d: retention failed; older checkpoints stay", step)
-        # What the run keeps now (the store holds the same folders: uploaded whole, pruned
-        # alike), for the tenant's storage quota.
-        return dataclasses.replace(record, stored_bytes=kept_bytes(self.artifacts_dir))
+        # What the run keeps now, for the tenant's storage quota: counted in the store when
+        # there is one, since uploaded exports leave the worker's disk.
+        kept = (
+            self.stored.kept_bytes()
+            if self.stored is not None
+            else folder_bytes(self.artifacts_dir)
+        )
+        return dataclasses.replace(record, stored_bytes=kept)
 
 
 def checkpoint_exports(

@@ -199,6 +199,24 @@ class ServingFailedBody(Sent):
     error: str = Field(max_length=4000)
 
 
+class TinkerWorkerBody(Sent):
+    """A Tinker model worker (worker/tinker_server.py) registering with its worker
+    credential: where the control plane reaches it, the secret it sends there as its bearer,
+    and the base models it holds. New models on those bases go to the newest such worker."""
+
+    url: str = Field(max_length=2048, pattern=r"^https?://[^\s]+$")
+    token: str = Field(min_length=1, max_length=200)
+    bases: list[Annotated[str, Field(min_length=1, max_length=500)]] = Field(
+        min_length=1, max_length=64
+    )
+
+
+class TinkerWorkerRead(Answer):
+    """A registered Tinker model worker: its id, to deregister with when it stops."""
+
+    id: str
+
+
 class StatusBody(Sent):
     worker_id: WorkerId
     status: Literal["running", "succeeded", "failed", "cancelled"]

@@ -47,6 +47,16 @@ class StoreTarget:
     keep_cap: int | None = None
 
 
+def folder_bytes(run_dir: Path) -> int:
+    """The bytes of the checkpoints and exports in a run's folder on this host."""
+    return sum(
+        f.stat().st_size
+        for sub in ("checkpoints", "exports")
+        for f in (Path(run_dir) / sub).rglob("*")
+        if f.is_file()
+    )
+
+
 def checkpoint_key(prefix: str, step: int) -> str:
     return f"{prefix.strip('/')}/checkpoints/{_PREFIX}{step:08d}"
 
@@ -143,6 +153,17 @@ class RunArtifacts:
         if deleted:
             log.info("retention (keep %d): deleted checkpoints %s", self.keep, sorted(deleted))
         return sorted(deleted)
+
+    def kept_bytes(self) -> int:
+        """The bytes of the run's checkpoints and exports where they are kept: the store's
+        copy (the worker's disk no longer holds the exports it uploaded), else the folder."""
+        if self.store is None:
+            return folder_bytes(self.run_dir)
+        return sum(
+            obj.size
+            for sub in ("checkpoints", "exports")
+            for obj in self.store.list(f"{self.prefix}/{sub}")
+        )
 
     def _local_steps(self) -> list[int]:
         root = self.run_dir / "checkpoints"

@@ -49,6 +49,9 @@ ROUTES: dict[tuple[str, str], tuple[type[BaseModel] | None, str, type[BaseModel]
     ("/internal/serving/{server_id}", "post"): (wire.ServingUrlBody, "204", None),
     ("/internal/serving/{server_id}/failed", "post"): (wire.ServingFailedBody, "204", None),
     ("/internal/serving/{server_id}", "delete"): (None, "204", None),
+    # A Tinker model worker (worker/tinker_server.py), with its worker credential.
+    ("/internal/tinker/workers", "post"): (wire.TinkerWorkerBody, "201", wire.TinkerWorkerRead),
+    ("/internal/tinker/workers/{worker_id}", "delete"): (None, "204", None),
     # The body is read raw (the MAC is over its bytes) and validated as CallbackBody.
     ("/v1/env-callbacks/{episode_id}/{step}", "post"): (
         None,

@@ -155,16 +155,20 @@ def test_every_worker_route_but_the_claim_is_run_scoped(live: LiveApi) -> None:
         pattern = re.sub(r"\{[^}]+\}", "[^/]+", template)
         return any(m == method and re.fullmatch(pattern, path) for m, path in called)
 
-    # Besides the claim, the shared token opens one route: a worker's report of itself (its
-    # sandbox wall, listed on /readyz), which names no run and answers nothing of one. The
-    # serving routes open to a serving order's secret alone (the test below).
+    # Besides the claim, the shared token opens a worker's report of itself (its sandbox
+    # wall, listed on /readyz) and a Tinker model worker's registration (its URL, withdrawn
+    # only by the credential that made it: tests/app/test_tinker_refusals.py); neither names
+    # a run or answers anything of one. The serving routes open to a serving order's secret
+    # alone (the test below).
     serving = {(method, path) for method, path, _ in serving_calls("{server_id}")}
     assert {route for route in routes if not is_called(*route)} - serving == {
         ("POST", "/internal/runs/{run_id}/claim"),
         ("POST", "/internal/workers/report"),
+        ("POST", "/internal/tinker/workers"),
+        ("DELETE", "/internal/tinker/workers/{worker_id}"),
     }
     assert serving <= routes
-    assert len(called) == len(routes) - 2 - len(serving)
+    assert len(called) == len(routes) - 4 - len(serving)
 
 
 def serving_calls(server_id: str) -> list[tuple[str, str, dict[str, Any]]]:

@@ -13,7 +13,7 @@ import pytest
 from rl_core.store import ObjectStore, StoreError, open_store
 from rl_core.store.folders import complete_folders, download_folder, upload_folder
 from rl_core.training.checkpointing import MARKER
-from rl_core.training.stored import RunArtifacts, StoreTarget, stored_steps
+from rl_core.training.stored import RunArtifacts, StoreTarget, folder_bytes, stored_steps
 
 
 @pytest.fixture(params=["memory", "file", "s3"])
@@ -128,6 +128,12 @@ def test_retention_keeps_the_newest_checkpoints_and_every_export(
     for step in (3, 6, 9, 12):  # every step's adapter stays downloadable
         key = f"run-1/exports/step-{step:08d}/peft"
         assert {o.key.rsplit("/", 1)[1] for o in store.list(key)} == {"a.json", "rlaas_export.json"}
+
+    # The quota counts what the store keeps (two checkpoints, four steps' exports), not
+    # the worker's disk, which no longer holds the uploaded exports.
+    kept = sum(o.size for sub in ("checkpoints", "exports") for o in store.list(f"run-1/{sub}"))
+    assert run.kept_bytes() == kept > folder_bytes(tmp_path / "run")
+    assert kept >= 2 * 10 + 4 * len(b"{}")
 
     # The operator's cap wins over the spec's number.
     capped = RunArtifacts(tmp_path / "run", StoreTarget(store, "run-1", keep_cap=1), keep=5)

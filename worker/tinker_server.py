@@ -1,0 +1,337 @@
+"""The model side of the Tinker-compatible API: LoRA models on shared base models, over HTTP.
+
+The control plane (``app/api/tinker.py``) owns keys, tenants and futures; it forwards each
+work call here as JSON and stores the answer. This server holds, in memory:
+
+- base models by name (``builtin:tiny``, ``pkg:...``), loaded on first use, each with one
+  `JaxEngine` that samples for every adapter on that base (the weights it samples with are
+  swapped in per call, under the base's lock: the engine's compiled programs are shared);
+- LoRA models by id (`rl_core.training.primitives.LoraModel`: one adapter each);
+- sampler snapshots by path: merged weights frozen at ``save_weights_for_sampler``, so
+  training that goes on never changes what a sampler answers.
+
+Training calls of a model are applied in ``seq_id`` order (the client numbers them from
+1 and may send them concurrently): a call waits for its predecessor, up to `SEQ_WAIT_S`.
+
+Routes (behind ``Authorization: Bearer <RLAAS_TINKER_TOKEN>``), JSON in and out:
+``POST /models``, ``POST /models/{id}/{forward_backward|optim_step|save_for_sampler}``,
+``POST /sample``. A refusal is ``{"error", "category": "user"}`` with a 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+from rl_core.errors import RlCoreError
+from rl_core.protocol.internal import TinkerWorkerBody, TinkerWorkerRead
+
+log = logging.getLogger(__name__)
+
+SEQ_WAIT_S = 300.0  # a lost predecessor fails its successors after this, not never
+MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+class Refused(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass
+class _Base:
+    model: Any
+    tokenizer: Any
+    engine: Any
+    lock: asyncio.Lock
+    model_state: Any  # the base's own weights, to sample the base after an adapter's
+    versions: int = 0
+
+
+@dataclasses.dataclass
+class _Trained:
+    lora: Any  # LoraModel
+    base: str
+    next_seq: int = 1
+    turn: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
+
+
+class TinkerWorker:
+    """Bases, LoRA models and sampler snapshots of this process."""
+
+    def __init__(self, bases: tuple[str, ...]) -> None:
+        self.allowed = bases
+        self.bases: dict[str, _Base] = {}
+        self.models: dict[str, _Trained] = {}
+        self.samplers: dict[str, tuple[str, Any]] = {}  # path -> (base, merged weights)
+        self._loading = asyncio.Lock()
+
+    async def base(self, name: str) -> _Base:
+        if name not in self.allowed:
+            raise Refused(
+                f"base_model {name!r} is not served here; use one of {list(self.allowed)}"
+            )
+        async with self._loading:
+            if name not in self.bases:
+                self.bases[name] = await asyncio.to_thread(_load_base, name)
+        return self.bases[name]
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        from rl_core.training.primitives import LoraModel
+
+        model_id, name = str(body["model_id"]), str(body["base_model"])
+        base = await self.base(name)
+        lora = await asyncio.to_thread(
+            LoraModel, base.model, rank=int(body.get("rank", 8)), seed=int(body.get("seed", 0))
+        )
+        self.models[model_id] = _Trained(lora=lora, base=name)
+        return {"model_id": model_id}
+
+    def model(self, model_id: str) -> _Trained:
+        found = self.models.get(model_id)
+        if found is None:
+            raise Refused(f"model {model_id} is not loaded on this worker", status=404)
+        return found
+
+    async def in_turn(self, model_id: str, seq_id: int | None, work: Any) -> Any:
+        """``work()`` on a thread once every earlier ``seq_id`` of the model has been applied."""
+        trained = self.model(model_id)
+        async with trained.turn:
+            if seq_id is not None:
+                try:
+                    await asyncio.wait_for(
+                        trained.turn.wait_for(lambda: trained.next_seq >= seq_id), SEQ_WAIT_S
+                    )
+                except TimeoutError:
+                    raise Refused(
+                        f"seq_id {seq_id} waited {SEQ_WAIT_S:.0f} s for seq_id "
+                        f"{trained.next_seq}, which never came; send calls in seq_id order",
+                        status=409,
+                    ) from None
+                if seq_id < trained.next_seq:
+                    raise Refused(
+                        f"seq_id {seq_id} was already applied (next is {trained.next_seq})",
+                        status=409,
+                    )
+            try:
+                return await asyncio.to_thread(work, trained)
+            finally:
+                if seq_id is not None:
+                    trained.next_seq = seq_id + 1
+                trained.turn.notify_all()
+
+    async def forward_backward(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        from rl_core.training.primitives import Datum
+
+        data = [Datum(tokens=d["tokens"], inputs=d["inputs"]) for d in body["data"]]
+
+        def work(trained: _Trained) -> dict[str, Any]:
+            logprobs, loss = trained.lora.forward_backward(
+                data, str(body["loss_fn"]), forward_only=bool(body.get("forward_only"))
+            )
+            return {"logprobs": logprobs, "loss": loss}
+
+        result: dict[str, Any] = await self.in_turn(model_id, body.get("seq_id"), work)
+        return result
+
+    async def optim_step(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        from rl_core.training.primitives import AdamParams
+
+        fields = {f.name for f in dataclasses.fields(AdamParams)}
+        params = AdamParams(**{k: float(v) for k, v in body["adam"].items() if k in fields})
+        metrics: dict[str, float] = await self.in_turn(
+            model_id, body.get("seq_id"), lambda t: t.lora.optim_step(params)
+        )
+        return {"metrics": metrics}
+
+    async def save_for_sampler(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        path = str(body["path"])
+        weights = await self.in_turn(
+            model_id, body.get("seq_id"), lambda t: t.lora.sampler_weights()
+        )
+        self.samplers[path] = (self.models[model_id].base, weights)
+        return {"path": path}
+
+    async def sample(self, body: dict[str, Any]) -> dict[str, Any]:
+        from rl_core.rollout.base import SamplingParams
+
+        path = body.get("model_path")
+        if path:
+            if path not in self.samplers:
+                raise Refused(f"no sampler weights at {path}; save them first", status=404)
+            name, weights = self.samplers[path]
+        else:
+            name, weights = str(body["base_model"]), None
+        base = await self.base(name)
+        n = int(body.get("num_samples", 1))
+        seed = int(body.get("seed") or 0)
+        stop_ids = [int(t) for t in body.get("stop_ids") or []]
+        sampling = SamplingParams(
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+            top_k=max(0, int(body.get("top_k", -1))),
+        )
+        async with base.lock:  # the engine samples with one set of weights at a time
+            if weights is not None or base.versions:
+                base.versions += 1
+                base.engine.update_weights(
+                    weights if weights is not None else base.model_state, base.versions
+                )
+            completions = await base.engine.generate(
+                [list(body["prompt"])] * n,
+                max_new_tokens=int(body.get("max_tokens") or 16),
+                sampling=sampling,
+                seeds=[seed + i for i in range(n)],
+            )
+        sequences = []
+        for c in completions:
+            tokens, logprobs, reason = list(c.tokens), list(c.logprobs), c.finish_reason
+            for i, token in enumerate(tokens):
+                if token in stop_ids:
+                    tokens, logprobs, reason = tokens[: i + 1], logprobs[: i + 1], "stop"
+                    break
+            sequences.append({"tokens": tokens, "logprobs": logprobs, "stop_reason": reason})
+        return {"sequences": sequences}
+
+
+def _load_base(name: str) -> _Base:
+    from flax import nnx
+
+    from rl_core.pretrained.sources import load_model
+    from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
+    from rl_core.spec import ModelSpec
+
+    model, tokenizer = load_model(ModelSpec(source=name), seed=0)
+    config = EngineConfig(
+        stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
+        pad_id=tokenizer.pad_id,
+        batch_buckets=(8,),
+    )
+    engine = JaxEngine(model, config=config)
+    return _Base(model, tokenizer, engine, asyncio.Lock(), nnx.state(model))
+
+
+def tinker_app(worker: TinkerWorker, *, token: str) -> web.Application:
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            return web.json_response(
+                {"error": "this server answers the control plane only", "category": "user"},
+                status=401,
+            )
+        try:
+            answer: web.StreamResponse = await handler(request)
+            return answer
+        except Refused as exc:
+            return web.json_response({"error": str(exc), "category": "user"}, status=exc.status)
+        except (RlCoreError, KeyError, TypeError, ValueError) as exc:
+            return web.json_response({"error": str(exc), "category": "user"}, status=400)
+        except Exception:
+            log.exception("tinker worker: %s failed", request.path)
+            return web.json_response(
+                {"error": "the worker failed this call (see its log)", "category": "server"},
+                status=500,
+            )
+
+    async def create(request: web.Request) -> web.Response:
+        return web.json_response(await worker.create(await request.json()))
+
+    async def model_call(request: web.Request) -> web.Response:
+        model_id, action = request.match_info["model_id"], request.match_info["action"]
+        calls = {
+            "forward_backward": worker.forward_backward,
+            "optim_step": worker.optim_step,
+            "save_for_sampler": worker.save_for_sampler,
+        }
+        if action not in calls:
+            raise Refused(f"unknown action {action}", status=404)
+        return web.json_response(await calls[action](model_id, await request.json()))
+
+    async def sample(request: web.Request) -> web.Response:
+        return web.json_response(await worker.sample(await request.json()))
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[guard])
+    app.router.add_post("/models", create)
+    app.router.add_post("/models/{model_id}/{action}", model_call)
+    app.router.add_post("/sample", sample)
+    return app
+
+
+async def serve(
+    worker: TinkerWorker, *, token: str, host: str, port: int, bound: Any = None
+) -> None:
+    """Serve until cancelled; ``bound(url)`` is called once the socket listens."""
+    runner = web.AppRunner(tinker_app(worker, token=token), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        url = f"http://{host}:{runner.addresses[0][1]}"
+        log.info("tinker worker at %s, bases %s", url, worker.allowed)
+        if bound is not None:
+            bound(url)
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+class Registration:
+    """The worker's side of ``/internal/tinker/workers``: its URL, secret and bases told to
+    the control plane (with this worker's credential), and withdrawn when it stops."""
+
+    def __init__(self, api_url: str, credential: str) -> None:
+        self._url = f"{api_url.rstrip('/')}/internal/tinker/workers"
+        self._headers = {"Authorization": f"Bearer {credential}"}
+        self.worker_id: str | None = None
+
+    def register(self, url: str, token: str, bases: tuple[str, ...]) -> str:
+        body = TinkerWorkerBody(url=url, token=token, bases=list(bases))
+        r = httpx.post(self._url, json=body.model_dump(), headers=self._headers, timeout=30)
+        r.raise_for_status()
+        self.worker_id = TinkerWorkerRead.model_validate(r.json()).id
+        return self.worker_id
+
+    def deregister(self) -> None:
+        if self.worker_id is not None:
+            httpx.delete(f"{self._url}/{self.worker_id}", headers=self._headers, timeout=30)
+            self.worker_id = None
+
+
+def main() -> None:
+    """``python -m worker.tinker_server``: serves on RLAAS_TINKER_HOST (127.0.0.1) :
+    RLAAS_TINKER_PORT (8500) the bases of RLAAS_TINKER_BASES (builtin:tiny), and registers
+    with the control plane at RLAAS_API_URL with RLAAS_WORKER_CREDENTIAL (docs/tinker.md).
+    Its secret is RLAAS_TINKER_WORKER_TOKEN, or a fresh one."""
+    import os
+    import secrets
+
+    from worker.settings import WorkerSettings
+
+    logging.basicConfig(level=logging.INFO)
+    settings = WorkerSettings()
+    token = os.environ.get("RLAAS_TINKER_WORKER_TOKEN") or secrets.token_urlsafe(32)
+    names = os.environ.get("RLAAS_TINKER_BASES", "builtin:tiny").split(",")
+    bases = tuple(b.strip() for b in names if b.strip())
+    host = os.environ.get("RLAAS_TINKER_HOST", "127.0.0.1")
+    port = int(os.environ.get("RLAAS_TINKER_PORT", "8500"))
+    public = os.environ.get("RLAAS_TINKER_PUBLIC_URL")  # as the API reaches it, if not host:port
+    registration = Registration(settings.api_url, settings.resolved_worker_token())
+
+    def bound(url: str) -> None:
+        registration.register(public or url, token, bases)
+
+    try:
+        asyncio.run(serve(TinkerWorker(bases), token=token, host=host, port=port, bound=bound))
+    finally:
+        registration.deregister()
+
+
+if __name__ == "__main__":
+    main()
