@@ -109,6 +109,30 @@ async def export_checkpoint(
     )
 
 
+@router.get(
+    "/{run_id}/trackers/tensorboard",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}, "description": "A tar archive"}},
+)
+async def tensorboard_files(
+    run_id: str, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+) -> StreamingResponse:
+    """The run's TensorBoard event files (spec ``trackers: [{kind: tensorboard}]``) as a
+    tar of one folder, to open with ``tensorboard --logdir``; a resumed run's attempts
+    each add their own file. docs/trackers.md."""
+    archive = await exports_service.tensorboard_files(
+        session, tenant_id, run_id, settings=app_state.settings
+    )
+    return StreamingResponse(
+        archive.chunks(),
+        media_type="application/x-tar",
+        headers={
+            "Content-Length": str(archive.size),
+            "Content-Disposition": f'attachment; filename="{archive.name}"',
+        },
+    )
+
+
 @router.get("/{run_id}/lineage", response_model=LineageRead)
 async def get_lineage(run_id: str, session: SessionDep, tenant_id: TenantDep) -> dict[str, Any]:
     """Which attempt's update of each step the newest checkpoint holds; ``problems`` names
