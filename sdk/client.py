@@ -325,6 +325,11 @@ class Client:
         path = f"{_run(run_id)}/checkpoints/{int(step)}/export"
         return self._download(path, target, params={"format": format})
 
+    def delete_artifacts(self, run_id: str) -> int:
+        """Delete a finished run's checkpoints and exports from storage (download what you
+        keep first); returns the bytes freed from the tenant's ``artifact_bytes`` quota."""
+        return int(self._json("DELETE", f"{_run(run_id)}/artifacts")["freed_bytes"])
+
     def download_tensorboard(self, run_id: str, *, out: str | Path | None = None) -> Path:
         """Download the run's TensorBoard event files (its spec's ``trackers`` names
         ``{kind: tensorboard}``) into the folder ``out`` (default ``./<run>-tensorboard``,

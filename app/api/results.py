@@ -11,6 +11,7 @@ from app.api.deps import SessionDep, StateDep, TenantDep
 from app.schemas.results import (
     INT32,
     INT64,
+    ArtifactsDeleted,
     CheckpointPage,
     CheckpointRead,
     InflightIn,
@@ -25,6 +26,7 @@ from app.schemas.results import (
 from app.services import exports as exports_service
 from app.services import lineage as lineage_service
 from app.services import results as service
+from app.services import run_artifacts
 from rl_core.artifacts import ExportFormat
 
 router = APIRouter(prefix="/v1/runs", tags=["results"])
@@ -106,6 +108,21 @@ async def export_checkpoint(
             "Content-Length": str(archive.size),
             "Content-Disposition": f'attachment; filename="{archive.name}"',
         },
+    )
+
+
+@router.delete("/{run_id}/artifacts", response_model=ArtifactsDeleted)
+async def delete_artifacts(
+    run_id: str, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+) -> ArtifactsDeleted:
+    """Delete a finished run's checkpoints and exports (and TensorBoard files) from
+    storage, freeing the tenant's ``artifact_bytes`` quota; the run, its metrics and
+    trajectories stay. 409 while the run is live. Download what you keep first."""
+    deleted = await run_artifacts.delete_run_artifacts(
+        session, tenant_id, run_id, settings=app_state.settings
+    )
+    return ArtifactsDeleted(
+        run_id=deleted.run_id, freed_bytes=deleted.freed_bytes, checkpoints=deleted.checkpoints
     )
 
 
