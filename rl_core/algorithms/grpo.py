@@ -46,13 +46,23 @@ class Counts(NamedTuple):
 
     tokens: jax.Array  # [] float: masked tokens in the batch (>= 1)
     sequences: jax.Array  # [] float: rows with any masked token (>= 1)
+    # Masked tokens sampled with the trainer's own weights / with older ones (may be 0);
+    # None when the batch does not say (no ``lag``).
+    fresh_tokens: jax.Array | None = None
+    lagged_tokens: jax.Array | None = None
 
     @classmethod
-    def of(cls, mask: jax.Array) -> Counts:  # mask [B, T]
+    def of(cls, mask: jax.Array, lag: jax.Array | None = None) -> Counts:  # [B, T] each
         mask = mask.astype(jnp.float32)
+        fresh = lagged = None
+        if lag is not None:
+            lagged = (mask * (lag > 0)).sum()
+            fresh = mask.sum() - lagged
         return cls(
             tokens=jnp.maximum(mask.sum(), 1.0),
             sequences=jnp.maximum((mask.sum(axis=1) > 0).sum().astype(jnp.float32), 1.0),
+            fresh_tokens=fresh,
+            lagged_tokens=lagged,
         )
 
 
@@ -201,6 +211,7 @@ def policy_loss(
     config: GrpoConfig,
     ref_logprobs: jax.Array | None = None,  # [B, T] reference policy, needed if kl_coef > 0
     counts: Counts | None = None,  # the whole batch's, when this is one micro-batch
+    lag: jax.Array | None = None,  # [B, T] policy versions between sampler and trainer
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The clipped, importance-corrected policy-gradient loss and its diagnostics.
 
@@ -208,7 +219,7 @@ def policy_loss(
     over micro-batches. ``pg_loss`` is the surrogate term alone.
     """
     mask_f = mask.astype(jnp.float32)
-    counts = Counts.of(mask_f) if counts is None else counts
+    counts = Counts.of(mask_f, lag) if counts is None else counts
     old = jax.lax.stop_gradient(old_logprobs)
     adv = advantages[:, None] if advantages.ndim == 1 else advantages
     ratio = jnp.exp(logprobs - old)
@@ -261,4 +272,42 @@ def policy_loss(
         "importance_weight": token_mean(weight),
         "ratio": token_mean(ratio),
     }
+    if lag is not None:
+        metrics |= mismatch_by_lag(old, behaviour_logprobs, mismatch, mask_f, lag, counts)
     return loss, metrics
+
+
+def mismatch_by_lag(
+    old: jax.Array,  # [B, T] the trainer's logprobs at the step's start
+    behaviour: jax.Array,  # [B, T] the sampler's
+    mismatch: jax.Array,  # [B, T] KL(mu || pi_old) per sampled token
+    mask: jax.Array,  # [B, T] float
+    lag: jax.Array,  # [B, T] policy versions between sampler and trainer
+    counts: Counts,
+) -> dict[str, jax.Array]:
+    """``mismatch_kl`` / ``mismatch_max`` split by what they measure (docs/learning.md).
+
+    ``mismatch/engine_*``: tokens the sampler drew with the weights the trainer holds
+    (lag 0), so any gap is the engine's own (kernels, precision, a stale weight copy).
+    ``mismatch/lagged_*``: tokens drawn with older weights (async runs), where the gap is
+    the policy's lag plus that disagreement. A split with no tokens is NaN, which the
+    metric pipes leave out rather than report as a perfect 0."""
+    assert counts.fresh_tokens is not None and counts.lagged_tokens is not None
+    fresh = mask * (lag == 0)
+    lagged = mask * (lag > 0)
+    gap = jnp.abs(old - behaviour)
+
+    def mean(x: jax.Array, where: jax.Array, n: jax.Array) -> jax.Array:
+        return jnp.where(n > 0, (x * where).sum() / jnp.maximum(n, 1.0), jnp.nan)
+
+    def worst(where: jax.Array, n: jax.Array) -> jax.Array:
+        return jnp.where(n > 0, jnp.max(jnp.where(where > 0, gap, 0.0)), jnp.nan)
+
+    return {
+        "mismatch/engine_kl": mean(mismatch, fresh, counts.fresh_tokens),
+        "mismatch/engine_max": worst(fresh, counts.fresh_tokens),
+        "mismatch/lagged_kl": mean(mismatch, lagged, counts.lagged_tokens),
+        "mismatch/lagged_max": worst(lagged, counts.lagged_tokens),
+        "mismatch/lagged_token_frac": lagged.sum() / counts.tokens,
+        "mismatch/lag_mean": (lag * mask).sum() / counts.tokens,
+    }

@@ -76,6 +76,9 @@ def build_batch(
     logprobs: list[list[float]] = []
     advs: list[float | list[float]] = []
     row_rewards: list[float] = []
+    lags: list[list[int]] | None = (
+        [] if all(g.trainer_version is not None for g in ordered) else None
+    )
     for i, group in enumerate(ordered):
         for t in sorted(group.to_train, key=lambda t: t.member):
             for sample in t.samples:
@@ -84,6 +87,9 @@ def build_batch(
                 logprobs.append(sample.logprobs)
                 advs.append(advantage(i, t, sample))
                 row_rewards.append(t.reward)
+                if lags is not None:
+                    assert group.trainer_version is not None
+                    lags.append(policy_lag(sample, t.turn_versions, group.trainer_version))
     n_rows = rows * max(1, -(-len(tokens) // rows))
     return TrainBatch.pack(
         tokens,
@@ -95,7 +101,17 @@ def build_batch(
         min_length=min_length,
         max_length=max_length,
         rewards=row_rewards,
+        lags=lags,
     )
+
+
+def policy_lag(sample: Sample, turn_versions: Sequence[int], trainer_version: int) -> list[int]:
+    """Per token, the policy versions between the weights that sampled it and the
+    trainer's (0: the same weights; 0 too on tokens no model call made)."""
+    return [
+        trainer_version - turn_versions[turn] if 0 <= turn < len(turn_versions) else 0
+        for turn in sample.turns
+    ]
 
 
 def episode_credit(

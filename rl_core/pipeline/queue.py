@@ -82,6 +82,9 @@ class Group:
     # Set by the gate when the trainer takes the group: model calls sampled by an older
     # policy than this are masked out of the loss.
     fresh_from: int = 0
+    # ... and the policy version the trainer holds then: a token's policy lag is this
+    # minus the version that sampled it (None: not taken through the gate).
+    trainer_version: int | None = None
 
     @property
     def members(self) -> int:
@@ -280,7 +283,7 @@ class GroupQueue:
                 admission.release(group)
                 continue
             if trainable:
-                group.fresh_from = fresh_from
+                group.fresh_from, group.trainer_version = fresh_from, admission.version
                 admission.consume(group)
                 self._count_masked(group, trainable, fresh_from)
                 return group

@@ -45,6 +45,7 @@ class MiniBatch(NamedTuple):
     tokens: jax.Array  # [B, T] int32
     mask: jax.Array  # [B, T-1] float32
     behaviour: jax.Array  # [B, T-1] sampler logprobs
+    lag: jax.Array | None  # [B, T-1] policy versions behind the trainer; None: unknown
     advantages: jax.Array  # [B] (GRPO) or [B, T-1] (PPO)
     old_logprobs: jax.Array | None  # [B, T-1]; None: pi_old is the current policy
     ref_logprobs: jax.Array | None  # [B, T-1]; None without a KL term
@@ -150,6 +151,7 @@ def micro_loss(
         cfg.grpo,
         ref_logprobs=mb.ref_logprobs,
         counts=counts,
+        lag=mb.lag,
     )
     if ppo is not None:
         assert hidden is not None and mb.old_values is not None and mb.returns is not None
@@ -172,7 +174,7 @@ def accumulated_grads(
     cfg: StepConfig,
 ) -> tuple[Trainable, dict[str, jax.Array]]:
     """Gradient and metrics of the whole mini-batch, summed over its micro-batches."""
-    counts = Counts.of(mb.mask)
+    counts = Counts.of(mb.mask, mb.lag)
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
     m = cfg.micro_batches
     if m == 1:

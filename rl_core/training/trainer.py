@@ -75,6 +75,9 @@ class TrainBatch:
     logprobs: np.ndarray  # [B, T] float32, sampler's, aligned with tokens
     advantages: np.ndarray  # [B] or, per token, [B, T] float32 (GRPO; ignored by PPO)
     rewards: np.ndarray | None = None  # [B] float32 episode rewards (PPO)
+    # [B, T] float32: per token, the policy versions between the weights that sampled it
+    # and the trainer's (0: the same); None: unknown. Splits the mismatch metrics.
+    lag: np.ndarray | None = None
 
     @classmethod
     def pack(
@@ -89,6 +92,7 @@ class TrainBatch:
         max_length: int | None = None,
         pad_id: int = 0,
         rewards: Sequence[float] | None = None,
+        lags: Sequence[Sequence[int]] | None = None,
     ) -> TrainBatch:
         """``max_length``: no row is longer (the run's context), so no bucket need be:
         a 96-token context trains at 96, not at the bucket of 128 (a quarter of a train
@@ -115,7 +119,12 @@ class TrainBatch:
         if rewards is not None:
             rew = np.zeros((rows,), np.float32)
             rew[: len(rewards)] = rewards
-        return cls(tok, mask, lp, adv, rew)
+        lag = None
+        if lags is not None:
+            lag = np.zeros((rows, length), np.float32)
+            for i, row in enumerate(lags):
+                lag[i, : len(row)] = row
+        return cls(tok, mask, lp, adv, rew, lag)
 
 
 def learning_rate_schedule(config: TrainerConfig) -> optax.Schedule:
@@ -232,6 +241,7 @@ class Trainer:
             )
         full = self._prepare(batch)
         totals: dict[str, float] = {}
+        seen: dict[str, int] = {}  # mini-batches that gave each mean (a NaN is none)
         worst: dict[str, float] = {}
         for _ in range(cfg.epochs):
             self.rng, key = jax.random.split(self.rng)
@@ -247,13 +257,17 @@ class Trainer:
                 )
                 self.updates += 1
                 for name, value in jax.device_get(metrics).items():
+                    if name.startswith("mismatch/") and math.isnan(value):
+                        continue  # a split with no tokens in this mini-batch (a diverged
+                        # loss stays NaN: the sink reports it)
                     if name.endswith("_max"):
                         worst[name] = max(worst.get(name, 0.0), float(value))
                     else:
                         totals[name] = totals.get(name, 0.0) + float(value)
+                        seen[name] = seen.get(name, 0) + 1
                 totals["lr"] = totals.get("lr", 0.0) + lr
-        n = cfg.mini_batches * cfg.epochs
-        out = {name: value / n for name, value in totals.items()} | worst
+                seen["lr"] = seen.get("lr", 0) + 1
+        out = {name: value / seen[name] for name, value in totals.items()} | worst
         out["learning_rate"] = out["lr"]  # the name of the first metric files, kept
         # The optimiser's count after this step, restored with a checkpoint: the evidence that
         # a resumed policy holds each earlier step's update once (docs/lifecycle.md, lineage).
@@ -297,6 +311,7 @@ class Trainer:
             tokens=tokens,
             mask=mask,
             behaviour=jnp.asarray(batch.logprobs[:, 1:]),
+            lag=None if batch.lag is None else jnp.asarray(batch.lag[:, 1:]),
             advantages=advantages,
             old_logprobs=old,
             ref_logprobs=ref,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rl_core.algorithms.grpo import (
+    Counts,
     GrpoConfig,
     aggregate,
     group_advantages,
@@ -226,3 +227,43 @@ def test_entropy_bonus_and_floor(floor: float | None) -> None:
         assert float(after[0, 1]) > float(before[0, 1])
     else:
         np.testing.assert_allclose(grad[1], 0.0, atol=1e-7)  # above the floor: left alone
+
+
+def test_mismatch_splits_into_the_engines_gap_and_the_lagged_tokens() -> None:
+    """Tokens sampled with the trainer's own weights (lag 0) measure the engine alone;
+    lagged ones the policy's lag on top. The split's means add up to the overall one, and
+    micro-batches given the batch's counts add up to the whole batch's figures."""
+    key1, key2 = jax.random.split(jax.random.key(3))
+    old = -jax.random.uniform(key1, (4, 6), minval=0.1, maxval=2.0)
+    engine_gap = 1e-3 * jax.random.normal(key2, (4, 6))
+    lag = jnp.array([[0.0] * 6, [0.0] * 6, [1.0] * 6, [0.0] * 3 + [2.0] * 3])
+    behaviour = old + engine_gap + 0.5 * lag  # older weights: far off
+    mask = jnp.ones((4, 6)).at[0, 5].set(0.0)
+    args = (old, old, behaviour, jnp.ones(4), mask, jnp.zeros((4, 6)), GrpoConfig())
+    _, m = policy_loss(*args, lag=lag)
+    fresh = (lag == 0) & (mask > 0)
+    assert float(m["mismatch/engine_max"]) == pytest.approx(
+        float(jnp.max(jnp.where(fresh, jnp.abs(engine_gap), 0.0))), rel=1e-5
+    )
+    assert float(m["mismatch/engine_max"]) < 1e-2 < float(m["mismatch/lagged_max"])
+    assert float(m["mismatch/lagged_token_frac"]) == pytest.approx(9 / 23)
+    assert float(m["mismatch/lag_mean"]) == pytest.approx((6 + 3 * 2) / 23)
+    n_fresh, n_lagged = 14, 9
+    overall = (n_fresh * m["mismatch/engine_kl"] + n_lagged * m["mismatch/lagged_kl"]) / 23
+    assert float(overall) == pytest.approx(float(m["mismatch_kl"]), rel=1e-5)
+    # Two micro-batches with the whole batch's counts add up to it.
+    counts = Counts.of(mask, lag)
+    halves = [
+        policy_loss(
+            *(a[i : i + 2] for a in args[:6]), GrpoConfig(), counts=counts, lag=lag[i : i + 2]
+        )[1]
+        for i in (0, 2)
+    ]
+    assert float(
+        halves[0]["mismatch/engine_kl"] + halves[1]["mismatch/engine_kl"]
+    ) == pytest.approx(float(m["mismatch/engine_kl"]), rel=1e-5)
+    # No lagged tokens at all (a sync run): their figures are NaN, never a perfect 0.
+    _, sync = policy_loss(*args, lag=jnp.zeros((4, 6)))
+    assert jnp.isnan(sync["mismatch/lagged_kl"]) and jnp.isnan(sync["mismatch/lagged_max"])
+    assert float(sync["mismatch/engine_kl"]) == pytest.approx(float(sync["mismatch_kl"]), rel=1e-6)
+    assert "mismatch/engine_kl" not in policy_loss(*args)[1]  # no lag given: no split

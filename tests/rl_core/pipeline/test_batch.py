@@ -88,3 +88,20 @@ def test_a_first_part_counts_its_missing_members_at_the_stragglers_recent_reward
         [group()], group_size=3, rows=4, pad_id=0, scale_rewards=False, straggler_reward=9.0
     )
     np.testing.assert_allclose(whole.advantages[:3], [1 / 3, 1 / 3, -2 / 3], atol=1e-6)
+
+
+def test_each_model_token_carries_its_policy_lag_behind_the_trainer() -> None:
+    """Member 0's first turn was sampled by version 3 and its second by 5; the trainer
+    holds 5 when the gate takes the group: lag 2 then 0, and 0 off the model's tokens."""
+    g = group()
+    for t, versions in zip(g.trajectories, ([3, 5], [5, 5], [4]), strict=True):
+        t.turn_versions = versions
+    assert build_batch([g], group_size=3, rows=4, pad_id=0, scale_rewards=False).lag is None
+    g.trainer_version = 5  # set by the gate (GroupQueue.take)
+    batch = build_batch([g], group_size=3, rows=4, pad_id=0, scale_rewards=False)
+    assert batch.lag is not None and batch.lag.shape == batch.tokens.shape
+    # Row: prompt 3, turn 0 (2 tokens), observation, turn 1 (2 tokens), observation.
+    assert batch.lag[0, :9].tolist() == [0, 0, 0, 2, 2, 0, 0, 0, 0]
+    assert not batch.lag[1].any()
+    assert batch.lag[2, :5].tolist() == [0, 0, 0, 1, 1]
+    assert not batch.lag[3].any()  # a padding row

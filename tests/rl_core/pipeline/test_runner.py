@@ -30,6 +30,9 @@ REQUIRED = {
     "entropy",
     "clip_frac",
     "mismatch_kl",
+    "mismatch/engine_kl",
+    "mismatch/engine_max",
+    "mismatch/lagged_token_frac",
     "episode/turns_mean",
     "episode/length_mean",
     "tokens_per_s",
@@ -59,6 +62,37 @@ def small_spec(**patch: Any) -> JobSpec:
     return parse_spec(data)
 
 
+def test_an_async_runs_mismatch_separates_the_engines_gap_from_the_policys_lag(
+    tmp_path: Path,
+) -> None:
+    """Async, with large steps: tokens sampled by the policy before the trainer's are
+    off by the update, while the JAX engine on the trainer's own weights agrees with it
+    to float32 rounding. ``mismatch_max`` mixes the two; the split names each."""
+    sink = MemorySink()
+    spec = small_spec(
+        staleness={"mode": "async", "max_staleness": 1},
+        algorithm={"learning_rate": 3e-2, "entropy_coef": 1.0},
+        rollout={"group_size": 4, "concurrency": 16},
+        train={"steps": 4},
+    )
+    train(spec, sink=sink, artifacts_dir=tmp_path / "run")
+    nan = float("nan")
+    for step, m in sink.steps:
+        print(
+            f"step {step}: engine max {m.get('mismatch/engine_max', nan):.1e}, lagged max "
+            f"{m.get('mismatch/lagged_max', nan):.2f} on "
+            f"{m['mismatch/lagged_token_frac']:.0%} of tokens; mismatch_max {m['mismatch_max']:.2f}"
+        )
+        # A split with no tokens is left out, never reported as 0.
+        assert ("mismatch/engine_max" in m) == (m["mismatch/lagged_token_frac"] < 1)
+        assert ("mismatch/lagged_max" in m) == (m["mismatch/lagged_token_frac"] > 0)
+    engine = [m["mismatch/engine_max"] for _, m in sink.steps if "mismatch/engine_max" in m]
+    lagged = [m["mismatch/lagged_max"] for _, m in sink.steps if "mismatch/lagged_max" in m]
+    assert engine and lagged, "the run did not train both kinds of token: it shows nothing"
+    assert max(engine) < 1e-3  # the JAX engine on the trainer's weights: float32 rounding
+    assert min(lagged) > 100 * max(engine)  # an update's worth of policy change
+
+
 def test_two_steps_report_every_metric_and_the_files(tmp_path: Path) -> None:
     sink = MemorySink()
     control = RunControl()
@@ -74,6 +108,11 @@ def test_two_steps_report_every_metric_and_the_files(tmp_path: Path) -> None:
         assert metrics["mismatch_kl"] == pytest.approx(0.0, abs=0.05)
         assert metrics["learning_rate"] == pytest.approx(1e-3)
         assert metrics["staleness/max"] == 0.0  # sync mode
+        # ... so every token was sampled with the trainer's weights: the mismatch is the
+        # engine's alone, and there is no lagged figure to report.
+        assert metrics["mismatch/lagged_token_frac"] == 0.0
+        assert "mismatch/lagged_kl" not in metrics
+        assert metrics["mismatch/engine_kl"] == pytest.approx(metrics["mismatch_kl"], abs=1e-7)
     assert result.final_metrics == sink.steps[-1][1]
     assert {s.name for s in sink.spans} >= {"rollout", "model_call", "train_step", "engine_batch"}
     assert sink.trajectories and sink.trajectories[0].segments
