@@ -81,7 +81,13 @@ async def admit_call(
     """Refuse a work call over the tenant's calls in flight, or a new model (on
     ``new_model_on``) over its models on that base. Locks the tenant's row until the
     request commits (SQLite has no row locks; it serialises writers anyway)."""
-    await session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+    # FOR NO KEY UPDATE (key_share): admissions queue on it, but rows that only point at the tenant
+    # (the token bucket's upsert on its own connection, a future written by another
+    # process) are not held by it. FOR UPDATE would block them, and this request waits on
+    # the bucket's upsert: a deadlock.
+    await session.execute(
+        select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True)
+    )
     limit = settings.tinker_max_calls_in_flight
     if limit:
         used = await calls_in_flight(session, tenant_id)
