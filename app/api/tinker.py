@@ -33,6 +33,7 @@ from app.services import tinker_wire as wire
 from app.services.tinker import (
     Target,
     TinkerCalls,
+    WorkerRefusal,
     as_json,
     holder,
     new_id,
@@ -209,8 +210,10 @@ async def create_model(
     async def call() -> dict[str, Any]:
         try:
             await calls.post(target, "/models", order)
-        except Exception:
-            # A model the worker did not make holds none of the tenant's model slots.
+        except WorkerRefusal:
+            # A model the worker refused to make holds none of the tenant's model slots. One
+            # it did not answer for (unreachable, timed out) may be there: it stays, and
+            # answers 410 once that worker has gone, until the tenant unloads it.
             async with sessions() as cleanup:
                 await cleanup.execute(delete(TinkerModel).where(TinkerModel.id == model_id))
                 await cleanup.commit()
