@@ -9,6 +9,8 @@ filled with rows where a real worker would be needed to hold them (models, pendi
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import struct
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -251,3 +253,23 @@ async def test_a_setting_of_0_turns_its_limit_off(app_database: str) -> None:
 
 def bearer(auth: dict[str, str]) -> dict[str, str]:
     return {"Authorization": "Bearer " + auth["X-API-Key"].removeprefix("tml-")}
+
+
+async def test_calls_racing_at_the_limit_are_admitted_no_more_than_it(app_database: str) -> None:
+    """Five calls at once, two slots: the tenant's row lock lets exactly two through. The
+    worker accepts connections and never answers, so the admitted calls stay in flight."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        silent_worker = {"tinker_worker_url": url, "tinker_worker_token": "s3cret"}
+        async with running_api(app_database, **{**LIMITS, **silent_worker}) as api:
+            auth, tenant_id = await tenant(api)
+            model_id = await add_model(api, tenant_id)
+            step = {"model_id": model_id, "adam_params": {"learning_rate": 0.1}}
+            answers = await asyncio.gather(
+                *(api.client.post("/api/v1/optim_step", json=step, headers=auth) for _ in range(5))
+            )
+            assert sorted(r.status_code for r in answers) == [200, 200, 429, 429, 429]
+            limits = (await api.client.get("/v1/limits", headers=bearer(auth))).json()["tinker"]
+            assert limits["usage"]["calls_in_flight"] == 2
