@@ -14,10 +14,9 @@ from app.schemas.limits import (
     TinkerUsageRead,
     UsageRead,
 )
-from app.services.adapters import artifact_bytes_used
 from app.services.budget import run_seconds_used
 from app.services.datasets import bytes_used as datasets_bytes
-from app.services.quotas import runs_in_flight
+from app.services.quotas import artifact_bytes_used, runs_in_flight
 from app.services.tinker_limits import calls_in_flight, models_per_base, tokens_available
 
 router = APIRouter(prefix="/v1/limits", tags=["limits"])
