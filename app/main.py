@@ -100,6 +100,11 @@ def create_app(
             else make_engine(conf.resolved_database_url(), pool_size=4, autocommit=True)
         )
         buckets = None if bucket_engine is None else SharedBuckets(bucket_engine)
+        tinker_tokens = (
+            None
+            if bucket_engine is None
+            else SharedBuckets(bucket_engine, table="tinker_token_buckets")
+        )
         app_state = AppState(
             settings=conf,
             sessions=sessions,
@@ -107,7 +112,7 @@ def create_app(
             worker_token=worker_token,
             secrets=secrets,
             env_allowlist=allowlist,
-            limits=Limiter(conf, buckets=buckets),
+            limits=Limiter(conf, buckets=buckets, tinker_tokens=tinker_tokens),
             # A dispatcher that can also ask for checkpoint servers (Celery's, the tests'
             # recorder) does; one that cannot leaves serving off.
             serve_orders=sender if isinstance(sender, ServeOrders) else None,

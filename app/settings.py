@@ -52,6 +52,15 @@ class Settings(BaseSettings):
     # retrieve_future holds a poll this long before answering try_again (the SDK reads
     # for 45 s): lower it behind a proxy that cuts idle requests sooner.
     tinker_long_poll_s: float = 30.0
+    # Limits a tenant reads at GET /v1/limits (app.services.tinker_limits), each answered
+    # 429 with Retry-After, which the SDK waits out and retries; 0 turns one off. LoRA
+    # models a tenant holds on one base (a slot frees when one is unloaded); work calls
+    # (create_model, forward_backward, optim_step, save, sample, unload) not yet finished;
+    # and tokens a minute: a forward/forward_backward's input tokens, a sample's prompt
+    # plus max_tokens times num_samples (a bucket, burst = this, refilled continuously).
+    tinker_max_models_per_base: int = Field(default=16, ge=0)
+    tinker_max_calls_in_flight: int = Field(default=256, ge=0)
+    tinker_tokens_per_minute: int = Field(default=5_000_000, ge=0)
     reaper_interval_s: float = 5.0
     # A run still queued this long after it was sent to the broker is sent again.
     redispatch_after_s: float = 300.0

@@ -158,6 +158,15 @@ class TinkerWorker:
         self.samplers[path] = (self.models[model_id].base, weights)
         return {"path": path}
 
+    async def unload(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Drop the model and its sampler snapshots (the control plane's unload_model);
+        one already gone is not an error: the caller wants it gone."""
+        self.models.pop(model_id, None)
+        prefix = f"tinker://{model_id}/"
+        for path in [p for p in self.samplers if p.startswith(prefix)]:
+            del self.samplers[path]
+        return {"model_id": model_id}
+
     async def sample(self, body: dict[str, Any]) -> dict[str, Any]:
         from rl_core.rollout.base import SamplingParams
 
@@ -249,6 +258,7 @@ def tinker_app(worker: TinkerWorker, *, token: str) -> web.Application:
             "forward_backward": worker.forward_backward,
             "optim_step": worker.optim_step,
             "save_for_sampler": worker.save_for_sampler,
+            "unload": worker.unload,
         }
         if action not in calls:
             raise Refused(f"unknown action {action}", status=404)

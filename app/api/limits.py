@@ -1,14 +1,23 @@
-"""GET /v1/limits: the caller's quotas and how much of them is in use."""
+"""GET /v1/limits: the caller's quotas and how much of them is in use, the Tinker-compatible
+API's limits included (app.services.tinker_limits)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from app.api.deps import SessionDep, StateDep, TenantDep
-from app.schemas.limits import LimitsRead, QuotasRead, UsageRead
+from app.schemas.limits import (
+    LimitsRead,
+    QuotasRead,
+    TinkerLimitsRead,
+    TinkerQuotasRead,
+    TinkerUsageRead,
+    UsageRead,
+)
 from app.services.budget import run_seconds_used
 from app.services.datasets import bytes_used as datasets_bytes
 from app.services.quotas import artifact_bytes_used, runs_in_flight
+from app.services.tinker_limits import calls_in_flight, models_per_base, tokens_available
 
 router = APIRouter(prefix="/v1/limits", tags=["limits"])
 
@@ -35,5 +44,22 @@ async def get_limits(session: SessionDep, tenant_id: TenantDep, app_state: State
             run_seconds=round(used),
             dataset_bytes=await datasets_bytes(session, tenant_id),
             artifact_bytes=await artifact_bytes_used(session, tenant_id),
+        ),
+        tinker=await _tinker(session, tenant_id, app_state),
+    )
+
+
+async def _tinker(session: SessionDep, tenant_id: str, app_state: StateDep) -> TinkerLimitsRead:
+    settings = app_state.settings
+    return TinkerLimitsRead(
+        quotas=TinkerQuotasRead(
+            models_per_base=settings.tinker_max_models_per_base or None,
+            calls_in_flight=settings.tinker_max_calls_in_flight or None,
+            tokens_per_minute=settings.tinker_tokens_per_minute or None,
+        ),
+        usage=TinkerUsageRead(
+            models=await models_per_base(session, settings, tenant_id),
+            calls_in_flight=await calls_in_flight(session, tenant_id),
+            tokens_available=await tokens_available(app_state.limits, tenant_id),
         ),
     )

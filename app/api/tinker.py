@@ -5,10 +5,12 @@ Auth is the SDK's ``X-API-Key``; the SDK refuses a key that does not start ``tml
 tenant sends its rlaas key with that prefix (``tml-rlaas_...``) and we drop it. Every call
 spends one request of the tenant's quota, as any ``/v1`` call.
 
-Work calls (create_model, forward_backward, optim_step, save_weights_for_sampler, asample)
-answer a future id at once (app.services.tinker); ``retrieve_future`` long-polls it for up
-to ``RLAAS_TINKER_LONG_POLL_S`` (30 s), then answers ``try_again``. Another tenant's
-model, sampler or future is a 404, as one that does not exist.
+Work calls (create_model, forward_backward, optim_step, save_weights_for_sampler, asample,
+unload_model) answer a future id at once (app.services.tinker); ``retrieve_future``
+long-polls it for up to ``RLAAS_TINKER_LONG_POLL_S`` (30 s), then answers ``try_again``.
+Another tenant's model, sampler or future is a 404, as one that does not exist. Models per
+base, calls in flight and tokens per minute are limited per tenant
+(app.services.tinker_limits): 429.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import UTC, timedelta
+from datetime import UTC
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from app.api.deps import SessionDep, StateDep, WorkerIdentityDep, _authenticated
 from app.db.models import TinkerFuture, TinkerModel, TinkerSampler, utcnow
@@ -29,9 +31,9 @@ from app.errors import BadRequest, Gone, NotFound, Unauthorized
 from app.security import parse_prefix
 from app.services import tinker_wire as wire
 from app.services.tinker import (
-    WORKER_TIMEOUT_S,
     Target,
     TinkerCalls,
+    WorkerRefusal,
     as_json,
     holder,
     new_id,
@@ -39,6 +41,7 @@ from app.services.tinker import (
     pick,
     register,
 )
+from app.services.tinker_limits import LOST_AFTER, admit_call, take_tokens
 from rl_core.protocol import internal as protocol
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
@@ -46,8 +49,6 @@ router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
 internal_router = APIRouter(prefix="/internal/tinker", tags=["internal"])
 
 POLL_EVERY_S = 0.2  # a call another API process makes: read its row this often
-# A pending call older than this has no process making it (each gives up by then).
-LOST_AFTER = timedelta(seconds=WORKER_TIMEOUT_S + 60)
 PATH_PREFIX = "tinker://"
 
 
@@ -107,6 +108,10 @@ async def _model(session: SessionDep, tenant_id: str, model_id: str) -> TinkerMo
     if found is None or found.tenant_id != tenant_id:
         raise NotFound(f"no model {model_id}", field="model_id")
     return found
+
+
+async def _admit(request: Request, session: SessionDep, tenant_id: str) -> None:
+    await admit_call(session, request.app.state.rlaas.settings, tenant_id)
 
 
 async def _future(session: SessionDep, tenant_id: str, kind: str) -> str:
@@ -185,6 +190,8 @@ async def create_model(
         raise BadRequest(
             "lora_config.rank must be an integer from 1 to 256", field="lora_config.rank"
         )
+    settings = request.app.state.rlaas.settings
+    await admit_call(session, settings, tenant_id, new_model_on=base)
     model_id = new_id("tm")
     session.add(
         TinkerModel(
@@ -198,8 +205,19 @@ async def create_model(
     future_id = await _future(session, tenant_id, "create_model")
     order = {"model_id": model_id, "base_model": base, "rank": rank, "seed": lora.get("seed") or 0}
 
+    sessions = request.app.state.rlaas.sessions
+
     async def call() -> dict[str, Any]:
-        await calls.post(target, "/models", order)
+        try:
+            await calls.post(target, "/models", order)
+        except WorkerRefusal:
+            # A model the worker refused to make holds none of the tenant's model slots. One
+            # it did not answer for (unreachable, timed out) may be there: it stays, and
+            # answers 410 once that worker has gone, until the tenant unloads it.
+            async with sessions() as cleanup:
+                await cleanup.execute(delete(TinkerModel).where(TinkerModel.id == model_id))
+                await cleanup.commit()
+            raise
         return {"model_id": model_id, "type": "create_model"}
 
     calls.start(request.app.state.rlaas.sessions, future_id, call)
@@ -231,6 +249,9 @@ async def forward_backward(
     order = wire.read_forward_backward(await request.body())
     model = await _model(session, tenant_id, order.pop("model_id"))
     target = await _holder(request, session, model)
+    await _admit(request, session, tenant_id)
+    tokens = sum(len(datum["tokens"]) for datum in order["data"])
+    await take_tokens(request.app.state.rlaas.limits, tenant_id, tokens)
     future_id = await _future(session, tenant_id, "forward_backward")
 
     def encode(answer: dict[str, Any]) -> tuple[bytes, str]:
@@ -253,6 +274,7 @@ async def optim_step(request: Request, session: SessionDep, tenant_id: TenantDep
     if not isinstance(adam, dict):
         raise BadRequest("adam_params must be an object (only Adam is served)", field="adam_params")
     order = {"seq_id": body.get("seq_id"), "adam": adam}
+    await _admit(request, session, tenant_id)
     future_id = await _future(session, tenant_id, "optim_step")
 
     async def call() -> dict[str, Any]:
@@ -284,6 +306,7 @@ async def save_for_sampler(
                 id=sampler_id, tenant_id=tenant_id, base_model=model.base_model, model_path=path
             )
         )
+    await _admit(request, session, tenant_id)
     future_id = await _future(session, tenant_id, "save_weights_for_sampler")
 
     async def call() -> dict[str, Any]:
@@ -293,6 +316,40 @@ async def save_for_sampler(
 
     calls.start(request.app.state.rlaas.sessions, future_id, call)
     return {"request_id": future_id, "model_id": model.id}
+
+
+@router.post("/unload_model")
+async def unload_model(
+    request: Request, session: SessionDep, tenant_id: TenantDep
+) -> dict[str, Any]:
+    """Free one of the tenant's model slots on its base (RLAAS_TINKER_MAX_MODELS_PER_BASE):
+    the model, its sampler weights and sampling sessions on them are gone at once (404
+    from now on); the worker drops them from its memory in the future's call. Not held
+    to the calls-in-flight limit: it is how a tenant at a limit makes room."""
+    calls = calls_of(request)
+    model = await _model(session, tenant_id, _field(await _body(request), "model_id"))
+    model_id = model.id
+    target: Target | None
+    try:
+        target = await _holder(request, session, model)
+    except Gone:
+        target = None  # its worker has gone, and its weights with it: only the rows are left
+    await session.execute(
+        delete(TinkerSampler).where(
+            TinkerSampler.tenant_id == tenant_id,
+            TinkerSampler.model_path.startswith(f"{PATH_PREFIX}{model_id}/", autoescape=True),
+        )
+    )
+    await session.delete(model)
+    future_id = await _future(session, tenant_id, "unload_model")
+
+    async def call() -> dict[str, Any]:
+        if target is not None:
+            await calls.post(target, f"/models/{model_id}/unload", {})
+        return {"type": "unload_model", "model_id": model_id}
+
+    calls.start(request.app.state.rlaas.sessions, future_id, call)
+    return {"request_id": future_id, "model_id": model_id}
 
 
 # --- sampling ----------------------------------------------------------------------------
@@ -365,18 +422,27 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
     n = body.get("num_samples", 1)
     if not isinstance(n, int) or not 1 <= n <= 64:
         raise BadRequest("num_samples must be an integer from 1 to 64", field="num_samples")
+    max_tokens = params.get("max_tokens") or 16
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BadRequest(
+            "sampling_params.max_tokens must be a positive integer",
+            field="sampling_params.max_tokens",
+        )
     order = {
         "base_model": base,
         "model_path": path,
         "prompt": tokens,
         "num_samples": n,
-        "max_tokens": params.get("max_tokens") or 16,
+        "max_tokens": max_tokens,
         "temperature": params.get("temperature", 1.0),
         "top_k": params.get("top_k", -1),
         "top_p": params.get("top_p", 1.0),
         "seed": params.get("seed"),
         "stop_ids": stop or [],
     }
+    await _admit(request, session, tenant_id)
+    # What the engine handles: the prompt, and up to max_tokens for each sample.
+    await take_tokens(request.app.state.rlaas.limits, tenant_id, len(tokens) + max_tokens * n)
     future_id = await _future(session, tenant_id, "sample")
 
     def encode(answer: dict[str, Any]) -> tuple[bytes, str]:

@@ -150,6 +150,18 @@ class RequestBucket(Base):
     tat: Mapped[float] = mapped_column(Float)
 
 
+class TinkerTokenBucket(Base):
+    """A tenant's tokens-per-minute bucket of the Tinker-compatible API
+    (``RLAAS_TINKER_TOKENS_PER_MINUTE``), kept as ``request_buckets`` is (app.services.rate)."""
+
+    __tablename__ = "tinker_token_buckets"
+
+    tenant_id: Mapped[str] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    tat: Mapped[float] = mapped_column(Float)
+
+
 class RunEvent(Base):
     __tablename__ = "run_events"
 

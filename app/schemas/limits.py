@@ -33,6 +33,38 @@ class UsageRead(BaseModel):
     )
 
 
+class TinkerQuotasRead(BaseModel):
+    """The Tinker-compatible API's limits (docs/tinker.md), set by the operator."""
+
+    models_per_base: int | None = Field(
+        description="LoRA models the tenant may hold on one base model "
+        "(RLAAS_TINKER_MAX_MODELS_PER_BASE; null: no limit)"
+    )
+    calls_in_flight: int | None = Field(
+        description="Work calls (futures) not yet finished "
+        "(RLAAS_TINKER_MAX_CALLS_IN_FLIGHT; null: no limit)"
+    )
+    tokens_per_minute: int | None = Field(
+        description="Tokens of forward/forward_backward data and of samples (prompt plus "
+        "max_tokens times num_samples) a minute: a bucket, this many at once "
+        "(RLAAS_TINKER_TOKENS_PER_MINUTE; null: no limit)"
+    )
+
+
+class TinkerUsageRead(BaseModel):
+    models: dict[str, int] = Field(description="The tenant's models on each base model")
+    calls_in_flight: int = Field(description="The tenant's work calls not yet finished")
+    tokens_available: int | None = Field(
+        description="Tokens that may be spent now without a 429 (null: no limit)"
+    )
+
+
+class TinkerLimitsRead(BaseModel):
+    quotas: TinkerQuotasRead
+    usage: TinkerUsageRead
+
+
 class LimitsRead(BaseModel):
     quotas: QuotasRead
     usage: UsageRead
+    tinker: TinkerLimitsRead = Field(description="The Tinker-compatible API's (/api/v1)")

@@ -84,10 +84,14 @@ class Limiter:
         settings: Settings,
         clock: Callable[[], float] = time.monotonic,
         buckets: RequestBuckets | None = None,
+        tinker_tokens: RequestBuckets | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
         self.buckets: RequestBuckets = buckets or LocalBuckets(clock)
+        # The Tinker API's tokens per minute (app.services.tinker_limits): a bucket counted
+        # in tokens, kept as the request rate is.
+        self.tinker_tokens: RequestBuckets = tinker_tokens or LocalBuckets(clock)
         self._by_tenant: dict[str, tuple[float, Quotas]] = {}
         self._by_prefix: dict[str, tuple[float, int]] = {}
         # Least recently seen first: past _SOURCES_MAX the longest-quiet address is

@@ -22,7 +22,7 @@ from typing import Protocol
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.models import RequestBucket
+from app.db.models import RequestBucket, TinkerTokenBucket
 
 # Float sums of the arrival time: let the rate-th request of a burst through though its
 # arrival time is a rounding error past the bound.
@@ -31,18 +31,21 @@ _EPSILON_S = 1e-6
 # `held` is read from the statement's snapshot, before the upsert: the arrival time the
 # refusal is measured against (another process may move it meanwhile; that changes only
 # the Retry-After, by a fraction of a second).
-_TAKE = text(
-    """
-    WITH held AS (SELECT tat FROM request_buckets WHERE tenant_id = :tenant),
+_TAKE = """
+    WITH held AS (SELECT tat FROM {table} WHERE tenant_id = :tenant),
     taken AS (
-        INSERT INTO request_buckets AS b (tenant_id, tat) VALUES (:tenant, :now + :interval)
+        INSERT INTO {table} AS b (tenant_id, tat) VALUES (:tenant, :now + :interval)
         ON CONFLICT (tenant_id) DO UPDATE SET tat = greatest(b.tat, :now) + :interval
         WHERE b.tat <= :now + :tolerance
         RETURNING b.tat
     )
     SELECT (SELECT tat FROM taken) AS taken, (SELECT tat FROM held) AS held
-    """
-)
+"""
+# The tables a bucket may be kept in: the request rate, and the Tinker API's tokens.
+BUCKET_TABLES: dict[str, type[RequestBucket] | type[TinkerTokenBucket]] = {
+    "request_buckets": RequestBucket,
+    "tinker_token_buckets": TinkerTokenBucket,
+}
 
 
 class RequestBuckets(Protocol):
@@ -102,11 +105,19 @@ class LocalBuckets:
 
 
 class SharedBuckets:
-    """A bucket per tenant in PostgreSQL (``request_buckets``), shared by every replica."""
+    """A bucket per tenant in PostgreSQL (``request_buckets``, or another of
+    ``BUCKET_TABLES``), shared by every replica."""
 
-    def __init__(self, engine: AsyncEngine, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        clock: Callable[[], float] = time.time,
+        table: str = "request_buckets",
+    ) -> None:
         """``engine``: an autocommit engine (``make_engine(url, autocommit=True)``)."""
         self.engine = engine
+        self._row = BUCKET_TABLES[table]  # a fixed name, never a caller's string, in the SQL
+        self._take = text(_TAKE.format(table=table))
         self._clock = clock  # a wall clock: the processes sharing a bucket must agree on it
 
     async def take(self, tenant_id: str, per_minute: int, cost: float = 1.0) -> float:
@@ -120,7 +131,7 @@ class SharedBuckets:
         async with self.engine.connect() as conn:
             row = (
                 await conn.execute(
-                    _TAKE,
+                    self._take,
                     {"tenant": tenant_id, "now": now, "interval": interval, "tolerance": tolerance},
                 )
             ).one()
@@ -135,9 +146,7 @@ class SharedBuckets:
         if per_minute <= 0:
             return 0
         async with self.engine.connect() as conn:
-            tat = await conn.scalar(
-                select(RequestBucket.tat).where(RequestBucket.tenant_id == tenant_id)
-            )
+            tat = await conn.scalar(select(self._row.tat).where(self._row.tenant_id == tenant_id))
         interval = 60.0 / per_minute
         now = self._clock()
         # The next arrival time may run up to 60 s ahead; each request moves it one interval.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import threading
 import time
@@ -191,3 +192,36 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
             service_b.create_sampling_client(model_path=first).result().sample(
                 prompt, num_samples=1, sampling_params=params
             ).result()
+
+
+def test_over_tokens_per_minute_the_client_waits_and_then_succeeds(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 429 on tokens per minute slows the official client's loop rather than failing it:
+    the client sleeps Retry-After and sends the call again (docs/tinker.md, limits)."""
+    # 10 tokens a second, 600 at once; two forward_backwards of 315 tokens sent back to
+    # back: the second is 30 tokens (3 s) short.
+    with (
+        live_api(migrated_database(postgres_url), tinker_tokens_per_minute=600) as api,
+        tinker_worker(api.url),
+    ):
+        service = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{api.tenant()}")
+        training = service.create_lora_training_client(base_model=BASE, rank=2).result()
+        tokens = [1 + i % 60 for i in range(64)]
+        ce = types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={
+                "target_tokens": types.TensorData.from_numpy(np.array(tokens[1:], np.int64)),
+                "weights": types.TensorData.from_numpy(np.ones(63, np.float32)),
+            },
+        )
+        with caplog.at_level(logging.INFO, logger="rlaas.access"):
+            start = time.monotonic()
+            first = training.forward_backward([ce] * 5, "cross_entropy")
+            second = training.forward_backward([ce] * 5, "cross_entropy")
+            losses = [first.result().metrics["loss:sum"], second.result().metrics["loss:sum"]]
+            waited = time.monotonic() - start
+        refused = [r for r in caplog.records if "/api/v1/forward_backward 429" in r.getMessage()]
+        assert refused, "the second call was not refused: the limit was not reached"
+        assert waited >= 2.0, waited  # it waited for the tokens, as Retry-After said
+        assert losses[0] == pytest.approx(losses[1], rel=1e-4)  # no optim_step between

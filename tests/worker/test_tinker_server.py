@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import numpy as np
+import pytest
 
 from worker.tinker_server import Refused, TinkerWorker
 
@@ -102,3 +103,27 @@ def test_a_datum_longer_than_the_base_context_is_refused_by_name() -> None:
 
     message = asyncio.run(scenario())
     assert "data[0].model_input" in message and "context" in message
+
+
+def test_unload_drops_the_model_and_its_snapshots_only() -> None:
+    """The control plane's unload_model: the model's memory is given back (its adapter and
+    its sampler snapshots); another model on the base is untouched; a second unload is no
+    error (the caller wants it gone)."""
+
+    async def scenario() -> TinkerWorker:
+        worker = TinkerWorker(("builtin:tiny",))
+        for model_id in ("a", "b"):
+            await worker.create({"model_id": model_id, "base_model": "builtin:tiny", "rank": 2})
+            path = f"tinker://{model_id}/sampler_weights/s"
+            await worker.save_for_sampler(model_id, {"path": path, "seq_id": 1})
+        assert await worker.unload("a", {}) == {"model_id": "a"}
+        assert await worker.unload("a", {}) == {"model_id": "a"}
+        return worker
+
+    worker = asyncio.run(scenario())
+    assert list(worker.models) == ["b"] and list(worker.samplers) == [
+        "tinker://b/sampler_weights/s"
+    ]
+    with pytest.raises(Refused) as refused:
+        worker.model("a")
+    assert refused.value.status == 404
