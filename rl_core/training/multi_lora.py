@@ -143,7 +143,7 @@ def multi_lora_model(
     config: LoraConfig,
     *,
     impl: Impl = DEFAULT_IMPL,
-) -> nnx.Module:
+) -> Any:  # the base's own class (a `Model`), wrapped
     """The base model with every adapted Linear wrapped: call it as the base model on a
     batch whose row i uses slot ``slots[i]``. Meant for inside a jitted function (the
     wrapping is Python, done once per trace); ``base`` is used as is, never copied."""
@@ -160,8 +160,6 @@ def multi_lora_model(
         raise ValueError(f"adapters name no Linear of the model: {missing}")
     for path, linear in found:
         ad = stacked[_dotted(path)]
-        wrapped = MultiLoraLinear(
-            linear, ad["a"], ad["b"], slots, scale=config.scale, impl=impl
-        )
+        wrapped = MultiLoraLinear(linear, ad["a"], ad["b"], slots, scale=config.scale, impl=impl)
         setattr(_parent(model, path), str(path[-1]), wrapped)
     return model
