@@ -27,7 +27,7 @@ from flax import nnx
 
 from rl_core.errors import UnsupportedSpec
 from rl_core.models.decoder import Model
-from rl_core.training.lora import LoraConfig, init_adapters
+from rl_core.training.lora import LoraConfig, init_adapters, merged_params
 from rl_core.training.multi_lora import (
     DEFAULT_IMPL,
     Impl,
@@ -134,6 +134,7 @@ class MultiLoraTrainer:
         self.m: StackedAdapters = zeros
         self.v: StackedAdapters = zeros
         self.steps = [0] * slots
+        self._merge = jax.jit(functools.partial(merged_params, config=lora))
 
     def reset(self, slot: int, seed: int) -> None:
         """A fresh adapter in ``slot`` (B = 0), with no gradient, moments or steps."""
@@ -151,6 +152,13 @@ class MultiLoraTrainer:
         """Slot ``slot``'s adapter in `lora.py`'s layout (to merge for sampling or export)."""
         self._check(slot)
         return slot_adapters(self.adapters, slot)
+
+    def sampler_weights(self, slot: int) -> Any:
+        """Slot ``slot``'s adapter merged into the base, as `nnx.state(model)` (what a
+        `JaxEngine` samples with): a copy, as `LoraModel.sampler_weights`."""
+        self._check(slot)
+        merged = self._merge(self._base, slot_adapters(self.adapters, slot))
+        return nnx.merge_state(merged, self._rest)
 
     def forward_backward(
         self, calls: Sequence[SlotCall], loss_fn: str, *, forward_only: bool = False

@@ -60,6 +60,9 @@ def test_two_slots_batched_end_as_each_trained_alone(tiny_config: ModelConfig) -
         assert sorted(got) == sorted(want)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(g, w, atol=1e-5)
+        sampled = jax.tree.leaves(multi.sampler_weights(s))
+        for g, w in zip(sampled, jax.tree.leaves(alone[s].sampler_weights()), strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
         # Trained: B moved off zero.
         assert max(float(abs(np.asarray(ad["b"])).max()) for ad in got.values()) > 1e-4
     # The idle slot never moved and holds no gradient.
