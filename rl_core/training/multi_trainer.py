@@ -35,7 +35,7 @@ from rl_core.training.multi_lora import (
     multi_lora_model,
     slot_adapters,
 )
-from rl_core.training.primitives import AdamParams, Datum, _adam, pack_batch, token_loss
+from rl_core.training.primitives import AdamParams, Datum, adam_update, pack_batch, token_loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,10 +96,10 @@ def _adam_slot(
     t: jax.Array,
     hyper: jax.Array,  # [6] lr, beta1, beta2, eps, weight_decay, grad_clip_norm
 ) -> tuple[StackedAdapters, StackedAdapters, StackedAdapters, StackedAdapters, jax.Array]:
-    """`primitives._adam` on slot ``slot`` only (its grad norm and clipping are its own);
+    """`primitives.adam_update` on slot ``slot`` only (its grad norm and clipping are its own);
     its accumulator is cleared, every other slot is left as it was."""
     take = functools.partial(jax.tree.map, lambda x: x[slot])
-    w1, m1, v1, norm = _adam(take(w), take(m), take(v), take(g), t, *hyper)
+    w1, m1, v1, norm = adam_update(take(w), take(m), take(v), take(g), t, *hyper)
 
     def put(stacked: StackedAdapters, one: Any) -> StackedAdapters:
         return jax.tree.map(lambda s, x: s.at[slot].set(x), stacked, one)  # type: ignore[no-any-return]

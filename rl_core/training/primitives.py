@@ -99,7 +99,7 @@ def _compiled(graphdef: Any, lora: LoraConfig, loss_fn: str, forward_only: bool)
 
 
 @jax.jit
-def _adam(
+def adam_update(
     w: Adapters,
     m: Adapters,
     v: Adapters,
@@ -200,7 +200,7 @@ class LoraModel:
         """Adam (decoupled weight decay) on the accumulated gradient, which it then clears."""
         self.steps += 1
         hyper = [p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm]
-        self.adapters, self.m, self.v, norm = _adam(
+        self.adapters, self.m, self.v, norm = adam_update(
             self.adapters,
             self.m,
             self.v,
