@@ -113,6 +113,26 @@ def _set_slot(stacked: StackedAdapters, slot: jax.Array, one: Any) -> StackedAda
     return jax.tree.map(lambda s, x: s.at[slot].set(x), stacked, one)  # type: ignore[no-any-return]
 
 
+def _concat(
+    packed: Sequence[dict[str, jax.Array]], calls: Sequence[SlotCall]
+) -> tuple[dict[str, jax.Array], jax.Array]:  # batch [R, T], slots [R]
+    """Several calls' batches as one: padded to the longest T, rows padded to a power of
+    two (R), so a few batch shapes compile rather than one per mix of calls. A padding
+    row has mask 0 (no loss, no gradient) and slot 0."""
+    length = max(b["tokens"].shape[1] for b in packed)
+    rows = sum(b["tokens"].shape[0] for b in packed)
+    total = 1 << (rows - 1).bit_length()
+    batch = {}
+    for name in packed[0]:
+        parts = [jnp.pad(b[name], ((0, 0), (0, length - b[name].shape[1]))) for b in packed]
+        joined = jnp.concatenate(parts)
+        batch[name] = jnp.pad(joined, ((0, total - rows), (0, 0)))
+    slots = [
+        c.slot for c, b in zip(calls, packed, strict=True) for _ in range(b["tokens"].shape[0])
+    ]
+    return batch, jnp.asarray(slots + [0] * (total - rows), jnp.int32)
+
+
 class MultiLoraTrainer:
     """S adapter slots on a base `Model` (never changed), each with its own gradient
     accumulator, Adam moments and step count. A slot holds one Tinker model; `reset`
@@ -167,16 +187,10 @@ class MultiLoraTrainer:
         unless ``forward_only``, each slot's gradient joins its own accumulator."""
         if not calls:
             raise UnsupportedSpec("calls", "forward_backward needs at least one call")
-        data: list[Datum] = []
-        row_slots: list[int] = []
         for call in calls:
             self._check(call.slot)
-            if not call.data:
-                raise UnsupportedSpec("data", "forward_backward needs at least one datum")
-            data.extend(call.data)
-            row_slots.extend([call.slot] * len(call.data))
-        batch = pack_batch(data, loss_fn, self.max_len)
-        slots = jnp.asarray(row_slots, jnp.int32)
+        # Each call packed alone, so a refusal names data[i] as that call's client sent it.
+        batch, slots = _concat([pack_batch(c.data, loss_fn, self.max_len) for c in calls], calls)
         fn = _compiled(self._graphdef, self.lora, loss_fn, self.impl, forward_only)
         args = (self.adapters, self._base, self._rest, batch, slots)
         if forward_only:

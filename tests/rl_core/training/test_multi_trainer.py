@@ -23,10 +23,10 @@ from rl_core.training.primitives import AdamParams, Datum, LoraModel
 LORA = LoraConfig(rank=4, alpha=4.0, targets=("q", "k", "v", "o"))  # LoraModel's default
 
 
-def _datums(rng: np.random.Generator, vocab: int, n: int) -> list[Datum]:
+def _datums(rng: np.random.Generator, vocab: int, n: int, lengths: tuple[int, int]) -> list[Datum]:
     out = []
     for _ in range(n):
-        length = int(rng.integers(4, 12))
+        length = int(rng.integers(*lengths))
         tokens = rng.integers(0, vocab, length + 1).tolist()
         weights = rng.uniform(0.5, 1.0, length).tolist()
         out.append(Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": weights}))
@@ -44,7 +44,12 @@ def test_two_slots_batched_end_as_each_trained_alone(tiny_config: ModelConfig) -
     rng = np.random.default_rng(0)
     for _ in range(2):
         for _ in range(2):  # two calls accumulate before each step
-            calls = [SlotCall(s, _datums(rng, tiny_config.vocab_size, 2)) for s in seeds]
+            # Slot 0: 3 rows of T 16, slot 2: 2 rows of T 32; one batch of 8 x 32, so the
+            # padding of tokens and of rows is exercised (and few shapes compile).
+            calls = [
+                SlotCall(0, _datums(rng, tiny_config.vocab_size, 3, (4, 12))),
+                SlotCall(2, _datums(rng, tiny_config.vocab_size, 2, (17, 24))),
+            ]
             results = multi.forward_backward(calls, "cross_entropy")
             for call, got in zip(calls, results, strict=True):
                 lps, loss = alone[call.slot].forward_backward(call.data, "cross_entropy")
