@@ -154,7 +154,23 @@ class MultiLoraTrainer:
         self.m: StackedAdapters = zeros
         self.v: StackedAdapters = zeros
         self.steps = [0] * slots
+        self.used = 0  # slots 0..used-1 are handed out by `add`
         self._merge = jax.jit(functools.partial(merged_params, config=lora))
+
+    def add(self, seed: int) -> int:
+        """A fresh adapter in the next free slot, its index; when every slot is taken, the
+        slots double first (the programs compile again for the new S, so not one by one)."""
+        if self.used == self.n_slots:
+            grow = functools.partial(
+                jax.tree.map, lambda x: jnp.concatenate([x, jnp.zeros_like(x)])
+            )
+            self.adapters, self.grads = grow(self.adapters), grow(self.grads)
+            self.m, self.v = grow(self.m), grow(self.v)
+            self.steps += [0] * self.n_slots
+            self.n_slots *= 2
+        slot, self.used = self.used, self.used + 1
+        self.reset(slot, seed)
+        return slot
 
     def reset(self, slot: int, seed: int) -> None:
         """A fresh adapter in ``slot`` (B = 0), with no gradient, moments or steps."""

@@ -77,3 +77,13 @@ def test_two_slots_batched_end_as_each_trained_alone(tiny_config: ModelConfig) -
         np.testing.assert_array_equal(leaf, np.zeros_like(leaf))
     with pytest.raises(UnsupportedSpec, match="slot 3"):
         multi.optim_step(3, AdamParams())
+    # `add` hands out slots in order and doubles the slots when all are taken, keeping
+    # every trained slot as it was.
+    before = multi.adapter(2)
+    multi.used = 3
+    assert multi.add(seed=5) == 3 and multi.n_slots == 6 and multi.steps[2] == 2
+    for g, w in zip(jax.tree.leaves(multi.adapter(2)), jax.tree.leaves(before), strict=True):
+        np.testing.assert_array_equal(g, w)
+    fresh = LoraModel(model, rank=4, seed=5, lora=LORA).adapters
+    for g, w in zip(jax.tree.leaves(multi.adapter(3)), jax.tree.leaves(fresh), strict=True):
+        np.testing.assert_array_equal(g, w)
