@@ -1,5 +1,6 @@
 """worker.tinker_server applies a model's training calls in seq_id order, whatever order
-they arrive in, and its sampler snapshots do not move with training."""
+they arrive in, and its sampler snapshots do not move with training; models on one base
+are slots of one trainer, their concurrent calls batched, each trained as it would alone."""
 
 from __future__ import annotations
 
@@ -71,13 +72,19 @@ def test_two_models_on_one_base_train_as_each_would_alone() -> None:
             )
         await asyncio.gather(_train(worker, "a", a_adv), _train(worker, "b", b_adv))
         assert len(worker.bases) == 1  # one base loaded for both
-        return worker.models["a"].lora.adapters, worker.models["b"].lora.adapters
+        a, b = worker.models["a"], worker.models["b"]
+        assert a.pool is b.pool and a.slot != b.slot  # one trainer, two slots
+        # Six forward_backward calls in fewer programs: at least the first step's two
+        # (made ready in one turn of the loop) ran as one batch.
+        assert a.pool.batches < 6
+        return a.pool.trainer.adapter(a.slot), b.pool.trainer.adapter(b.slot)
 
     async def alone() -> Any:
         worker = TinkerWorker(("builtin:tiny",))
         await worker.create({"model_id": "a", "base_model": "builtin:tiny", "rank": 4, "seed": 1})
         await _train(worker, "a", a_adv)
-        return worker.models["a"].lora.adapters
+        a = worker.models["a"]
+        return a.pool.trainer.adapter(a.slot)
 
     a, b = asyncio.run(together())
     a_alone = asyncio.run(alone())
@@ -91,7 +98,7 @@ def test_a_datum_longer_than_the_base_context_is_refused_by_name() -> None:
     async def scenario() -> str:
         worker = TinkerWorker(("builtin:tiny",))
         await worker.create({"model_id": "m", "base_model": "builtin:tiny", "rank": 2})
-        too_long = worker.models["m"].lora.max_len + 1
+        too_long = worker.models["m"].pool.trainer.max_len + 1
         datum = {"tokens": [1] * too_long, "inputs": {"target_tokens": [1] * too_long}}
         body = {"loss_fn": "cross_entropy", "data": [datum], "seq_id": 1}
         try:
