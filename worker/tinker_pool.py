@@ -41,6 +41,7 @@ class LoraPool:
         self.lock = threading.Lock()
         self.pending: list[_Call] = []
         self._draining = False
+        self._drainer: asyncio.Task[None] | None = None  # held: the loop keeps tasks weakly
         self.batches = 0  # programs run, for tests and logs: fewer than calls when batched
 
     async def run(self, work: Callable[[Any], T]) -> T:
@@ -59,7 +60,7 @@ class LoraPool:
         self.pending.append(_Call(slot, data, loss_fn, forward_only, done))
         if not self._draining:
             self._draining = True
-            asyncio.get_running_loop().create_task(self._drain())
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
         return await done
 
     async def _drain(self) -> None:

@@ -94,6 +94,25 @@ def test_two_models_on_one_base_train_as_each_would_alone() -> None:
     assert any(np.abs(np.asarray(ad["b"])).max() > 0 for ad in a_alone.values())  # it trained
 
 
+def test_a_bad_call_batched_with_a_good_one_fails_alone() -> None:
+    async def scenario() -> tuple[Any, Any, int]:
+        worker = TinkerWorker(("builtin:tiny",))
+        for model_id in ("good", "bad"):
+            await worker.create({"model_id": model_id, "base_model": "builtin:tiny", "rank": 4})
+        bad = {"tokens": TOKENS[:-1], "inputs": {"target_tokens": TOKENS[1:]}}  # no weights
+        good, refused = await asyncio.gather(
+            worker.forward_backward("good", {"loss_fn": "cross_entropy", "data": [DATUM]}),
+            worker.forward_backward("bad", {"loss_fn": "cross_entropy", "data": [bad]}),
+            return_exceptions=True,
+        )
+        return good, refused, worker.models["good"].pool.batches
+
+    good, refused, batches = asyncio.run(scenario())
+    assert good["loss"] > 0 and len(good["logprobs"][0]) == 4
+    assert "data[0].loss_fn_inputs.weights" in str(refused)
+    assert batches == 3  # tried together, then each alone
+
+
 def test_a_datum_longer_than_the_base_context_is_refused_by_name() -> None:
     async def scenario() -> str:
         worker = TinkerWorker(("builtin:tiny",))
