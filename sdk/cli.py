@@ -222,6 +222,15 @@ def runs_cancel(
     typer.echo(f"{run.id}  {run.status}")
 
 
+@runs.command("delete-artifacts")
+def runs_delete_artifacts(
+    run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
+) -> None:
+    """Delete a finished run's checkpoints and exports, freeing storage quota."""
+    freed = _call(api_url, api_key, lambda client: client.delete_artifacts(run_id))
+    typer.echo(f"{run_id}  freed {freed} bytes")
+
+
 @keys.command("list")
 def keys_list(api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
     """Your tenant's keys (never their secrets)."""

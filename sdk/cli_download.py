@@ -1,4 +1,5 @@
-"""``rlaas download RUN``: a checkpoint of a run as a Hugging Face model or a PEFT adapter."""
+"""``rlaas download RUN``: a checkpoint of a run as a Hugging Face model or a PEFT adapter,
+or (``--tensorboard``) the run's TensorBoard event files."""
 
 from __future__ import annotations
 
@@ -23,14 +24,22 @@ def download(
     ] = "hf",
     out: Annotated[
         Path | None,
-        typer.Option("-o", "--out", help="Folder to fill; default ./RUN-step-N-FORMAT."),
+        typer.Option(
+            "-o", "--out", help="Folder to fill; default ./RUN-step-N-FORMAT (./RUN-tensorboard)."
+        ),
     ] = None,
+    tensorboard: Annotated[
+        bool,
+        typer.Option(
+            "--tensorboard", help="The run's TensorBoard event files instead of a checkpoint."
+        ),
+    ] = False,
     api_url: Annotated[
         str, typer.Option(envvar="RLAAS_API_URL", help="Control plane base URL.")
     ] = DEFAULT_API_URL,
     api_key: Annotated[str, typer.Option(envvar="RLAAS_API_KEY", help="Your API key.")] = "",
 ) -> None:
-    """Download a checkpoint of RUN into a folder; prints the folder."""
+    """Download a checkpoint of RUN (or its TensorBoard files) into a folder; prints it."""
     from sdk.client import Client, RlaasError
 
     if format not in ("hf", "peft"):
@@ -43,7 +52,10 @@ def download(
         raise typer.Exit(2)
     with Client(api_url, api_key) as client:
         try:
-            folder = client.download_checkpoint(run_id, step, format=format, out=out)
+            if tensorboard:
+                folder = client.download_tensorboard(run_id, out=out)
+            else:
+                folder = client.download_checkpoint(run_id, step, format=format, out=out)
         except RlaasError as exc:
             typer.secho(str(exc), fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None

@@ -313,8 +313,6 @@ class Client:
         tokenizer files), for ``transformers.AutoModelForCausalLM.from_pretrained(out)``.
         ``format="peft"``: a LoRA run's adapter, for ``peft.PeftModel.from_pretrained``.
         """
-        from sdk.downloads import unpack_export
-
         if step is None:
             steps = [c.step for c in self.checkpoints(run_id)]
             if not steps:
@@ -325,12 +323,28 @@ class Client:
             step = max(steps)
         target = Path(out) if out is not None else Path(f"{run_id}-step-{step}-{format}")
         path = f"{_run(run_id)}/checkpoints/{int(step)}/export"
+        return self._download(path, target, params={"format": format})
+
+    def delete_artifacts(self, run_id: str) -> int:
+        """Delete a finished run's checkpoints and exports from storage (download what you
+        keep first); returns the bytes freed from the tenant's ``artifact_bytes`` quota."""
+        return int(self._json("DELETE", f"{_run(run_id)}/artifacts")["freed_bytes"])
+
+    def download_tensorboard(self, run_id: str, *, out: str | Path | None = None) -> Path:
+        """Download the run's TensorBoard event files (its spec's ``trackers`` names
+        ``{kind: tensorboard}``) into the folder ``out`` (default ``./<run>-tensorboard``,
+        which must not hold files yet); returns it, for ``tensorboard --logdir out``."""
+        target = Path(out) if out is not None else Path(f"{run_id}-tensorboard")
+        return self._download(f"{_run(run_id)}/trackers/tensorboard", target, params={})
+
+    def _download(self, path: str, target: Path, *, params: dict[str, str]) -> Path:
+        """A tar the API streams, unpacked into ``target`` (`sdk.downloads.unpack_export`)."""
+        from sdk.downloads import unpack_export
+
         # A model is hundreds of MB: no limit on the whole read, only on each silence.
         timeout = httpx.Timeout(self._http.timeout.connect, read=STREAM_READ_TIMEOUT_S)
         try:
-            with self._http.stream(
-                "GET", path, params={"format": format}, timeout=timeout
-            ) as response:
+            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise _error(response)

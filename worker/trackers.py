@@ -2,7 +2,8 @@
 
 The mirror itself is rl_core's (`rl_core.host.trackers.mirror`): a bounded queue and a
 thread per tracker, fed by the sink the pipeline reports to. Here the worker decides
-where its files go (``<artifacts>/<run>/trackers``), where an MLflow server may be
+where its files go (``<artifacts>/<run>/trackers``, and TensorBoard's to the artifact
+store's ``<run>/trackers/tensorboard`` too when there is one), where an MLflow server may be
 (``RLAAS_ENV_URL_ALLOWLIST``, as for webhook environments), how long the end of a run
 waits for its trackers, and reports their final counters as points of the last step.
 """
@@ -35,11 +36,14 @@ class RunTrackers:
 
         self._inner = inner
         self._mirrored: MirroredSink | None = None
+        target = settings.store_target(run_id)
         trackers = build_trackers(
             spec,
             run_id=run_id,
             run_dir=settings.artifacts_dir() / run_id,
             allowlist=settings.env_allowlist(),
+            store=target.store if target is not None else None,
+            store_prefix=target.prefix if target is not None else run_id,
         )
         if trackers:
             config = MirrorConfig(close_timeout_s=settings.tracker_close_seconds)

@@ -6,10 +6,9 @@ from fastapi import APIRouter
 
 from app.api.deps import SessionDep, StateDep, TenantDep
 from app.schemas.limits import LimitsRead, QuotasRead, UsageRead
-from app.services.adapters import artifact_bytes_used
 from app.services.budget import run_seconds_used
 from app.services.datasets import bytes_used as datasets_bytes
-from app.services.quotas import runs_in_flight
+from app.services.quotas import artifact_bytes_used, runs_in_flight
 
 router = APIRouter(prefix="/v1/limits", tags=["limits"])
 

@@ -11,6 +11,7 @@ from app.api.deps import SessionDep, StateDep, TenantDep
 from app.schemas.results import (
     INT32,
     INT64,
+    ArtifactsDeleted,
     CheckpointPage,
     CheckpointRead,
     InflightIn,
@@ -25,6 +26,7 @@ from app.schemas.results import (
 from app.services import exports as exports_service
 from app.services import lineage as lineage_service
 from app.services import results as service
+from app.services import run_artifacts
 from rl_core.artifacts import ExportFormat
 
 router = APIRouter(prefix="/v1/runs", tags=["results"])
@@ -98,6 +100,45 @@ async def export_checkpoint(
     (adapter_config.json, adapter_model.safetensors). docs/exports.md says how to load them."""
     archive = await exports_service.checkpoint_export(
         session, tenant_id, run_id, step, fmt, settings=app_state.settings
+    )
+    return StreamingResponse(
+        archive.chunks(),
+        media_type="application/x-tar",
+        headers={
+            "Content-Length": str(archive.size),
+            "Content-Disposition": f'attachment; filename="{archive.name}"',
+        },
+    )
+
+
+@router.delete("/{run_id}/artifacts", response_model=ArtifactsDeleted)
+async def delete_artifacts(
+    run_id: str, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+) -> ArtifactsDeleted:
+    """Delete a finished run's checkpoints and exports (and TensorBoard files) from
+    storage, freeing the tenant's ``artifact_bytes`` quota; the run, its metrics and
+    trajectories stay. 409 while the run is live. Download what you keep first."""
+    deleted = await run_artifacts.delete_run_artifacts(
+        session, tenant_id, run_id, settings=app_state.settings
+    )
+    return ArtifactsDeleted(
+        run_id=deleted.run_id, freed_bytes=deleted.freed_bytes, checkpoints=deleted.checkpoints
+    )
+
+
+@router.get(
+    "/{run_id}/trackers/tensorboard",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}, "description": "A tar archive"}},
+)
+async def tensorboard_files(
+    run_id: str, session: SessionDep, tenant_id: TenantDep, app_state: StateDep
+) -> StreamingResponse:
+    """The run's TensorBoard event files (spec ``trackers: [{kind: tensorboard}]``) as a
+    tar of one folder, to open with ``tensorboard --logdir``; a resumed run's attempts
+    each add their own file. docs/trackers.md."""
+    archive = await exports_service.tensorboard_files(
+        session, tenant_id, run_id, settings=app_state.settings
     )
     return StreamingResponse(
         archive.chunks(),

@@ -79,6 +79,14 @@ class CheckpointPage(BaseModel):
     items: list[CheckpointRead]
 
 
+class ArtifactsDeleted(BaseModel):
+    """A finished run's checkpoints and exports, deleted (``DELETE /v1/runs/{id}/artifacts``)."""
+
+    run_id: str
+    freed_bytes: int  # the run's storage use before, as its worker last measured it
+    checkpoints: int  # checkpoints no longer listed
+
+
 class LineageStep(BaseModel):
     """One step's update as the policy holds it: trained by ``attempt`` on the policy
     ``base_attempt`` left at ``base_step``; ``replaced``: attempts that trained this step

@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Run, Tenant, UploadedAdapter, utcnow
 from app.errors import Conflict, NotFound, PayloadTooLarge, Unprocessable
 from app.services import run_states
-from app.services.quotas import Quotas
+from app.services.quotas import Quotas, artifact_bytes_used
 from app.settings import Settings
 from rl_core.spec import parse_init_from
 
@@ -220,20 +220,6 @@ def _tensors(path: Path, rank: int) -> list[str]:
     if not targets:
         raise Unprocessable(f"{WEIGHTS_FILE} holds no tensors", field=WEIGHTS_FILE)
     return sorted(targets)
-
-
-async def artifact_bytes_used(session: AsyncSession, tenant_id: str) -> int:
-    """What the tenant's stored artifacts take (the quota ``artifact_bytes``): each run's
-    kept checkpoints and exports as its worker last measured them, and the uploads here."""
-    runs = await session.scalar(
-        select(func.coalesce(func.sum(Run.stored_bytes), 0)).where(Run.tenant_id == tenant_id)
-    )
-    uploads = await session.scalar(
-        select(func.coalesce(func.sum(UploadedAdapter.size_bytes), 0)).where(
-            UploadedAdapter.tenant_id == tenant_id
-        )
-    )
-    return int(runs or 0) + int(uploads or 0)
 
 
 async def _check_quota(

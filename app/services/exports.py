@@ -118,6 +118,43 @@ async def checkpoint_export(
     return Archive(name=f"{prefix}.tar", files=found, size=size)
 
 
+async def tensorboard_files(
+    session: AsyncSession, tenant_id: str, run_id: str, *, settings: Settings
+) -> Archive:
+    """The run's TensorBoard event files as a tar of one folder (``tensorboard --logdir``
+    on it): from the artifact store when there is one (the worker copies them there as the
+    run goes, docs/trackers.md), else from the data folder. 404 for another tenant's run,
+    and for a run that wrote none, saying why."""
+    run = await get_run(session, tenant_id, run_id)
+    name = f"{run.id}-tensorboard"
+    if settings.artifact_store:
+        store = _store(settings.artifact_store, settings.s3_endpoint)
+        key = f"{run.id}/trackers/tensorboard"
+        objects = await asyncio.to_thread(store.list, key)
+        found: list[Member] | None = [
+            Member(f"{name}/{o.key[len(key) + 1 :]}", o.size, o.mtime, _streamed(store, o.key))
+            for o in objects
+        ] or None
+    else:
+        found = _local(settings.artifacts_dir() / run.id / "trackers" / "tensorboard", name)
+    if not found:
+        trackers = run.spec.get("trackers") if isinstance(run.spec, dict) else None
+        named = any(isinstance(t, dict) and t.get("kind") == "tensorboard" for t in trackers or [])
+        why = (
+            "none has been written yet (the worker copies them at its first steps and then "
+            "every minute)"
+            if named
+            else "its spec names no tensorboard tracker (add {kind: tensorboard} to trackers)"
+        )
+        raise NotFound(f"run {run.id} has no TensorBoard files: {why}", field="run_id")
+    size = sum(len(_header(m)) + _padded(m.size) for m in found) + 2 * _BLOCK
+    return Archive(name=f"{name}.tar", files=found, size=size)
+
+
+def _streamed(store: ArtifactStore, key: str) -> Callable[[], Iterator[bytes]]:
+    return lambda: store.stream(key, _CHUNK)
+
+
 def folder_archive(folder: Path, name: str) -> Archive | None:
     """A tar of the files of ``folder`` under ``name/``; None when there is no folder."""
     found = _local(folder, name)
@@ -162,9 +199,6 @@ def _stored(
     """The export's objects in the store (None unless its marker is there, i.e. it was
     uploaded whole), and whether the step's adapter is there."""
 
-    def reader(key: str) -> Callable[[], Iterator[bytes]]:
-        return lambda: store.stream(key, _CHUNK)
-
     def complete(f: ExportFormat) -> list[Member] | None:
         key = export_key(run_id, step, f)
         objects = store.list(key)
@@ -175,7 +209,7 @@ def _stored(
                 f"{prefix}/{o.key[len(key) + 1 :]}",
                 o.size,
                 o.mtime,
-                reader(o.key),
+                _streamed(store, o.key),
             )
             for o in objects
             if o.key != f"{key}/{EXPORT_MARKER}"

@@ -31,8 +31,8 @@ from typing import TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.models import ApiKey, Run, Tenant, utcnow
-from app.errors import TooManyRequests, Unprocessable
+from app.db.models import ApiKey, Run, Tenant, UploadedAdapter, utcnow
+from app.errors import Forbidden, TooManyRequests, Unprocessable
 from app.services import budget as budget_service
 from app.services import run_states
 from app.services.rate import LocalBuckets, RequestBuckets, TokenBucket
@@ -220,6 +220,20 @@ async def runs_in_flight(session: AsyncSession, tenant_id: str) -> int:
     )
 
 
+async def artifact_bytes_used(session: AsyncSession, tenant_id: str) -> int:
+    """What the tenant's stored artifacts take (the quota ``artifact_bytes``): each run's
+    kept checkpoints and exports as its worker last measured them, and the uploads here."""
+    runs = await session.scalar(
+        select(func.coalesce(func.sum(Run.stored_bytes), 0)).where(Run.tenant_id == tenant_id)
+    )
+    uploads = await session.scalar(
+        select(func.coalesce(func.sum(UploadedAdapter.size_bytes), 0)).where(
+            UploadedAdapter.tenant_id == tenant_id
+        )
+    )
+    return int(runs or 0) + int(uploads or 0)
+
+
 async def admit_run(
     session: AsyncSession,
     tenant_id: str,
@@ -230,6 +244,7 @@ async def admit_run(
     """Refuse the new run if it is over a quota; else it may be stored.
 
     In this order: ``train_steps`` over the tenant's cap (422: no wait will help), its
+    stored artifacts at their quota (403: deleting some helps, waiting does not), its
     quota of unfinished runs, then its compute budget (429 with ``Retry-After``). The
     tenant's row stays locked until the request commits, so concurrent submits of one
     tenant queue here (SQLite has no row locks; it serialises writers anyway).
@@ -245,6 +260,20 @@ async def admit_run(
         )
         refusal.extra = {"quota": {"name": "train_steps", "limit": cap}}
         raise refusal
+    stored = await artifact_bytes_used(session, tenant_id)
+    if stored >= quotas.artifact_bytes:
+        # No wait helps (stored files stay until deleted): 403 rather than 429.
+        full = Forbidden(
+            f"this tenant's stored artifacts take {stored} bytes and the quota is "
+            f"{quotas.artifact_bytes} (artifact_bytes: runs' checkpoints and exports, and "
+            "adapters); free some before starting a run: delete a finished run's artifacts "
+            "(DELETE /v1/runs/{id}/artifacts, after downloading what you keep) or an adapter "
+            "(DELETE /v1/adapters/{id}), or ask for a higher quota",
+            field="quota.artifact_bytes",
+        )
+        quota_info = {"name": "artifact_bytes", "limit": quotas.artifact_bytes, "used": stored}
+        full.extra = {"quota": quota_info}
+        raise full
     quota = quotas.runs_in_flight
     used = await runs_in_flight(session, tenant_id)
     if used >= quota:

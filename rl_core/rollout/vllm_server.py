@@ -63,6 +63,7 @@ class VllmServerConfig:
     python: Path | None = None  # None: `vllm_python()`
     cpus: str | None = None  # taskset's list ("1", "2-3"): the cores the server may use
     extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()  # e.g. VLLM_ALLOW_RUNTIME_LORA_UPDATING
 
 
 class VllmServer:
@@ -142,6 +143,7 @@ class VllmServer:
         )
         if self.config.threads is not None:
             env["OMP_NUM_THREADS"] = str(self.config.threads)
+        env.update(self.config.extra_env)
         return env
 
     def start(self) -> VllmServer:

@@ -54,14 +54,16 @@ async def api(app_database: str, tmp_path: Path) -> AsyncIterator[Api]:
 
 
 def run_routes(api: Api) -> list[tuple[str, str]]:
-    """(method, path) of every route on a run, from the app's own OpenAPI document."""
+    """(method, path) of every route on a run, from the app's own OpenAPI document; the
+    deletes last (the owner's deletes its run's artifacts, which the reads need)."""
     paths: dict[str, dict[str, Any]] = api.app.openapi()["paths"]
-    return [
+    routes = [
         (method.upper(), path)
         for path, operations in sorted(paths.items())
         if path.startswith("/v1/runs/{run_id}") and path not in SESSION_CALLS
         for method in sorted(operations)
     ]
+    return sorted(routes, key=lambda route: route[0] == "DELETE")
 
 
 async def finished_run_with_results(api: Api, auth: dict[str, str]) -> str:
@@ -81,6 +83,9 @@ async def finished_run_with_results(api: Api, auth: dict[str, str]) -> str:
     folder = export_dir(api.state.settings.artifacts_dir() / run_id, 1, "hf")
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
+    tensorboard = api.state.settings.artifacts_dir() / run_id / "trackers" / "tensorboard"
+    tensorboard.mkdir(parents=True)
+    (tensorboard / "events.out.tfevents.1.w1").write_bytes(b"\0")
     # Finished, so its metrics stream ends and the owner's read of it returns.
     await api.internal(run_id, "status", worker_id="w1", status="succeeded")
     return run_id
@@ -90,6 +95,8 @@ async def call(api: Api, method: str, path: str, run_id: str, auth: dict[str, st
     url = path.replace("{run_id}", run_id).replace("{name}", "s1").replace("{step}", "1")
     if method == "GET":
         return await api.client.get(url, headers=auth)
+    if method == "DELETE":
+        return await api.client.delete(url, headers=auth)
     if (method, path) not in BODIES:
         raise AssertionError(f"add a valid body for {method} {path} to BODIES")
     return await api.client.request(method, url, json=BODIES[method, path], headers=auth)

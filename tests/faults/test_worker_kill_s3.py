@@ -2,15 +2,20 @@
 access to the first one's disk (another artifacts folder): the run's checkpoints reach the
 second worker through the store only (moto's S3 server on loopback), the run succeeds with
 each step once in its policy, and the final checkpoint's PEFT adapter downloads over the
-API, which reads the store too (its own data folder holds nothing of the run)."""
+API, which reads the store too (its own data folder holds nothing of the run). `peft` and
+`transformers` load that adapter onto the base and score as rlaas's trainer does with the
+final checkpoint restored from the store."""
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.e2e.stack import Stack, wait_until
@@ -93,3 +98,41 @@ def test_a_killed_workers_run_resumes_on_another_disk_through_the_store(
         assert r.status_code == 200, r.text
         assert f"{run_id}-step-6-peft/adapter_model.safetensors".encode() in r.content
         assert not (Path(stack.env["RLAAS_DATA_DIR"]) / "artifacts" / run_id).exists()
+        adapter = untar(r.content, tmp_path / "download") / f"{run_id}-step-6-peft"
+        final_uri = next(c["uri"] for c in items if c["step"] == 6)
+    assert_peft_scores_as_the_checkpoint(adapter, final_uri, s3_store_url, tmp_path)
+
+
+def untar(data: bytes, into: Path) -> Path:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def assert_peft_scores_as_the_checkpoint(
+    adapter: Path, checkpoint_uri: str, store_url: str, tmp_path: Path
+) -> None:
+    """The downloaded adapter on the base (``peft`` + ``transformers``, float32) gives the
+    logprobs rlaas's trainer gives with the checkpoint restored from the store, to 1e-4."""
+    from peft import PeftModel
+
+    from rl_core.pipeline.build import build_trainer
+    from rl_core.pretrained.export import export_hf
+    from rl_core.pretrained.sources import load_model
+    from rl_core.spec import parse_spec
+    from rl_core.store import open_store
+    from rl_core.store.folders import download_folder
+    from rl_core.training.checkpointing import MARKER
+    from tests.rl_core.training.test_exports import load_hf, prompts, torch_logprobs
+
+    store = open_store(store_url, endpoint=os.environ["RLAAS_S3_ENDPOINT"])
+    key = checkpoint_uri.removeprefix(store.url.rstrip("/") + "/")
+    download_folder(store, key, tmp_path / "checkpoint", marker=MARKER)
+    spec = parse_spec(SPEC)
+    base, tokenizer = load_model(spec.model, seed=spec.train.seed)
+    export_hf(base, tmp_path / "base")  # the base as transformers reads it
+    trainer, step, _ = build_trainer(spec, base, str(tmp_path / "checkpoint"))
+    assert step == 6
+    tokens = prompts(tokenizer)  # type: ignore[arg-type]
+    adapted = PeftModel.from_pretrained(load_hf(tmp_path / "base"), adapter).eval()
+    np.testing.assert_allclose(torch_logprobs(adapted, tokens), trainer.logprobs(tokens), atol=1e-4)

@@ -146,7 +146,10 @@ def test_rlaas_download_fills_the_folder_it_prints(
 ) -> None:
     key = live.tenant()
     with Client(live.url, key) as client:
-        run_id = checkpointed(live, client, FULL_SPEC, [5])
+        run_id = client.create_run(FULL_SPEC).id
+    worker = Worker(live.url, run_id)
+    worker.start()
+    worker.post("artifacts", kind="checkpoint", step=5, uri=f"/ckpt/{run_id}/5")
     files = exported(
         export_dir(artifacts / run_id, 5, "hf"),
         {"config.json": b'{"model_type": "llama"}', "model.safetensors": os.urandom(1000)},
@@ -158,6 +161,17 @@ def test_rlaas_download_fills_the_folder_it_prints(
     assert done.stdout.strip() == str(out) and read_folder(out) == files
     refused = CliRunner().invoke(cli, ["download", run_id, "--format", "peft"], env=env)
     assert refused.exit_code == 2 and "model.lora" in refused.output
+
+    # Downloaded: the tenant deletes the finished run's artifacts (a live one's: refused).
+    live_refusal = CliRunner().invoke(cli, ["runs", "delete-artifacts", run_id], env=env)
+    assert live_refusal.exit_code != 0 and "cancel it" in live_refusal.output
+    worker.post("status", status="succeeded")
+    done = CliRunner().invoke(cli, ["runs", "delete-artifacts", run_id], env=env)
+    assert done.exit_code == 0, done.output
+    assert done.stdout.strip() == f"{run_id}  freed 0 bytes"
+    assert not (artifacts / run_id).exists()
+    gone = CliRunner().invoke(cli, ["download", run_id, "-o", str(tmp_path / "again")], env=env)
+    assert gone.exit_code == 2 and "no checkpoint yet" in gone.output
 
 
 def test_an_archive_unpacks_only_plain_files_inside_the_folder(tmp_path: Path) -> None:

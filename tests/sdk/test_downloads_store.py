@@ -1,6 +1,7 @@
 """Downloads streamed from the artifact store: the API on a real S3 server (moto's, on
 loopback) with ``RLAAS_ARTIFACT_STORE`` set, as the worker uploads exports there; an
-export whose upload died before its marker is a 404, not a cut archive."""
+export whose upload died before its marker is a 404, not a cut archive; TensorBoard's
+event files, copied there as a run goes, download for their tenant only."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from rl_core.artifacts import export_dir
 from rl_core.store import open_store
 from rl_core.store.folders import upload_folder
+from rl_core.store.mirror import FolderMirror
 from rl_core.training.stored import RunArtifacts, StoreTarget
 from sdk.client import Client
 from sdk.errors import NotFound
@@ -77,3 +79,43 @@ def test_an_export_uploaded_to_s3_downloads_whole_and_a_partial_one_is_missing(
         )
         got = client.download_checkpoint(run_id, 2, format="peft", out=tmp_path / "c")
         assert read_folder(got) == partial
+
+
+def test_tensorboard_files_the_worker_copied_to_s3_download_for_their_tenant_only(
+    postgres_url: str, s3_store_url: str, tmp_path: Path
+) -> None:
+    """What `TensorboardFiles` copies to the store (`FolderMirror`, as a worker does at an
+    interval and at the run's end) downloads through the API; a grown file is sent again;
+    another tenant's client gets a 404, and a run with no TensorBoard tracker says so."""
+    endpoint = os.environ["RLAAS_S3_ENDPOINT"]
+    store = open_store(s3_store_url, endpoint=endpoint)
+    spec = {**LORA_SPEC, "trackers": [{"kind": "tensorboard"}]}
+    with (
+        live_api(
+            migrated_database(postgres_url),
+            artifacts_path=tmp_path / "not-used",
+            artifact_store=s3_store_url,
+            s3_endpoint=endpoint,
+        ) as live,
+        Client(live.url, live.tenant()) as client,
+        Client(live.url, live.tenant()) as stranger,
+    ):
+        run_id = client.create_run(spec).id
+        with pytest.raises(NotFound, match="none has been written yet"):
+            client.download_tensorboard(run_id, out=tmp_path / "early")
+        local = tmp_path / "worker" / "tensorboard"
+        files = exported(local, {"events.out.tfevents.1.host-a": os.urandom(5000)})
+        mirror = FolderMirror(store, f"{run_id}/trackers/tensorboard")
+        assert mirror.sync(local) == 1 and mirror.sync(local) == 0  # unchanged: nothing sent
+        with (local / "events.out.tfevents.1.host-a").open("ab") as f:
+            f.write(b"more steps")
+        files["events.out.tfevents.1.host-a"] += b"more steps"
+        assert mirror.sync(local) == 1
+
+        got = client.download_tensorboard(run_id, out=tmp_path / "tb")
+        assert read_folder(got) == files
+        with pytest.raises(NotFound):
+            stranger.download_tensorboard(run_id, out=tmp_path / "theirs")
+        other = client.create_run(LORA_SPEC).id
+        with pytest.raises(NotFound, match="names no tensorboard tracker"):
+            client.download_tensorboard(other, out=tmp_path / "none")

@@ -1,7 +1,8 @@
 """A run with trackers, through the real control plane (uvicorn on loopback, real
 PostgreSQL) and the worker's own ``execute_run``: its metrics reach a real MLflow
-server per step, TensorBoard event files and a W&B offline run in its artifacts folder,
-and the trackers' counters are among the run's own metrics. A spec with a credential in
+server per step, TensorBoard event files (copied to the artifact store too) and a W&B
+offline run in its artifacts folder, and the trackers' counters are among the run's own
+metrics. A spec with a credential in
 it is refused with the field named, and the credential is not echoed."""
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def test_a_runs_metrics_reach_mlflow_tensorboard_and_wandb(
         "RLAAS_WORKER_TOKEN": WORKER_TOKEN,
         "RLAAS_DATA_DIR": str(tmp_path / "data"),
         "RLAAS_WORKER_ID": "worker-with-trackers",
+        # An artifact store (a folder here; S3 in deployments): TensorBoard's files go there too.
+        "RLAAS_ARTIFACT_STORE": f"file://{tmp_path / 'store'}",
     }.items():
         monkeypatch.setenv(name, value)
     settings = WorkerSettings()
@@ -98,6 +101,9 @@ def test_a_runs_metrics_reach_mlflow_tensorboard_and_wandb(
         if any(v.tag == "reward/mean" for v in event.summary.value)
     }
     assert tb_steps == {1, 2}
+    # ... copied to the store as they were at the run's end, where the API reads them.
+    stored_events = tmp_path / "store" / run_id / "trackers" / "tensorboard" / events.name
+    assert stored_events.read_bytes() == events.read_bytes()
     (run_file,) = (folder / "wandb" / "wandb").glob(f"offline-run-*/run-{run_id}.wandb")
     rows = wandb_history(run_file)
     assert [row["_step"] for row in rows] == [1, 2]

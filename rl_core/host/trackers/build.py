@@ -12,12 +12,22 @@ from rl_core.host.trackers.tensorboard_files import TensorboardFiles
 from rl_core.host.trackers.wandb_offline import WandbOffline
 from rl_core.protocol.addresses import Allowlist
 from rl_core.spec import JobSpec, MlflowSpec, TensorboardSpec, WandbSpec
+from rl_core.store.base import ArtifactStore
+from rl_core.store.mirror import FolderMirror
 
 
 def build_trackers(
-    spec: JobSpec, *, run_id: str, run_dir: Path, allowlist: Allowlist | None
+    spec: JobSpec,
+    *,
+    run_id: str,
+    run_dir: Path,
+    allowlist: Allowlist | None,
+    store: ArtifactStore | None = None,
+    store_prefix: str = "",
 ) -> list[Tracker]:
-    """One tracker per entry of ``spec.trackers``; files go under ``run_dir/trackers``.
+    """One tracker per entry of ``spec.trackers``; files go under ``run_dir/trackers``,
+    and TensorBoard's are copied to ``store`` under ``store_prefix/trackers/tensorboard``
+    (the run's prefix) when there is one.
 
     Nothing is opened here (no network, no files): each tracker opens on its mirror
     thread. Their libraries are imported here, on the caller's thread, before the run
@@ -54,7 +64,9 @@ def build_trackers(
             )
         elif isinstance(entry, TensorboardSpec):
             _preload("tensorboardX")
-            trackers.append(TensorboardFiles(folder / "tensorboard"))
+            key = f"{store_prefix.strip('/')}/trackers/tensorboard"
+            mirror = FolderMirror(store, key) if store is not None else None
+            trackers.append(TensorboardFiles(folder / "tensorboard", mirror=mirror))
     return trackers
 
 

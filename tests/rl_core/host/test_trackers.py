@@ -53,6 +53,39 @@ def test_tensorboard_event_files_hold_every_scalar_per_step(tmp_path: Path) -> N
     assert scalars == pytest.approx(want)
 
 
+def test_tensorboard_files_reach_the_store_at_most_once_a_minute_and_at_the_end(
+    tmp_path: Path,
+) -> None:
+    from rl_core.store import open_store
+    from rl_core.store.mirror import FolderMirror
+
+    store = open_store("memory://")
+    now = [0.0]
+    tracker = TensorboardFiles(
+        tmp_path / "tb",
+        mirror=FolderMirror(store, "run-1/trackers/tensorboard"),
+        clock=lambda: now[0],
+    )
+    tracker.open()
+
+    def stored() -> dict[str, int]:
+        return {o.key: o.size for o in store.list("run-1/trackers/tensorboard")}
+
+    tracker.log(STEPS[:1])  # the first steps go at once: the tenant sees the run has begun
+    first = stored()
+    (events,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    assert first == {f"run-1/trackers/tensorboard/{events.name}": events.stat().st_size}
+    now[0] = 30.0
+    tracker.log(STEPS[1:])
+    assert stored() == first  # within the minute: not sent again
+    now[0] = 61.0
+    tracker.log(STEPS[:1])
+    assert stored() != first
+    tracker.close("succeeded")  # the end: the store holds the file as on disk
+    assert store.get_bytes(f"run-1/trackers/tensorboard/{events.name}") == events.read_bytes()
+    assert tracker.upload_errors == 0
+
+
 def wandb_history(run_file: Path) -> list[dict[str, float]]:
     """The history rows of a ``run-<id>.wandb`` file: W&B's log of protobuf records, in
     LevelDB's log format (7-byte header, 32 KiB blocks; each chunk: CRC, length, type)."""

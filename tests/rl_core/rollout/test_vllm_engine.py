@@ -69,7 +69,15 @@ def served(vllm_interpreter: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     folder = tmp_path_factory.mktemp("vllm-model")
     model = Model(CONFIG, rngs=nnx.Rngs(0))
     export_hf(model, folder, untie=True)
-    config = VllmServerConfig(max_model_len=MAX_LEN, max_num_seqs=32, python=vllm_interpreter)
+    config = VllmServerConfig(
+        max_model_len=MAX_LEN,
+        max_num_seqs=32,
+        python=vllm_interpreter,
+        # LoRA on, adapters loaded at run time: the PEFT export test below serves one on
+        # this server rather than paying for a second vLLM start.
+        extra_args=("--enable-lora", "--max-lora-rank", "8", "--max-loras", "1"),
+        extra_env=(("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True"),),
+    )
     server = VllmServer(folder, config, log_path=folder.parent / "vllm-server.log")
     server.start()
     engine = VllmEngine(
@@ -358,6 +366,54 @@ def test_weight_updates_are_live_and_a_stale_server_is_caught(served: Served) ->
         assert {c.policy_version for c in out} == {version}
         # The engine's own check after the update: the probe, scored by both sides.
         assert update.check_max_dlogprob is not None and update.check_max_dlogprob < TOL
+
+
+def test_a_peft_export_served_by_vllm_with_lora_scores_as_the_trainer(
+    served: Served, tmp_path: Path
+) -> None:
+    """The PEFT adapter rlaas exports from a LoRA checkpoint, loaded by vLLM (``--enable-lora``)
+    onto the base it was trained on, gives the trainer's logprobs; the base alone does not."""
+    from rl_core.training.checkpointing import checkpoint_dir, save_checkpoint
+    from rl_core.training.exports import export_checkpoint
+    from rl_core.training.lora import LoraConfig
+    from rl_core.training.trainer import Trainer, TrainerConfig
+    from tests.rl_core.training.test_exports import moved
+
+    lora = LoraConfig(rank=4, alpha=8.0, targets=("q", "k", "v", "o", "gate", "up", "down"))
+    trainer = moved(Trainer(served.model, TrainerConfig(lora=lora)), seed=3)
+    ckpt = Path(save_checkpoint(checkpoint_dir(tmp_path, 1), step=1, trainer=trainer, extra={}).uri)
+    peft = export_checkpoint(
+        ckpt, tmp_path / "peft", "peft", base=served.model, tokenizer=None, lora=lora
+    )
+    url = served.server.url
+    r = httpx.post(
+        f"{url}/v1/load_lora_adapter",
+        json={"lora_name": "adapter", "lora_path": str(peft)},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    try:
+        worst = {"adapter": 0.0, "policy": 0.0}
+        for prompt in PROMPTS:
+            ids = [*prompt, *prompt[::-1]]
+            want = trainer.logprobs(np.asarray([ids], np.int32))[0, 1:]
+            for name in worst:
+                r = httpx.post(
+                    f"{url}/v1/completions",
+                    json={"model": name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0},
+                    timeout=120,
+                )
+                assert r.status_code == 200, r.text
+                rows = r.json()["choices"][0]["prompt_logprobs"][1:]
+                got = np.asarray(
+                    [row[str(t)]["logprob"] for row, t in zip(rows, ids[1:], strict=True)]
+                )
+                worst[name] = max(worst[name], float(np.max(np.abs(got - want))))
+        print(f"vLLM --enable-lora vs the trainer: max |d logprob| {worst}")
+        assert worst["adapter"] < TOL
+        assert worst["policy"] > 100 * TOL  # the adapter moved the policy: the check can fail
+    finally:
+        httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "adapter"}, timeout=120)
 
 
 def test_an_update_the_server_did_not_take_fails_with_the_mismatch(served: Served) -> None:
