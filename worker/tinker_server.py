@@ -6,7 +6,9 @@ work call here as JSON and stores the answer. This server holds, in memory:
 - base models by name (``builtin:tiny``, ``pkg:...``), loaded on first use, each with one
   `JaxEngine` that samples for every adapter on that base (the weights it samples with are
   swapped in per call, under the base's lock: the engine's compiled programs are shared);
-- LoRA models by id (`rl_core.training.primitives.LoraModel`: one adapter each);
+- LoRA models by id, each a slot of its base's `LoraPool` for its rank (`worker/tinker_pool.py`:
+  one `rl_core.training.multi_trainer.MultiLoraTrainer` whose slots are the models'
+  adapters): pending forward_backward calls of several models run as one batch;
 - sampler snapshots by path: merged weights frozen at ``save_weights_for_sampler``, so
   training that goes on never changes what a sampler answers.
 
@@ -31,6 +33,7 @@ from aiohttp import web
 
 from rl_core.errors import RlCoreError
 from rl_core.protocol.internal import TinkerWorkerBody, TinkerWorkerRead
+from worker.tinker_pool import FIRST_SLOTS, LoraPool
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +55,13 @@ class _Base:
     lock: asyncio.Lock
     model_state: Any  # the base's own weights, to sample the base after an adapter's
     versions: int = 0
+    pools: dict[int, LoraPool] = dataclasses.field(default_factory=dict)  # by LoRA rank
 
 
 @dataclasses.dataclass
 class _Trained:
-    lora: Any  # LoraModel
+    pool: LoraPool
+    slot: int
     base: str
     next_seq: int = 1
     turn: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
@@ -83,14 +88,24 @@ class TinkerWorker:
         return self.bases[name]
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        from rl_core.training.primitives import LoraModel
+        from rl_core.errors import UnsupportedSpec
+        from rl_core.training.lora import LoraConfig
+        from rl_core.training.multi_trainer import MultiLoraTrainer
 
         model_id, name = str(body["model_id"]), str(body["base_model"])
+        rank, seed = int(body.get("rank", 8)), int(body.get("seed", 0))
+        if rank < 1:
+            raise UnsupportedSpec("lora_config.rank", f"rank must be at least 1, got {rank}")
         base = await self.base(name)
-        lora = await asyncio.to_thread(
-            LoraModel, base.model, rank=int(body.get("rank", 8)), seed=int(body.get("seed", 0))
-        )
-        self.models[model_id] = _Trained(lora=lora, base=name)
+        if rank not in base.pools:  # models batch together only at the same rank
+            lora = LoraConfig(rank=rank, alpha=float(rank), targets=("q", "k", "v", "o"))
+            trainer = await asyncio.to_thread(
+                MultiLoraTrainer, base.model, slots=FIRST_SLOTS, lora=lora
+            )
+            base.pools.setdefault(rank, LoraPool(trainer))
+        pool = base.pools[rank]
+        slot = await pool.run(lambda t: t.add(seed))
+        self.models[model_id] = _Trained(pool=pool, slot=slot, base=name)
         return {"model_id": model_id}
 
     def model(self, model_id: str) -> _Trained:
@@ -100,7 +115,7 @@ class TinkerWorker:
         return found
 
     async def in_turn(self, model_id: str, seq_id: int | None, work: Any) -> Any:
-        """``work()`` on a thread once every earlier ``seq_id`` of the model has been applied."""
+        """``await work(model)`` once every earlier ``seq_id`` of the model has been applied."""
         trained = self.model(model_id)
         async with trained.turn:
             if seq_id is not None:
@@ -120,7 +135,7 @@ class TinkerWorker:
                         status=409,
                     )
             try:
-                return await asyncio.to_thread(work, trained)
+                return await work(trained)
             finally:
                 if seq_id is not None:
                     trained.next_seq = seq_id + 1
@@ -131,11 +146,11 @@ class TinkerWorker:
 
         data = [Datum(tokens=d["tokens"], inputs=d["inputs"]) for d in body["data"]]
 
-        def work(trained: _Trained) -> dict[str, Any]:
-            logprobs, loss = trained.lora.forward_backward(
-                data, str(body["loss_fn"]), forward_only=bool(body.get("forward_only"))
+        async def work(t: _Trained) -> dict[str, Any]:
+            result = await t.pool.forward_backward(
+                t.slot, data, str(body["loss_fn"]), bool(body.get("forward_only"))
             )
-            return {"logprobs": logprobs, "loss": loss}
+            return {"logprobs": result.logprobs, "loss": result.loss}
 
         result: dict[str, Any] = await self.in_turn(model_id, body.get("seq_id"), work)
         return result
@@ -145,23 +160,31 @@ class TinkerWorker:
 
         fields = {f.name for f in dataclasses.fields(AdamParams)}
         params = AdamParams(**{k: float(v) for k, v in body["adam"].items() if k in fields})
-        metrics: dict[str, float] = await self.in_turn(
-            model_id, body.get("seq_id"), lambda t: t.lora.optim_step(params)
-        )
+
+        async def work(t: _Trained) -> dict[str, float]:
+            return await t.pool.run(lambda trainer: trainer.optim_step(t.slot, params))
+
+        metrics: dict[str, float] = await self.in_turn(model_id, body.get("seq_id"), work)
         return {"metrics": metrics}
 
     async def save_for_sampler(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
         path = str(body["path"])
-        weights = await self.in_turn(
-            model_id, body.get("seq_id"), lambda t: t.lora.sampler_weights()
-        )
+
+        async def work(t: _Trained) -> Any:
+            return await t.pool.run(lambda trainer: trainer.sampler_weights(t.slot))
+
+        weights = await self.in_turn(model_id, body.get("seq_id"), work)
         self.samplers[path] = (self.models[model_id].base, weights)
         return {"path": path}
 
     async def unload(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """Drop the model and its sampler snapshots (the control plane's unload_model);
-        one already gone is not an error: the caller wants it gone."""
-        self.models.pop(model_id, None)
+        one already gone is not an error: the caller wants it gone. Its slot in the base's
+        trainer goes back to the pool, for the next model on that base."""
+        trained = self.models.pop(model_id, None)
+        if trained is not None:
+            slot = trained.slot
+            await trained.pool.run(lambda trainer: trainer.remove(slot))
         prefix = f"tinker://{model_id}/"
         for path in [p for p in self.samplers if p.startswith(prefix)]:
             del self.samplers[path]

@@ -55,6 +55,23 @@ def _bucket(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+def token_loss(
+    logits: jax.Array,  # [B, T, V]
+    batch: dict[str, jax.Array],  # a `pack_batch` batch
+    loss_fn: str,
+) -> tuple[jax.Array, jax.Array]:  # each token's loss [B, T] (0 at padding), target logp [B, T]
+    """Tinker's losses per token, so a caller can sum them per row (several models in one
+    batch) or over the batch."""
+    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    lp = jnp.take_along_axis(logp_all, batch["target_tokens"][..., None], axis=-1)[..., 0]
+    mask = batch["mask"]
+    if loss_fn == "cross_entropy":
+        per_token = -batch["weights"] * lp * mask
+    else:  # importance_sampling
+        per_token = -jnp.exp(lp - batch["logprobs"]) * batch["advantages"] * mask
+    return per_token, lp * mask
+
+
 def _loss(
     adapters: Adapters,
     base: Any,
@@ -69,15 +86,8 @@ def _loss(
     tokens = batch["tokens"]
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     logits, _ = model(tokens, positions)
-    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    lp = jnp.take_along_axis(logp_all, batch["target_tokens"][..., None], axis=-1)[..., 0]
-    mask = batch["mask"]
-    if loss_fn == "cross_entropy":
-        loss = -jnp.sum(batch["weights"] * lp * mask)
-    else:  # importance_sampling
-        ratio = jnp.exp(lp - batch["logprobs"])
-        loss = -jnp.sum(ratio * batch["advantages"] * mask)
-    return loss, lp * mask
+    per_token, lp = token_loss(logits, batch, loss_fn)
+    return jnp.sum(per_token), lp
 
 
 @functools.cache
@@ -89,7 +99,7 @@ def _compiled(graphdef: Any, lora: LoraConfig, loss_fn: str, forward_only: bool)
 
 
 @jax.jit
-def _adam(
+def adam_update(
     w: Adapters,
     m: Adapters,
     v: Adapters,
@@ -117,6 +127,41 @@ def _adam(
     return jax.tree.map(step, w, m, v), m, v, norm
 
 
+def pack_batch(data: Sequence[Datum], loss_fn: str, max_len: int) -> dict[str, jax.Array]:
+    """Datums as padded arrays [B, T] (T a power of two, at most ``max_len``), every field
+    checked: a bad datum is refused naming its index and field."""
+    if loss_fn not in LOSSES:
+        raise UnsupportedSpec("loss_fn", f"loss_fn {loss_fn!r} is not served; use one of {LOSSES}")
+    if not data:
+        raise UnsupportedSpec("data", "forward_backward needs at least one datum")
+    needed = ("target_tokens", *LOSS_INPUTS[loss_fn])
+    for i, d in enumerate(data):
+        if not 0 < len(d.tokens) <= max_len:
+            raise UnsupportedSpec(
+                f"data[{i}].model_input",
+                f"has {len(d.tokens)} tokens; send 1 to {max_len} (the base's context)",
+            )
+    length = min(_bucket(max(len(d.tokens) for d in data)), max_len)
+    arrays = {name: np.zeros((len(data), length), np.float32) for name in needed}
+    tokens = np.zeros((len(data), length), np.int32)
+    mask = np.zeros((len(data), length), np.float32)
+    for i, d in enumerate(data):
+        n = len(d.tokens)
+        tokens[i, :n], mask[i, :n] = d.tokens, 1.0
+        for name in needed:
+            values = d.inputs.get(name)
+            if values is None or len(values) != n:
+                raise UnsupportedSpec(
+                    f"data[{i}].loss_fn_inputs.{name}",
+                    f"{loss_fn} needs {name} with one value per input token ({n})",
+                )
+            arrays[name][i, :n] = values
+    batch = {k: jnp.asarray(v) for k, v in arrays.items()}
+    batch["target_tokens"] = batch["target_tokens"].astype(jnp.int32)
+    batch["tokens"], batch["mask"] = jnp.asarray(tokens), jnp.asarray(mask)
+    return batch
+
+
 class LoraModel:
     """One tenant's adapter on a base `Model` (which it never changes), its gradient
     accumulator and Adam moments."""
@@ -141,37 +186,7 @@ class LoraModel:
     ) -> tuple[list[list[float]], float]:
         """Each datum's target logprobs, and the batch's summed loss; unless
         ``forward_only``, the loss's gradient joins the accumulator."""
-        if loss_fn not in LOSSES:
-            raise UnsupportedSpec(
-                "loss_fn", f"loss_fn {loss_fn!r} is not served; use one of {LOSSES}"
-            )
-        if not data:
-            raise UnsupportedSpec("data", "forward_backward needs at least one datum")
-        needed = ("target_tokens", *LOSS_INPUTS[loss_fn])
-        for i, d in enumerate(data):
-            if not 0 < len(d.tokens) <= self.max_len:
-                raise UnsupportedSpec(
-                    f"data[{i}].model_input",
-                    f"has {len(d.tokens)} tokens; send 1 to {self.max_len} (the base's context)",
-                )
-        length = min(_bucket(max(len(d.tokens) for d in data)), self.max_len)
-        arrays = {name: np.zeros((len(data), length), np.float32) for name in needed}
-        tokens = np.zeros((len(data), length), np.int32)
-        mask = np.zeros((len(data), length), np.float32)
-        for i, d in enumerate(data):
-            n = len(d.tokens)
-            tokens[i, :n], mask[i, :n] = d.tokens, 1.0
-            for name in needed:
-                values = d.inputs.get(name)
-                if values is None or len(values) != n:
-                    raise UnsupportedSpec(
-                        f"data[{i}].loss_fn_inputs.{name}",
-                        f"{loss_fn} needs {name} with one value per input token ({n})",
-                    )
-                arrays[name][i, :n] = values
-        batch = {k: jnp.asarray(v) for k, v in arrays.items()}
-        batch["target_tokens"] = batch["target_tokens"].astype(jnp.int32)
-        batch["tokens"], batch["mask"] = jnp.asarray(tokens), jnp.asarray(mask)
+        batch = pack_batch(data, loss_fn, self.max_len)
         fn = _compiled(self._graphdef, self.lora, loss_fn, forward_only)
         if forward_only:
             loss, lp = fn(self.adapters, self._base, self._rest, batch)
@@ -185,7 +200,7 @@ class LoraModel:
         """Adam (decoupled weight decay) on the accumulated gradient, which it then clears."""
         self.steps += 1
         hyper = [p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm]
-        self.adapters, self.m, self.v, norm = _adam(
+        self.adapters, self.m, self.v, norm = adam_update(
             self.adapters,
             self.m,
             self.v,

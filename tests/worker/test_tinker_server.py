@@ -1,5 +1,6 @@
 """worker.tinker_server applies a model's training calls in seq_id order, whatever order
-they arrive in, and its sampler snapshots do not move with training."""
+they arrive in, and its sampler snapshots do not move with training; models on one base
+are slots of one trainer, their concurrent calls batched, each trained as it would alone."""
 
 from __future__ import annotations
 
@@ -72,13 +73,19 @@ def test_two_models_on_one_base_train_as_each_would_alone() -> None:
             )
         await asyncio.gather(_train(worker, "a", a_adv), _train(worker, "b", b_adv))
         assert len(worker.bases) == 1  # one base loaded for both
-        return worker.models["a"].lora.adapters, worker.models["b"].lora.adapters
+        a, b = worker.models["a"], worker.models["b"]
+        assert a.pool is b.pool and a.slot != b.slot  # one trainer, two slots
+        # Six forward_backward calls in fewer programs: at least the first step's two
+        # (made ready in one turn of the loop) ran as one batch.
+        assert a.pool.batches < 6
+        return a.pool.trainer.adapter(a.slot), b.pool.trainer.adapter(b.slot)
 
     async def alone() -> Any:
         worker = TinkerWorker(("builtin:tiny",))
         await worker.create({"model_id": "a", "base_model": "builtin:tiny", "rank": 4, "seed": 1})
         await _train(worker, "a", a_adv)
-        return worker.models["a"].lora.adapters
+        a = worker.models["a"]
+        return a.pool.trainer.adapter(a.slot)
 
     a, b = asyncio.run(together())
     a_alone = asyncio.run(alone())
@@ -88,11 +95,30 @@ def test_two_models_on_one_base_train_as_each_would_alone() -> None:
     assert any(np.abs(np.asarray(ad["b"])).max() > 0 for ad in a_alone.values())  # it trained
 
 
+def test_a_bad_call_batched_with_a_good_one_fails_alone() -> None:
+    async def scenario() -> tuple[Any, Any, int]:
+        worker = TinkerWorker(("builtin:tiny",))
+        for model_id in ("good", "bad"):
+            await worker.create({"model_id": model_id, "base_model": "builtin:tiny", "rank": 4})
+        bad = {"tokens": TOKENS[:-1], "inputs": {"target_tokens": TOKENS[1:]}}  # no weights
+        good, refused = await asyncio.gather(
+            worker.forward_backward("good", {"loss_fn": "cross_entropy", "data": [DATUM]}),
+            worker.forward_backward("bad", {"loss_fn": "cross_entropy", "data": [bad]}),
+            return_exceptions=True,
+        )
+        return good, refused, worker.models["good"].pool.batches
+
+    good, refused, batches = asyncio.run(scenario())
+    assert good["loss"] > 0 and len(good["logprobs"][0]) == 4
+    assert "data[0].loss_fn_inputs.weights" in str(refused)
+    assert batches == 3  # tried together, then each alone
+
+
 def test_a_datum_longer_than_the_base_context_is_refused_by_name() -> None:
     async def scenario() -> str:
         worker = TinkerWorker(("builtin:tiny",))
         await worker.create({"model_id": "m", "base_model": "builtin:tiny", "rank": 2})
-        too_long = worker.models["m"].lora.max_len + 1
+        too_long = worker.models["m"].pool.trainer.max_len + 1
         datum = {"tokens": [1] * too_long, "inputs": {"target_tokens": [1] * too_long}}
         body = {"loss_fn": "cross_entropy", "data": [datum], "seq_id": 1}
         try:

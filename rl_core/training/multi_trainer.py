@@ -1,0 +1,268 @@
+"""Tinker's training primitives for S adapters on one base, several models per program.
+
+`primitives.LoraModel` trains one adapter: a forward_backward call of each model runs
+alone. Here S slots share the base: one `forward_backward` takes the pending calls of
+several slots (one loss function), runs them as one batch whose rows each use their
+slot's adapter (`multi_lora.multi_lora_model`), and adds each slot's gradient to that
+slot's accumulator only. The summed loss's gradient is exactly each slot's own: slots'
+adapters are disjoint parameters, so a slot's rows contribute nothing to the others
+(and a slot without rows gets a zero gradient). `optim_step(slot, AdamParams)` applies
+Adam to one slot with that call's hyperparameters and clears its accumulator.
+
+All state is stacked by slot ([S, ...] leaves): adapters, gradient accumulators, Adam
+moments; a slot's step count is a host integer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rl_core.errors import UnsupportedSpec
+from rl_core.models.decoder import Model
+from rl_core.training.lora import LoraConfig, init_adapters, merged_params
+from rl_core.training.multi_lora import (
+    DEFAULT_IMPL,
+    Impl,
+    StackedAdapters,
+    multi_lora_model,
+    slot_adapters,
+)
+from rl_core.training.primitives import AdamParams, Datum, adam_update, pack_batch, token_loss
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotCall:
+    """One model's pending forward_backward: its slot and its datums."""
+
+    slot: int
+    data: Sequence[Datum]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotResult:
+    logprobs: list[list[float]]  # each datum's target logprobs
+    loss: float  # this call's summed loss
+
+
+def _multi_loss(
+    stacked: StackedAdapters,
+    base: Any,
+    rest: Any,
+    batch: dict[str, jax.Array],
+    slots: jax.Array,  # [B] int32
+    *,
+    graphdef: Any,
+    lora: LoraConfig,
+    loss_fn: str,
+    impl: Impl,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:  # summed loss, (per-row loss [B], lp [B, T])
+    model = multi_lora_model(graphdef, base, rest, stacked, slots, lora, impl=impl)
+    tokens = batch["tokens"]
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    logits, _ = model(tokens, positions)
+    per_token, lp = token_loss(logits, batch, loss_fn)
+    per_row = jnp.sum(per_token, axis=1)
+    return jnp.sum(per_row), (per_row, lp)
+
+
+@functools.cache
+def _compiled(graphdef: Any, lora: LoraConfig, loss_fn: str, impl: Impl, forward_only: bool) -> Any:
+    loss = functools.partial(_multi_loss, graphdef=graphdef, lora=lora, loss_fn=loss_fn, impl=impl)
+    if forward_only:
+        return jax.jit(loss)
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+
+@jax.jit
+def _add(acc: StackedAdapters, grads: StackedAdapters) -> StackedAdapters:
+    return jax.tree.map(jnp.add, acc, grads)  # type: ignore[no-any-return]
+
+
+@jax.jit
+def _adam_slot(
+    w: StackedAdapters,
+    m: StackedAdapters,
+    v: StackedAdapters,
+    g: StackedAdapters,
+    slot: jax.Array,  # int32 scalar, traced: one program for every slot
+    t: jax.Array,
+    hyper: jax.Array,  # [6] lr, beta1, beta2, eps, weight_decay, grad_clip_norm
+) -> tuple[StackedAdapters, StackedAdapters, StackedAdapters, StackedAdapters, jax.Array]:
+    """`primitives.adam_update` on slot ``slot`` only (its grad norm and clipping are its own);
+    its accumulator is cleared, every other slot is left as it was."""
+    take = functools.partial(jax.tree.map, lambda x: x[slot])
+    w1, m1, v1, norm = adam_update(take(w), take(m), take(v), take(g), t, *hyper)
+
+    def put(stacked: StackedAdapters, one: Any) -> StackedAdapters:
+        return jax.tree.map(lambda s, x: s.at[slot].set(x), stacked, one)  # type: ignore[no-any-return]
+
+    g0 = jax.tree.map(lambda s: s.at[slot].set(0), g)
+    return put(w, w1), put(m, m1), put(v, v1), g0, norm
+
+
+@jax.jit
+def _set_slot(stacked: StackedAdapters, slot: jax.Array, one: Any) -> StackedAdapters:
+    return jax.tree.map(lambda s, x: s.at[slot].set(x), stacked, one)  # type: ignore[no-any-return]
+
+
+def _concat(
+    packed: Sequence[dict[str, jax.Array]], calls: Sequence[SlotCall]
+) -> tuple[dict[str, jax.Array], jax.Array]:  # batch [R, T], slots [R]
+    """Several calls' batches as one: padded to the longest T, rows padded to a power of
+    two (R), so a few batch shapes compile rather than one per mix of calls. A padding
+    row has mask 0 (no loss, no gradient) and slot 0."""
+    length = max(b["tokens"].shape[1] for b in packed)
+    rows = sum(b["tokens"].shape[0] for b in packed)
+    total = 1 << (rows - 1).bit_length()
+    batch = {}
+    for name in packed[0]:
+        parts = [jnp.pad(b[name], ((0, 0), (0, length - b[name].shape[1]))) for b in packed]
+        joined = jnp.concatenate(parts)
+        batch[name] = jnp.pad(joined, ((0, total - rows), (0, 0)))
+    slots = [
+        c.slot for c, b in zip(calls, packed, strict=True) for _ in range(b["tokens"].shape[0])
+    ]
+    return batch, jnp.asarray(slots + [0] * (total - rows), jnp.int32)
+
+
+class MultiLoraTrainer:
+    """S adapter slots on a base `Model` (never changed), each with its own gradient
+    accumulator, Adam moments and step count. A slot holds one Tinker model; `reset`
+    gives a slot a fresh adapter (as `LoraModel(model, seed=...)` would start)."""
+
+    def __init__(
+        self, model: Model, *, slots: int, lora: LoraConfig, impl: Impl = DEFAULT_IMPL
+    ) -> None:
+        if slots < 1:
+            raise UnsupportedSpec("slots", f"need at least one adapter slot, got {slots}")
+        self.lora, self.impl, self.n_slots = lora, impl, slots
+        self.max_len: int = model.config.max_seq_len
+        graphdef, base, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]
+        self._graphdef, self._base, self._rest = graphdef, base, rest
+        one = init_adapters(base, lora, jax.random.key(0))
+        zeros = jax.tree.map(lambda x: jnp.zeros((slots, *x.shape), x.dtype), one)
+        self.adapters: StackedAdapters = zeros
+        self.grads: StackedAdapters = zeros
+        self.m: StackedAdapters = zeros
+        self.v: StackedAdapters = zeros
+        self.steps = [0] * slots
+        self.used = 0  # slots 0..used-1 are handed out by `add`
+        self.released: list[int] = []  # of those, the ones `remove` gave back
+        self._merge = jax.jit(functools.partial(merged_params, config=lora))
+
+    def add(self, seed: int) -> int:
+        """A fresh adapter in the next free slot, its index; when every slot is taken, the
+        slots double first (the programs compile again for the new S, so not one by one).
+        A slot `remove` gave back is taken before a new one."""
+        if self.released:
+            slot = self.released.pop()
+            self.reset(slot, seed)
+            return slot
+        if self.used == self.n_slots:
+            grow = functools.partial(
+                jax.tree.map, lambda x: jnp.concatenate([x, jnp.zeros_like(x)])
+            )
+            self.adapters, self.grads = grow(self.adapters), grow(self.grads)
+            self.m, self.v = grow(self.m), grow(self.v)
+            self.steps += [0] * self.n_slots
+            self.n_slots *= 2
+        slot, self.used = self.used, self.used + 1
+        self.reset(slot, seed)
+        return slot
+
+    def remove(self, slot: int) -> None:
+        """Give ``slot`` back (its model was unloaded): zeroed, so no gradient or update
+        of it can reach a later model, and handed out again by the next `add`."""
+        self._check(slot)
+        if slot in self.released:
+            return
+        zero = jax.tree.map(jnp.zeros_like, slot_adapters(self.adapters, slot))
+        index = jnp.int32(slot)
+        self.adapters = _set_slot(self.adapters, index, zero)
+        self.grads = _set_slot(self.grads, index, zero)
+        self.m = _set_slot(self.m, index, zero)
+        self.v = _set_slot(self.v, index, zero)
+        self.steps[slot] = 0
+        self.released.append(slot)
+
+    def reset(self, slot: int, seed: int) -> None:
+        """A fresh adapter in ``slot`` (B = 0), with no gradient, moments or steps."""
+        self._check(slot)
+        fresh = init_adapters(self._base, self.lora, jax.random.key(seed))
+        zero = jax.tree.map(jnp.zeros_like, fresh)
+        index = jnp.int32(slot)
+        self.adapters = _set_slot(self.adapters, index, fresh)
+        self.grads = _set_slot(self.grads, index, zero)
+        self.m = _set_slot(self.m, index, zero)
+        self.v = _set_slot(self.v, index, zero)
+        self.steps[slot] = 0
+
+    def adapter(self, slot: int) -> Any:
+        """Slot ``slot``'s adapter in `lora.py`'s layout (to merge for sampling or export)."""
+        self._check(slot)
+        return slot_adapters(self.adapters, slot)
+
+    def sampler_weights(self, slot: int) -> Any:
+        """Slot ``slot``'s adapter merged into the base, as `nnx.state(model)` (what a
+        `JaxEngine` samples with): a copy, as `LoraModel.sampler_weights`."""
+        self._check(slot)
+        merged = self._merge(self._base, slot_adapters(self.adapters, slot))
+        return nnx.merge_state(merged, self._rest)
+
+    def forward_backward(
+        self, calls: Sequence[SlotCall], loss_fn: str, *, forward_only: bool = False
+    ) -> list[SlotResult]:
+        """Several slots' calls as one batch: each call's logprobs and summed loss, in order;
+        unless ``forward_only``, each slot's gradient joins its own accumulator."""
+        if not calls:
+            raise UnsupportedSpec("calls", "forward_backward needs at least one call")
+        for call in calls:
+            self._check(call.slot)
+        # Each call packed alone, so a refusal names data[i] as that call's client sent it.
+        batch, slots = _concat([pack_batch(c.data, loss_fn, self.max_len) for c in calls], calls)
+        fn = _compiled(self._graphdef, self.lora, loss_fn, self.impl, forward_only)
+        args = (self.adapters, self._base, self._rest, batch, slots)
+        if forward_only:
+            _, (per_row, lp) = fn(*args)
+        else:
+            (_, (per_row, lp)), grads = fn(*args)
+            self.grads = _add(self.grads, grads)
+        per_row_np, lp_np = np.asarray(per_row), np.asarray(lp)
+        results, row = [], 0
+        for call in calls:
+            n = len(call.data)
+            logprobs = [lp_np[row + i, : len(d.tokens)].tolist() for i, d in enumerate(call.data)]
+            results.append(SlotResult(logprobs, float(per_row_np[row : row + n].sum())))
+            row += n
+        return results
+
+    def optim_step(self, slot: int, p: AdamParams) -> dict[str, float]:
+        """Adam on ``slot``'s accumulated gradient with this call's hyperparameters."""
+        self._check(slot)
+        self.steps[slot] += 1
+        hyper = jnp.asarray(
+            [p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm],
+            jnp.float32,
+        )
+        self.adapters, self.m, self.v, self.grads, norm = _adam_slot(
+            self.adapters,
+            self.m,
+            self.v,
+            self.grads,
+            jnp.int32(slot),
+            jnp.float32(self.steps[slot]),
+            hyper,
+        )
+        return {"grad_norm": float(norm), "step": float(self.steps[slot])}
+
+    def _check(self, slot: int) -> None:
+        if not 0 <= slot < self.n_slots:
+            raise UnsupportedSpec("slot", f"slot {slot} is not one of 0..{self.n_slots - 1}")
