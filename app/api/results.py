@@ -101,14 +101,7 @@ async def export_checkpoint(
     archive = await exports_service.checkpoint_export(
         session, tenant_id, run_id, step, fmt, settings=app_state.settings
     )
-    return StreamingResponse(
-        archive.chunks(),
-        media_type="application/x-tar",
-        headers={
-            "Content-Length": str(archive.size),
-            "Content-Disposition": f'attachment; filename="{archive.name}"',
-        },
-    )
+    return tar_response(archive)
 
 
 @router.delete("/{run_id}/artifacts", response_model=ArtifactsDeleted)
@@ -140,14 +133,7 @@ async def tensorboard_files(
     archive = await exports_service.tensorboard_files(
         session, tenant_id, run_id, settings=app_state.settings
     )
-    return StreamingResponse(
-        archive.chunks(),
-        media_type="application/x-tar",
-        headers={
-            "Content-Length": str(archive.size),
-            "Content-Disposition": f'attachment; filename="{archive.name}"',
-        },
-    )
+    return tar_response(archive)
 
 
 @router.get("/{run_id}/lineage", response_model=LineageRead)
@@ -170,3 +156,15 @@ async def request_profile(
 ) -> ProfileRead:
     steps = await service.request_profile(session, tenant_id, run_id, body.steps)
     return ProfileRead(requested_steps=steps)
+
+
+def tar_response(archive: exports_service.Archive) -> StreamingResponse:
+    """A tar made on the fly (`app.services.exports.Archive`), its length announced."""
+    return StreamingResponse(
+        archive.chunks(),
+        media_type="application/x-tar",
+        headers={
+            "Content-Length": str(archive.size),
+            "Content-Disposition": f'attachment; filename="{archive.name}"',
+        },
+    )

@@ -184,22 +184,19 @@ class MultiLoraTrainer:
         self._check(slot)
         if slot in self.released:
             return
-        zero = jax.tree.map(jnp.zeros_like, slot_adapters(self.adapters, slot))
-        index = jnp.int32(slot)
-        self.adapters = _set_slot(self.adapters, index, zero)
-        self.grads = _set_slot(self.grads, index, zero)
-        self.m = _set_slot(self.m, index, zero)
-        self.v = _set_slot(self.v, index, zero)
-        self.steps[slot] = 0
+        self._fill(slot, jax.tree.map(jnp.zeros_like, slot_adapters(self.adapters, slot)))
         self.released.append(slot)
 
     def reset(self, slot: int, seed: int) -> None:
         """A fresh adapter in ``slot`` (B = 0), with no gradient, moments or steps."""
         self._check(slot)
-        fresh = init_adapters(self._base, self.lora, jax.random.key(seed))
-        zero = jax.tree.map(jnp.zeros_like, fresh)
+        self._fill(slot, init_adapters(self._base, self.lora, jax.random.key(seed)))
+
+    def _fill(self, slot: int, adapter: Any) -> None:
+        """``adapter`` in ``slot``, its gradient, moments and step count zero."""
+        zero = jax.tree.map(jnp.zeros_like, adapter)
         index = jnp.int32(slot)
-        self.adapters = _set_slot(self.adapters, index, fresh)
+        self.adapters = _set_slot(self.adapters, index, adapter)
         self.grads = _set_slot(self.grads, index, zero)
         self.m = _set_slot(self.m, index, zero)
         self.v = _set_slot(self.v, index, zero)
