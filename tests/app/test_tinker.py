@@ -8,7 +8,9 @@ with ``importance_sampling`` on its own samples (the trainer's logprobs of the s
 tokens equal the sampler's, so the ratio starts at 1) until the loss falls, a
 ``cross_entropy`` pass, trained weights sampled while the first snapshot still answers as
 before. Meanwhile tenant B trains a model of its own on the same base (``cross_entropy``,
-from another thread); neither tenant reaches the other's model (404), nor B A's weights.
+from another thread); each tenant's losses step by step equal those of the same calls
+on a model trained alone (1e-4), and neither tenant reaches the other's model (404), nor
+B A's weights.
 """
 
 from __future__ import annotations
@@ -71,6 +73,32 @@ def tinker_worker(api_url: str) -> Iterator[str]:
         loop.call_soon_threadsafe(task[0].cancel)
         thread.join(10)
         registration.deregister()
+
+
+def alone_losses(steps: int, data: list[types.Datum], loss_fn: str, *, rank: int) -> list[float]:
+    """The losses of ``steps`` rounds of forward_backward + optim_step (learning rate 0.05)
+    on ``data``, for a model trained alone in this process (rl_core's `LoraModel`, the
+    worker's base and LoRA settings, seed 0): the reference for a model the worker batched."""
+    from rl_core.pretrained.sources import load_model
+    from rl_core.spec import ModelSpec
+    from rl_core.training.lora import LoraConfig
+    from rl_core.training.primitives import AdamParams, Datum, LoraModel
+
+    model, _ = load_model(ModelSpec(source=BASE), seed=0)
+    lora = LoraConfig(rank=rank, alpha=float(rank), targets=("q", "k", "v", "o"))
+    alone = LoraModel(model, rank=rank, seed=0, lora=lora)
+    plain = [
+        Datum(
+            tokens=d.model_input.to_ints(),
+            inputs={k: v.to_numpy().tolist() for k, v in d.loss_fn_inputs.items()},
+        )
+        for d in data
+    ]
+    out = []
+    for _ in range(steps):
+        out.append(alone.forward_backward(plain, loss_fn)[1])
+        alone.optim_step(AdamParams(learning_rate=0.05))
+    return out
 
 
 def datum(completion: list[int], logprobs: list[float], advantage: float) -> types.Datum:
@@ -160,6 +188,13 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
         b_model, b_losses = b_training.result(timeout=120)
         pool.shutdown()
         assert b_losses[-1] < b_losses[0], b_losses
+        # Trained at once on one base (their calls batched in the worker's shared trainer),
+        # each tenant's model moved exactly as the same calls move a model trained alone:
+        # every step's loss is that of the weights the earlier steps left.
+        alone_a = alone_losses(4, data, "importance_sampling", rank=4)
+        alone_b = alone_losses(3, [ce], "cross_entropy", rank=2)
+        np.testing.assert_allclose(losses, alone_a, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(b_losses, alone_b, rtol=1e-4, atol=1e-5)
 
         # cross_entropy: the loss is minus the weighted sum of the logprobs it answers.
         ce_only = training.forward([ce], "cross_entropy").result()  # no gradient
