@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.services.crash_loop import Policy
@@ -159,6 +159,17 @@ class Settings(BaseSettings):
         from rl_core.store import store_setting
 
         return store_setting(value)  # a bad URL stops start-up, naming the setting
+
+    @model_validator(mode="after")
+    def _tinker_worker_has_its_secret(self) -> Settings:
+        # Without it every call would go out with an empty bearer, which the worker (and
+        # HTTP itself) refuses with a message that names neither setting.
+        if self.tinker_worker_url and not self.tinker_worker_token:
+            raise ValueError(
+                "RLAAS_TINKER_WORKER_URL is set but RLAAS_TINKER_WORKER_TOKEN is not: set it "
+                "to the secret the worker was started with (its RLAAS_TINKER_WORKER_TOKEN)"
+            )
+        return self
 
     def requeue_policy(self) -> Policy:
         return Policy(

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.anyio
 BASE = "builtin:tiny"
 LIMITS = {
     "tinker_worker_url": "http://127.0.0.1:9",
+    "tinker_worker_token": "s3cret",
     "tinker_max_models_per_base": 2,
     "tinker_max_calls_in_flight": 2,
     "tinker_tokens_per_minute": 100,

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def api(app_database: str) -> AsyncIterator[Api]:
-    async with running_api(app_database, tinker_worker_url="http://127.0.0.1:9") as running:
+    async with running_api(
+        app_database, tinker_worker_url="http://127.0.0.1:9", tinker_worker_token="s3cret"
+    ) as running:
         yield running
 
 
@@ -146,3 +148,13 @@ async def test_a_worker_cannot_withdraw_another_workers_registration(api: Api) -
     assert await api.db(lambda s: s.get(TinkerWorker, worker_id)) is not None
     r = await api.client.delete(f"/internal/tinker/workers/{worker_id}", headers=mine)
     assert r.status_code == 204
+
+
+async def test_a_static_worker_url_without_its_secret_stops_start_up_naming_both() -> None:
+    from pydantic import ValidationError
+
+    from app.settings import Settings
+
+    with pytest.raises(ValidationError, match="RLAAS_TINKER_WORKER_TOKEN is not"):
+        Settings(tinker_worker_url="http://127.0.0.1:8500")
+    assert Settings(tinker_worker_url="http://x:1", tinker_worker_token="t").tinker_worker_token
