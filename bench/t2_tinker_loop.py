@@ -96,6 +96,7 @@ def run_loop(args: argparse.Namespace) -> dict[str, Any]:
     from tinker import types
 
     version = getattr(tinker, "__version__", "?")
+    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     service = tinker.ServiceClient(base_url=args.base_url, api_key=args.api_key)
     t0 = time.perf_counter()
     training = settled(
@@ -139,7 +140,8 @@ def run_loop(args: argparse.Namespace) -> dict[str, Any]:
         times["step"] = time.perf_counter() - t_step
         times["tokens"] = float(sum(len(c) for c in completions))
         times["reward"] = mean
-        loss = out.metrics.get("loss:sum") if getattr(out, "metrics", None) else None
+        metrics = getattr(out, "metrics", None) or {}
+        loss = next((v for k, v in metrics.items() if k.startswith("loss")), None)
         print(
             f"step {step}: {times['step']:.2f} s  "
             + "  ".join(f"{k} {times[k]:.2f}" for k in CALLS)
@@ -163,6 +165,7 @@ def run_loop(args: argparse.Namespace) -> dict[str, Any]:
         if warm
         else {},
         "warm_steps": [round(s["step"], 3) for s in warm],
+        "loadavg_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
     print("T2 " + json.dumps(result), flush=True)
     return result
