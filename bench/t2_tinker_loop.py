@@ -8,10 +8,12 @@ same on every server), advantages = reward - the group's mean, ``forward_backwar
 the loop: ``create_lora_training_client`` and one save for the first sampler, timed
 apart. Step 0 carries the server's compiles (first step); steps 1.. are warm.
 
-Written against the client API that ``tinker`` 0.21 (what SkyRL tx 0.3.0 speaks) and
-0.38 (what rlaas supports) share: in 0.38 ``create_lora_training_client`` and
-``save_weights_and_get_sampling_client`` answer futures, in 0.21 the clients themselves;
-`settled` takes either. Prompts and completions are token ids, so no tokenizer is loaded.
+Written against the client API that ``tinker`` 0.16.1 (the newest SkyRL tx 0.3.0 answers:
+0.18.0 to 0.21.0 start with ``POST /api/v1/client/config``, which it does not serve, and
+stop at its 404) and 0.38 (what rlaas supports) share: in 0.38
+``create_lora_training_client`` and ``save_weights_and_get_sampling_client`` answer
+futures, in 0.16 the clients themselves; `settled` takes either. Prompts and completions
+are token ids, so no tokenizer is loaded.
 
 Loop mode runs in the current interpreter against a server:
 
@@ -29,7 +31,7 @@ against it with the interpreter whose ``tinker`` that server speaks:
   with the API; the loop in this interpreter (``tinker`` 0.38), base ``hf:<model dir>``.
 - SkyRL tx: ``<venv>/bin/python -m tx.tinker.api --base-model <model dir>`` (SQLite in a
   temp folder, LoRA adapters capped by ``--backend-config``); the loop with
-  ``<venv>/bin/python`` (``tinker`` <= 0.21), base ``<model dir>``. Its API starts its
+  ``<venv>/bin/python`` (``tinker`` 0.16.1), base ``<model dir>``. Its API starts its
   engine as ``uv run --extra tinker --extra jax -m tx.tinker.engine ...`` (it expects a
   source checkout run by uv); with the pip-installed package the driver puts a ``uv`` on
   PATH that runs ``python -m tx.tinker.engine ...`` of the venv instead, same arguments.
@@ -40,11 +42,12 @@ the transformers < 5 form, ``rope_theta`` at the top, which SkyRL tx's transform
 The SkyRL venv (kept outside the repo; skyrl-tx's pins conflict with rlaas's):
 
     python3 -m venv /work/venvs/skyrl && /work/venvs/skyrl/bin/pip install \
-        'torch==2.13.0+cpu' 'skyrl-tx[tinker]==0.3.0' 'tinker<=0.21' \
+        'torch==2.13.0+cpu' 'skyrl-tx[tinker]==0.3.0' 'tinker==0.16.1' \
         'jax>=0.8,<1' 'flax>=0.12.2' 'optax>=0.2.5'
 
-(the ``jax`` extra of skyrl-tx pulls ``jax[cuda12]``; on a CPU machine plain jax is what
-runs). Each run prints a table and one JSON line (``T2 {...}``); figures in bench/README.md.
+(the ``jax`` extra of skyrl-tx pulls ``jax[cuda12]``, and its ``peft`` a CUDA torch with
+its nvidia wheels; on a CPU machine plain jax and the CPU torch are what run). Each run
+prints a line per step and one JSON line (``T2 {...}``); figures in bench/README.md.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ CALLS = ("sample", "forward_backward", "optim_step", "save")
 
 
 def settled(value: Any) -> Any:
-    """A future's result, or the value itself (0.21 answers clients, 0.38 futures of them)."""
+    """A future's result, or the value itself (0.16 answers clients, 0.38 futures of them)."""
     result = getattr(value, "result", None)
     return result() if callable(result) else value
 
