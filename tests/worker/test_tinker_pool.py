@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+
 import pytest
 
 from rl_core.training.multi_trainer import SlotCall, SlotResult
