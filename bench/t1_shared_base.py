@@ -13,7 +13,10 @@ save_for_sampler (one path per model, so one merged snapshot each). Modes:
 
 - ``shared``: the K loops in K threads at once; the worker batches their pending
   forward_backward calls (one program for several models) and samples one at a time;
-- ``sequential``: each loop alone, created, run and unloaded before the next.
+- ``sequential``: each loop alone, created, run and unloaded before the next;
+- ``lockstep`` (``--modes shared,lockstep``): as shared, but the K loops wait for each
+  other before every forward_backward (a barrier), so their calls are pending together
+  and the worker can batch them: what its batching buys when calls do meet.
 
 Each model's first step is timed apart (``first``); the throughput is K * N * G over the
 wall of the N steps after it (in ``shared`` from a barrier all K reach after their first
@@ -24,6 +27,7 @@ process's peak RSS over each run (polled every 20 ms; the client threads are a f
 it) and the bytes of live JAX arrays at its end, before the models are unloaded.
 
     .venv/bin/python -m bench.t1_shared_base [--quick] [--models tiny,smollm2] [--ks 1,2,4]
+        [--modes shared,lockstep] [--steps N] [--group G]
 
 Defaults: tiny 24 timed steps of G = 8, SmolLM2 2 of G = 4; the whole run took 22 min on
 the loaded 2-core machine (SmolLM2 18, of it 6.5 min compiling); ``--models tiny`` 3 min,
@@ -40,7 +44,7 @@ import secrets
 import statistics
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -160,8 +164,9 @@ class Loop:
         self.seq += 1
         return post(self.http, f"/models/{self.id}/{action}", {**body, "seq_id": self.seq})
 
-    def step(self, seed: int) -> dict[str, float]:
-        """One RL step; the seconds of each phase."""
+    def step(self, seed: int, meet: Callable[[], object] | None = None) -> dict[str, float]:
+        """One RL step; the seconds of each phase. ``meet`` (lockstep) is waited on before
+        forward_backward, its wait counted in that phase."""
         times, t = {}, time.perf_counter()
         sample = {"model_path": self.path, "prompt": PROMPT, "num_samples": self.group}
         sample |= {"max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": seed}
@@ -172,6 +177,8 @@ class Loop:
         data = [
             datum(s["tokens"], s["logprobs"], r - mean) for s, r in zip(seqs, rewards, strict=True)
         ]
+        if meet is not None:
+            meet()
         self.call("forward_backward", {"data": data, "loss_fn": "importance_sampling"})
         times["fwd_bwd"], t = time.perf_counter() - t, time.perf_counter()
         self.call("optim_step", {"adam": ADAM})
@@ -237,7 +244,9 @@ def run(worker: InProcessWorker, base: str, plan: Plan, k: int, mode: str, rss: 
     steps: list[dict[str, float]] = []
     live: list[float] = []
     lock = threading.Lock()
-    together = threading.Barrier(k if mode == "shared" else 1)
+    at_once = mode != "sequential"
+    together = threading.Barrier(k if at_once else 1)
+    meet = threading.Barrier(k).wait if mode == "lockstep" else None
 
     def one(i: int) -> tuple[float, float]:
         loop = Loop(worker, base, f"{mode}-{k}-{i}", plan.group)
@@ -245,20 +254,20 @@ def run(worker: InProcessWorker, base: str, plan: Plan, k: int, mode: str, rss: 
         loop.step(seed=1000 * i)
         with lock:
             first.append(time.perf_counter() - t)
-        together.wait()  # shared: the timed steps start together
+        together.wait()  # at once: the timed steps start together
         start = time.perf_counter()
         for n in range(plan.steps):
-            phases = loop.step(seed=1000 * i + n + 1)
+            phases = loop.step(seed=1000 * i + n + 1, meet=meet)
             with lock:
                 steps.append(phases)
         end = time.perf_counter()
-        if together.wait() == 0:  # shared: all K still loaded, measured once
+        if together.wait() == 0:  # at once: all K still loaded, measured once
             live.append(live_mb())
         together.wait()
         loop.unload()
         return start, end
 
-    if mode == "shared":
+    if at_once:
         with ThreadPoolExecutor(k) as threads:
             spans = list(threads.map(one, range(k)))
         wall = max(e for _, e in spans) - min(s for s, _ in spans)
@@ -310,10 +319,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny only, K = 1, 2, 3 steps")
     parser.add_argument("--models", default="tiny,smollm2", help=f"of {sorted(BASES)}")
     parser.add_argument("--ks", default="1,2,4", help="models per run")
+    parser.add_argument("--modes", default="shared", help="beside sequential: shared,lockstep")
     parser.add_argument("--steps", type=int, help="timed steps per model (tiny 24, smollm2 2)")
     parser.add_argument("--group", type=int, help="completions per sample (tiny 8, smollm2 4)")
     args = parser.parse_args(argv)
+    modes = tuple(args.modes.split(","))
+    if not set(modes) <= {"shared", "lockstep"}:
+        parser.error(f"--modes {args.modes}: use shared, lockstep or both, comma-separated")
     names = ["tiny"] if args.quick else args.models.split(",")
+    if not set(names) <= set(BASES):
+        parser.error(f"--models {args.models}: use {', '.join(sorted(BASES))}")
     ks = (1, 2) if args.quick else tuple(int(k) for k in args.ks.split(","))
     defaults = {"tiny": (24, 8), "smollm2": (2, 4)}
     with contextlib.ExitStack() as stack:
@@ -323,11 +338,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in names:
             steps, group = defaults[name]
             plan = Plan(ks, 3 if args.quick else args.steps or steps, args.group or group)
-            for line in report(worker, BASES[name], plan, rss):
+            for line in report(worker, BASES[name], plan, rss, modes):
                 print(line, flush=True)
 
 
-def report(worker: InProcessWorker, base: str, plan: Plan, rss: RssPeak) -> Iterator[str]:
+def report(
+    worker: InProcessWorker, base: str, plan: Plan, rss: RssPeak, modes: tuple[str, ...]
+) -> Iterator[str]:
     start = time.perf_counter()
     load = time.perf_counter()
     asyncio.run_coroutine_threadsafe(worker.worker.base(base), worker.loop).result()
@@ -347,7 +364,8 @@ def report(worker: InProcessWorker, base: str, plan: Plan, rss: RssPeak) -> Iter
             continue
         seq = run(worker, base, plan, k, "sequential", rss)
         yield row(seq, None)
-        yield row(run(worker, base, plan, k, "shared", rss), seq)
+        for mode in modes:
+            yield row(run(worker, base, plan, k, mode, rss), seq)
     yield f"({base}: {time.perf_counter() - start:.0f} s in all)"
 
 
