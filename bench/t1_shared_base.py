@@ -207,8 +207,9 @@ def datum(completion: list[int], logprobs: list[float], advantage: float) -> dic
 
 def warm_up(worker: InProcessWorker, base: str, plan: Plan) -> float:
     """Compile what the timed runs use: one loop step (sampler, forward_backward at G rows,
-    optim, merge), then forward_backward at 2G and 4G rows straight on the base's trainer
-    (which rows batch together depends on timing, so the HTTP path cannot be made to)."""
+    optim, merge), then forward_backward at 2G, 4G... rows straight on the base's trainer
+    (which rows batch together depends on timing, so the HTTP path cannot be made to).
+    Past 4 models the trainer's slots double, a compile inside the first such run."""
     from rl_core.training.multi_trainer import SlotCall
     from rl_core.training.primitives import Datum
 
@@ -218,12 +219,13 @@ def warm_up(worker: InProcessWorker, base: str, plan: Plan) -> float:
     trained = worker.worker.models["warm-up"]
     one = datum([1] * MAX_TOKENS, [-1.0] * MAX_TOKENS, 1.0)  # the longest: bucket 32
     data = [Datum(tokens=one["tokens"], inputs=one["inputs"])] * plan.group
-    for calls in (2, 4):
-        if calls <= max(plan.ks):
-            with trained.pool.lock:
-                trained.pool.trainer.forward_backward(
-                    [SlotCall(trained.slot, data)] * calls, "importance_sampling"
-                )
+    calls = 2
+    while calls < 2 * max(plan.ks):  # 2, 4, ... calls of G rows: K calls pad to one
+        with trained.pool.lock:
+            trained.pool.trainer.forward_backward(
+                [SlotCall(trained.slot, data)] * calls, "importance_sampling"
+            )
+        calls *= 2
     loop.unload()
     return time.perf_counter() - start
 
