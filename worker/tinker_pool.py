@@ -87,7 +87,7 @@ class LoraPool:
             )
         except RlCoreError as exc:
             if len(batch) == 1:
-                batch[0].done.set_exception(exc)
+                _settle(batch[0].done, error=exc)
                 return
             # One call's bad datum refused the batch: run each alone, so only it fails.
             for call in batch:
@@ -95,7 +95,20 @@ class LoraPool:
             return
         except Exception as exc:  # the worker's own failure: every caller sees it
             for call in batch:
-                call.done.set_exception(exc)
+                _settle(call.done, error=exc)
             return
         for call, result in zip(batch, results, strict=True):
-            call.done.set_result(result)
+            _settle(call.done, result=result)
+
+
+def _settle(
+    done: asyncio.Future[Any], *, result: Any = None, error: Exception | None = None
+) -> None:
+    """Answer a waiting call, unless its caller has gone (a cancelled request): setting a
+    cancelled future would raise here and stop the batches of every other model."""
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)

@@ -22,6 +22,7 @@ from flax import nnx
 
 from rl_core.algorithms.grpo import Counts, GrpoConfig, policy_loss, token_logprobs
 from rl_core.algorithms.ppo import PpoConfig, value_loss
+from rl_core.training.chunked_logits import chunked_token_logprobs
 from rl_core.training.lora import LoraConfig, merged_params
 
 Params = Any  # an nnx.State of the model's nnx.Param variables
@@ -37,6 +38,9 @@ class StepConfig:
     ppo: PpoConfig | None
     lora: LoraConfig | None
     micro_batches: int
+    # Positions per chunk of the output head's logits (rl_core.training.chunked_logits);
+    # None: every position's [V] logits at once.
+    logits_chunk: int | None = None
 
 
 class MiniBatch(NamedTuple):
@@ -51,24 +55,6 @@ class MiniBatch(NamedTuple):
     ref_logprobs: jax.Array | None  # [B, T-1]; None without a KL term
     old_values: jax.Array | None  # [B, T-1] (PPO)
     returns: jax.Array | None  # [B, T-1] (PPO)
-
-
-class _Tap:
-    """Stands in for ``final_norm`` on a throw-away copy of the model to catch its output.
-
-    The value head reads the final hidden state, which `Model.__call__` does
-    not return; tapping the norm gets it from the same forward pass as the
-    logits instead of running the trunk twice. Only the copy merged inside a
-    traced function is tapped; the real model is never touched.
-    """
-
-    def __init__(self, inner: Any, sink: list[jax.Array]) -> None:
-        self.inner, self.sink = inner, sink
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        y: jax.Array = self.inner(x)
-        self.sink.append(y)
-        return y
 
 
 def effective_params(trainable: Trainable, frozen: dict[str, Any], lora: LoraConfig | None) -> Any:
@@ -86,17 +72,24 @@ def forward(
     temperature: float,
     *,
     with_hidden: bool = False,
+    logits_chunk: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
-    """Logprob and entropy of every next token; right padding needs only the causal mask."""
+    """Logprob and entropy of every next token; right padding needs only the causal mask.
+
+    ``logits_chunk``: positions per chunk of the output head (`chunked_token_logprobs`),
+    so no [B, T-1, V] logits are ever held; None computes them all at once (the
+    reference path). The hidden states (for the value head) are the trunk's output
+    either way, from the same forward pass.
+    """
     model = nnx.merge(graphdef, params, rest)
-    sink: list[jax.Array] = []
-    if with_hidden:
-        model.final_norm = _Tap(model.final_norm, sink)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-    logits, _ = model(inputs, positions)
-    lp, entropy = token_logprobs(logits, targets, temperature)
-    return lp, entropy, (sink[0].astype(jnp.float32) if with_hidden else None)
+    h, _ = model.hidden(inputs, positions)  # [B, T-1, D]
+    if logits_chunk is None:
+        lp, entropy = token_logprobs(model.logits(h), targets, temperature)
+    else:
+        lp, entropy = chunked_token_logprobs(h, targets, model.logits, temperature, logits_chunk)
+    return lp, entropy, (h.astype(jnp.float32) if with_hidden else None)
 
 
 def init_value_head(d_model: int) -> dict[str, jax.Array]:
@@ -118,7 +111,13 @@ def score(
     tokens: jax.Array,  # [B, T]
 ) -> tuple[jax.Array, jax.Array | None]:  # logprobs [B, T-1], values [B, T-1] | None
     lp, _, hidden = forward(
-        graphdef, params, rest, tokens, cfg.temperature, with_hidden=value_head is not None
+        graphdef,
+        params,
+        rest,
+        tokens,
+        cfg.temperature,
+        with_hidden=value_head is not None,
+        logits_chunk=cfg.logits_chunk,
     )
     values = None if value_head is None or hidden is None else values_of(value_head, hidden)
     return lp, values
@@ -137,7 +136,13 @@ def micro_loss(
     params = effective_params(trainable, frozen, cfg.lora)
     ppo = cfg.ppo
     lp, entropy, hidden = forward(
-        graphdef, params, rest, mb.tokens, cfg.temperature, with_hidden=ppo is not None
+        graphdef,
+        params,
+        rest,
+        mb.tokens,
+        cfg.temperature,
+        with_hidden=ppo is not None,
+        logits_chunk=cfg.logits_chunk,
     )
     # One update per step: pi_old is the current policy (ratio 1, gradient of the ratio 1).
     old = jax.lax.stop_gradient(lp) if mb.old_logprobs is None else mb.old_logprobs

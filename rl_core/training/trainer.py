@@ -54,6 +54,10 @@ class TrainerConfig:
     # trainer's policy is the one the sampler drew from (before top-k/top-p).
     temperature: float = 1.0
     min_length_bucket: int = 32
+    # The loss's output head in chunks of this many positions (of the micro-batch's
+    # rows x length): no [tokens, vocab] logits are held in the forward or the backward
+    # (rl_core.training.chunked_logits). None: all positions' logits at once.
+    logits_chunk: int | None = 512
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
     ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
     lora: LoraConfig | None = None  # set: train adapters only, base frozen
@@ -64,6 +68,8 @@ class TrainerConfig:
             raise ValueError("temperature must be > 0 (greedy sampling trains at 1.0)")
         if self.mini_batches < 1 or self.micro_batches < 1 or self.epochs < 1:
             raise ValueError("mini_batches, micro_batches and epochs must be >= 1")
+        if self.logits_chunk is not None and self.logits_chunk < 1:
+            raise ValueError("logits_chunk must be >= 1 position, or None for no chunks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +178,7 @@ class Trainer:
             ppo=config.ppo,
             lora=config.lora,
             micro_batches=config.micro_batches,
+            logits_chunk=config.logits_chunk,
         )
         rng = jax.random.key(config.seed)
         self._frozen: dict[str, Any] = {}
