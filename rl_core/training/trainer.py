@@ -56,9 +56,8 @@ class TrainerConfig:
     min_length_bucket: int = 32
     # The loss's output head in chunks of this many positions (of the micro-batch's
     # rows x length): no [tokens, vocab] logits are held in the forward or the backward
-    # (rl_core.training.chunked_logits). None: all positions' logits at once, the
-    # default until the learning tests have run with chunks (docs/learning.md).
-    logits_chunk: int | None = None
+    # (rl_core.training.chunked_logits). None: all positions' logits at once.
+    logits_chunk: int | None = 512
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
     ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
     lora: LoraConfig | None = None  # set: train adapters only, base frozen
