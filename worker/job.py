@@ -112,7 +112,8 @@ def _train_claimed(
         # A tenant's hf:/gguf: path is read inside the operator's models folder only.
         spec = confine_model_source(parse_spec(raw_spec), settings.models_dir())
         # The spec's trackers (W&B, MLflow, TensorBoard), fed off the pipeline's path.
-        trackers = RunTrackers(spec, run_id, settings, sink)
+        store = settings.store_target(run_id)  # docs/storage.md: checkpoints, exports, files
+        trackers = RunTrackers(spec, run_id, settings, sink, store)
         api.report_status(run_id, "running")
         try:
             result = train(
@@ -129,7 +130,7 @@ def _train_claimed(
                 callbacks=HttpCallbackSource(settings.api_url, claim.lease_token, run_id),
                 gateway=session_gateway(api, run_id, settings),
                 walls=settings.sandbox_walls(),  # deployed: bubblewrap or no tenant code
-                store=settings.store_target(run_id),  # docs/storage.md
+                store=store,
             )
         except BaseException:
             trackers.close("failed")

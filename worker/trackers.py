@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from rl_core.host.trackers.base import Outcome
     from rl_core.host.trackers.mirror import MirroredSink
     from rl_core.spec import JobSpec
+    from rl_core.training.stored import StoreTarget
 
 log = logging.getLogger(__name__)
 
@@ -29,21 +30,25 @@ class RunTrackers:
     """The trackers of one run: `sink` is what the pipeline reports to."""
 
     def __init__(
-        self, spec: JobSpec, run_id: str, settings: WorkerSettings, inner: HttpRunSink
+        self,
+        spec: JobSpec,
+        run_id: str,
+        settings: WorkerSettings,
+        inner: HttpRunSink,
+        store: StoreTarget | None = None,
     ) -> None:
         from rl_core.host.trackers.build import build_trackers
         from rl_core.host.trackers.mirror import MirrorConfig, MirroredSink, TrackerMirror
 
         self._inner = inner
         self._mirrored: MirroredSink | None = None
-        target = settings.store_target(run_id)
         trackers = build_trackers(
             spec,
             run_id=run_id,
             run_dir=settings.artifacts_dir() / run_id,
             allowlist=settings.env_allowlist(),
-            store=target.store if target is not None else None,
-            store_prefix=target.prefix if target is not None else run_id,
+            store=store.store if store is not None else None,
+            store_prefix=store.prefix if store is not None else run_id,
         )
         if trackers:
             config = MirrorConfig(close_timeout_s=settings.tracker_close_seconds)

@@ -95,7 +95,7 @@ async def checkpoint_export(
         )
     prefix = f"{run.id}-step-{step}-{fmt}"
     if settings.artifact_store:
-        store = _store(settings.artifact_store, settings.s3_endpoint)
+        store = artifact_store(settings)
         found, adapter = await asyncio.to_thread(_stored, store, run.id, step, fmt, prefix)
     else:
         found = _local(export_dir(settings.artifacts_dir() / run.id, step, fmt), prefix)
@@ -128,7 +128,7 @@ async def tensorboard_files(
     run = await get_run(session, tenant_id, run_id)
     name = f"{run.id}-tensorboard"
     if settings.artifact_store:
-        store = _store(settings.artifact_store, settings.s3_endpoint)
+        store = artifact_store(settings)
         key = f"{run.id}/trackers/tensorboard"
         objects = await asyncio.to_thread(store.list, key)
         found: list[Member] | None = [
@@ -162,6 +162,12 @@ def folder_archive(folder: Path, name: str) -> Archive | None:
         return None
     size = sum(len(_header(m)) + _padded(m.size) for m in found) + 2 * _BLOCK
     return Archive(name=f"{name}.tar", files=found, size=size)
+
+
+def artifact_store(settings: Settings) -> ArtifactStore:
+    """The configured artifact store (``RLAAS_ARTIFACT_STORE``; callers check it is set)."""
+    assert settings.artifact_store
+    return _store(settings.artifact_store, settings.s3_endpoint)
 
 
 @functools.cache

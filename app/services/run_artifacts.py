@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db.models import Artifact, CheckpointServer
 from app.errors import Conflict
 from app.services import run_states
-from app.services.exports import _store
+from app.services.exports import artifact_store
 from app.services.runs import get_run
 from app.settings import Settings
 from rl_core.store import ArtifactStore
@@ -46,7 +46,7 @@ async def delete_run_artifacts(
             field="run_id",
         )
     if settings.artifact_store:
-        store = _store(settings.artifact_store, settings.s3_endpoint)
+        store = artifact_store(settings)
         await asyncio.to_thread(_delete_prefix, store, run.id)
     # The embedded default's copy, and the API host's cache of a store's (none elsewhere).
     await asyncio.to_thread(shutil.rmtree, settings.artifacts_dir() / run.id, True)
