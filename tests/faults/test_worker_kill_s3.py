@@ -30,7 +30,9 @@ SPEC: dict[str, Any] = {
     "environment": {"name": "guess_number", "config": {"low": 1, "high": 3, "max_turns": 2}},
     "agent": {"max_turns": 2, "max_new_tokens": 8, "max_context": 64},
     "rollout": {"group_size": 8, "concurrency": 32},
-    "algorithm": {"batch_groups": 4, "learning_rate": 1e-3},
+    # The entropy bonus and large steps move the adapter whatever the rewards, so the
+    # downloaded adapter's check below can tell it from the base.
+    "algorithm": {"batch_groups": 4, "learning_rate": 3e-2, "entropy_coef": 1.0},
     "staleness": {"mode": "sync"},
     "train": {"steps": 6, "checkpoint_interval": 2, "keep_checkpoints": 2, "seed": 0},
 }
@@ -134,5 +136,11 @@ def assert_peft_scores_as_the_checkpoint(
     trainer, step, _ = build_trainer(spec, base, str(tmp_path / "checkpoint"))
     assert step == 6
     tokens = prompts(tokenizer)  # type: ignore[arg-type]
+    want = trainer.logprobs(tokens)
     adapted = PeftModel.from_pretrained(load_hf(tmp_path / "base"), adapter).eval()
-    np.testing.assert_allclose(torch_logprobs(adapted, tokens), trainer.logprobs(tokens), atol=1e-4)
+    np.testing.assert_allclose(torch_logprobs(adapted, tokens), want, atol=1e-4)
+    # The six steps moved the policy off the base by more than the tolerance, so an
+    # adapter that was lost or ignored on the way would fail the check above.
+    moved = float(np.max(np.abs(torch_logprobs(load_hf(tmp_path / "base"), tokens) - want)))
+    print(f"the trained policy is {moved:.2e} off the base")
+    assert moved > 1e-3
