@@ -28,7 +28,7 @@ The grouped product ``(x A[s]) B[s]`` has two implementations (``impl``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
@@ -135,6 +135,23 @@ def _parent(root: nnx.Module, path: Sequence[Any]) -> Any:
     return node
 
 
+def wrap_linears(
+    model: nnx.Module, names: set[str], wrap: Callable[[str, nnx.Linear], nnx.Module]
+) -> None:
+    """Replace, in place, each `nnx.Linear` of ``model`` whose dotted path is in ``names``
+    by ``wrap(path, linear)``; every name must match a Linear."""
+    found = [
+        (path, node)
+        for path, node in nnx.iter_graph(model)
+        if isinstance(node, nnx.Linear) and _dotted(path) in names
+    ]
+    if len(found) != len(names):
+        missing = sorted(names - {_dotted(p) for p, _ in found})
+        raise ValueError(f"adapters name no Linear of the model: {missing}")
+    for path, linear in found:
+        setattr(_parent(model, path), str(path[-1]), wrap(_dotted(path), linear))
+
+
 def multi_lora_model(
     graphdef: Any,
     base: Any,  # nnx.State of the base's Params
@@ -151,16 +168,10 @@ def multi_lora_model(
     if impl not in _DELTAS:
         raise ValueError(f"impl {impl!r}: use one of {IMPLS}")
     model = nnx.merge(graphdef, base, rest)
-    found = [
-        (path, node)
-        for path, node in nnx.iter_graph(model)
-        if isinstance(node, nnx.Linear) and _dotted(path) in stacked
-    ]
-    if len(found) != len(stacked):
-        missing = sorted(set(stacked) - {_dotted(p) for p, _ in found})
-        raise ValueError(f"adapters name no Linear of the model: {missing}")
-    for path, linear in found:
-        ad = stacked[_dotted(path)]
-        wrapped = MultiLoraLinear(linear, ad["a"], ad["b"], slots, scale=config.scale, impl=impl)
-        setattr(_parent(model, path), str(path[-1]), wrapped)
+
+    def wrap(name: str, linear: nnx.Linear) -> nnx.Module:
+        ad = stacked[name]
+        return MultiLoraLinear(linear, ad["a"], ad["b"], slots, scale=config.scale, impl=impl)
+
+    wrap_linears(model, set(stacked), wrap)
     return model

@@ -13,7 +13,7 @@ full-batch gradient, not an average of differently normalised ones.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +24,10 @@ from rl_core.algorithms.grpo import Counts, GrpoConfig, policy_loss, token_logpr
 from rl_core.algorithms.ppo import PpoConfig, value_loss
 from rl_core.training.chunked_logits import chunked_token_logprobs
 from rl_core.training.lora import LoraConfig, merged_params
+from rl_core.training.lora_unmerged import lora_model
 
 Params = Any  # an nnx.State of the model's nnx.Param variables
+LoraApply = Literal["merged", "unmerged"]
 Trainable = dict[str, Any]  # {"policy": Params | lora.Adapters, "value"?: value head}
 
 
@@ -41,6 +43,9 @@ class StepConfig:
     # Positions per chunk of the output head's logits (rl_core.training.chunked_logits);
     # None: every position's [V] logits at once.
     logits_chunk: int | None = None
+    # How the LoRA adapters meet the base in the loss's forward (rl_core.training.
+    # lora_unmerged): "unmerged" forms no full-size gradient of a frozen kernel.
+    lora_apply: LoraApply = "merged"
 
 
 class MiniBatch(NamedTuple):
@@ -64,10 +69,38 @@ def effective_params(trainable: Trainable, frozen: dict[str, Any], lora: LoraCon
     return merged_params(frozen["base"], trainable["policy"], lora)
 
 
+def policy_model(
+    trainable: Trainable, frozen: dict[str, Any], rest: Any, *, graphdef: Any, cfg: StepConfig
+) -> Any:  # the policy as a callable `Model`, for inside a traced function
+    """The policy being trained: the model itself, or the frozen base with the adapters
+    merged into its kernels or applied beside them (``cfg.lora_apply``)."""
+    if cfg.lora is not None and cfg.lora_apply == "unmerged":
+        return lora_model(graphdef, frozen["base"], rest, trainable["policy"], cfg.lora)
+    return nnx.merge(graphdef, effective_params(trainable, frozen, cfg.lora), rest)
+
+
 def forward(
     graphdef: Any,
     params: Params,
     rest: Any,
+    tokens: jax.Array,  # [B, T]
+    temperature: float,
+    *,
+    with_hidden: bool = False,
+    logits_chunk: int | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
+    """`forward_model` of the model ``params`` make."""
+    return forward_model(
+        nnx.merge(graphdef, params, rest),
+        tokens,
+        temperature,
+        with_hidden=with_hidden,
+        logits_chunk=logits_chunk,
+    )
+
+
+def forward_model(
+    model: Any,  # a `Model`, or one `policy_model` wrapped
     tokens: jax.Array,  # [B, T]
     temperature: float,
     *,
@@ -81,7 +114,6 @@ def forward(
     reference path). The hidden states (for the value head) are the trunk's output
     either way, from the same forward pass.
     """
-    model = nnx.merge(graphdef, params, rest)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
     h, _ = model.hidden(inputs, positions)  # [B, T-1, D]
@@ -133,12 +165,9 @@ def micro_loss(
     graphdef: Any,
     cfg: StepConfig,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    params = effective_params(trainable, frozen, cfg.lora)
     ppo = cfg.ppo
-    lp, entropy, hidden = forward(
-        graphdef,
-        params,
-        rest,
+    lp, entropy, hidden = forward_model(
+        policy_model(trainable, frozen, rest, graphdef=graphdef, cfg=cfg),
         mb.tokens,
         cfg.temperature,
         with_hidden=ppo is not None,

@@ -58,6 +58,9 @@ class TrainerConfig:
     # rows x length): no [tokens, vocab] logits are held in the forward or the backward
     # (rl_core.training.chunked_logits). None: all positions' logits at once.
     logits_chunk: int | None = 512
+    # LoRA applied beside the frozen kernels in the loss's forward ("unmerged"), or merged
+    # into them ("merged"): rl_core.training.lora_unmerged says why and what it saves.
+    lora_apply: ts.LoraApply = "merged"
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
     ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
     lora: LoraConfig | None = None  # set: train adapters only, base frozen
@@ -179,6 +182,7 @@ class Trainer:
             lora=config.lora,
             micro_batches=config.micro_batches,
             logits_chunk=config.logits_chunk,
+            lora_apply=config.lora_apply,
         )
         rng = jax.random.key(config.seed)
         self._frozen: dict[str, Any] = {}
