@@ -3,25 +3,75 @@ batching of their pending forward_backward calls into one program.
 
 A call waits in `pending` while the trainer runs the previous batch; when it is free,
 every waiting call of the same loss (and forward_only) goes in the next batch. So calls
-of several models that arrive together share one forward and backward pass, and a call
-alone runs at once, with no timer to wait on. Trainer work runs on threads, one at a
-time (`lock`): a batch, an optim_step and a snapshot all read and replace the stacked
-state.
+of several models that arrive together share one forward and backward pass. Trainer work
+runs on threads, one at a time (`lock`): a batch, an optim_step and a snapshot all read
+and replace the stacked state.
+
+By default a call alone runs at once. Loops that sample between their training calls
+rarely have calls pending together (docs/tinker.md, T1), so the operator may set a
+gathering window (``RLAAS_TINKER_GATHER_MS``): before a batch runs, it waits for the calls
+of the other models that called forward_backward in the last `RECENT_S`, until all of them
+are pending or the window has passed since the oldest pending call arrived. A call thus
+waits at most the window, and not at all when no other model is active.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from rl_core.errors import RlCoreError
 
 T = TypeVar("T")
 
 FIRST_SLOTS = 4  # slots a pool starts with; they double when all are taken
+# A model counts as active for this long after its last forward_backward call: longer than
+# one loop step of the slowest base measured (SmolLM2 on a CPU, 32-41 s), so a loop that
+# samples between training calls stays active; one that stopped costs the others at most
+# the window per call until then.
+RECENT_S = 60.0
+GATHER_SETTING = "RLAAS_TINKER_GATHER_MS"
+MAX_GATHER_MS = 1000.0  # every call of an active pool may wait this long: more is a typo
+
+
+def gather_window_s(environ: Mapping[str, str]) -> float:
+    """The operator's gathering window (``RLAAS_TINKER_GATHER_MS``, milliseconds; unset or 0:
+    none), in seconds."""
+    raw = environ.get(GATHER_SETTING, "").strip()
+    try:
+        ms = float(raw) if raw else 0.0
+    except ValueError:
+        ms = -1.0
+    if not 0.0 <= ms <= MAX_GATHER_MS:  # also refuses nan
+        raise ValueError(
+            f"{GATHER_SETTING} must be milliseconds from 0 (no gathering) to "
+            f"{MAX_GATHER_MS:.0f}; got {raw!r}"
+        )
+    return ms / 1000.0
+
+
+class Clock(Protocol):
+    """The gathering window's time: `MonotonicClock`, or a test's hand-moved one."""
+
+    def now(self) -> float: ...
+
+    async def wait(self, event: asyncio.Event, timeout_s: float) -> None:
+        """Return when ``event`` is set or ``timeout_s`` has passed, whichever is first."""
+        ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def wait(self, event: asyncio.Event, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
 
 
 @dataclasses.dataclass
@@ -31,18 +81,32 @@ class _Call:
     loss_fn: str
     forward_only: bool
     done: asyncio.Future[Any]
+    arrived: float = 0.0  # on the pool's clock
 
 
 class LoraPool:
-    """Models of one base at one LoRA config. ``trainer`` is a `MultiLoraTrainer`."""
+    """Models of one base at one LoRA config. ``trainer`` is a `MultiLoraTrainer`;
+    ``gather_s``: the gathering window (0: a batch never waits for more calls)."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(
+        self,
+        trainer: Any,
+        *,
+        gather_s: float = 0.0,
+        recent_s: float = RECENT_S,
+        clock: Clock | None = None,
+    ) -> None:
         self.trainer = trainer
         self.lock = threading.Lock()
         self.pending: list[_Call] = []
         self._draining = False
         self._drainer: asyncio.Task[None] | None = None  # held: the loop keeps tasks weakly
         self.batches = 0  # programs run, for tests and logs: fewer than calls when batched
+        self.gather_s = gather_s
+        self.recent_s = recent_s
+        self._clock: Clock = clock or MonotonicClock()
+        self._last_call: dict[int, float] = {}  # slot -> its newest forward_backward's arrival
+        self._arrival = asyncio.Event()  # set by every call that joins `pending`
 
     async def run(self, work: Callable[[Any], T]) -> T:
         """``work(trainer)`` on a thread, alone with the trainer."""
@@ -57,7 +121,11 @@ class LoraPool:
         self, slot: int, data: list[Any], loss_fn: str, forward_only: bool
     ) -> Any:  # SlotResult
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.pending.append(_Call(slot, data, loss_fn, forward_only, done))
+        now = 0.0
+        if self.gather_s > 0:
+            now = self._last_call[slot] = self._clock.now()
+            self._arrival.set()  # a gathering batch looks again at who is missing
+        self.pending.append(_Call(slot, data, loss_fn, forward_only, done, now))
         if not self._draining:
             self._draining = True
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
@@ -67,6 +135,7 @@ class LoraPool:
         try:
             await asyncio.sleep(0)  # calls made ready in this same turn join the batch
             while self.pending:
+                await self._gather()
                 first = self.pending[0]
                 key = (first.loss_fn, first.forward_only)
                 batch = [c for c in self.pending if (c.loss_fn, c.forward_only) == key]
@@ -74,6 +143,23 @@ class LoraPool:
                 await self._run_batch(batch)
         finally:
             self._draining = False
+
+    async def _gather(self) -> None:
+        """Wait for the pending calls of every other recently active model, until the
+        window has passed since the oldest pending call arrived (it may have waited out
+        part of it behind the previous batch)."""
+        if self.gather_s <= 0:
+            return
+        deadline = self.pending[0].arrived + self.gather_s
+        while True:
+            now = self._clock.now()
+            for slot in [s for s, t in self._last_call.items() if now - t >= self.recent_s]:
+                del self._last_call[slot]  # gone quiet (or unloaded): waited for no more
+            missing = self._last_call.keys() - {c.slot for c in self.pending}
+            if not missing or now >= deadline:
+                return
+            self._arrival.clear()
+            await self._clock.wait(self._arrival, deadline - now)
 
     async def _run_batch(self, batch: list[_Call]) -> None:
         from rl_core.training.multi_trainer import SlotCall
