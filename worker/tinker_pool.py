@@ -9,10 +9,13 @@ and replace the stacked state.
 
 By default a call alone runs at once. Loops that sample between their training calls
 rarely have calls pending together (docs/tinker.md, T1), so the operator may set a
-gathering window (``RLAAS_TINKER_GATHER_MS``): before a batch runs, it waits for the calls
-of the other models that called forward_backward in the last `RECENT_S`, until all of them
-are pending or the window has passed since the oldest pending call arrived. A call thus
-waits at most the window, and not at all when no other model is active.
+gathering window (``RLAAS_TINKER_GATHER_MS``). Before a batch runs, it waits for the calls
+of the models that are keeping pace with the oldest pending call's model: those whose last
+call ran in the same batch as that model's last call, or in a later one. It runs once they
+are all pending, or once the window has passed since that oldest call arrived. So a call
+waits at most the window, not at all when no other model keeps pace (a model's first call,
+one that runs alone), and a model that stops (or is unloaded) is waited for once, for one
+window, by each model that kept pace with it; no time constant says who is active.
 """
 
 from __future__ import annotations
@@ -30,11 +33,6 @@ from rl_core.errors import RlCoreError
 T = TypeVar("T")
 
 FIRST_SLOTS = 4  # slots a pool starts with; they double when all are taken
-# A model counts as active for this long after its last forward_backward call: longer than
-# one loop step of the slowest base measured (SmolLM2 on a CPU, 32-41 s), so a loop that
-# samples between training calls stays active; one that stopped costs the others at most
-# the window per call until then.
-RECENT_S = 60.0
 GATHER_SETTING = "RLAAS_TINKER_GATHER_MS"
 MAX_GATHER_MS = 1000.0  # every call of an active pool may wait this long: more is a typo
 
@@ -93,7 +91,6 @@ class LoraPool:
         trainer: Any,
         *,
         gather_s: float = 0.0,
-        recent_s: float = RECENT_S,
         clock: Clock | None = None,
     ) -> None:
         self.trainer = trainer
@@ -103,9 +100,9 @@ class LoraPool:
         self._drainer: asyncio.Task[None] | None = None  # held: the loop keeps tasks weakly
         self.batches = 0  # programs run, for tests and logs: fewer than calls when batched
         self.gather_s = gather_s
-        self.recent_s = recent_s
         self._clock: Clock = clock or MonotonicClock()
-        self._last_call: dict[int, float] = {}  # slot -> its newest forward_backward's arrival
+        self._formed = 0  # batches formed (a batch split after a bad datum is still one)
+        self._last_batch: dict[int, int] = {}  # slot -> the batch its newest call ran in
         self._arrival = asyncio.Event()  # set by every call that joins `pending`
 
     async def run(self, work: Callable[[Any], T]) -> T:
@@ -123,7 +120,7 @@ class LoraPool:
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         now = 0.0
         if self.gather_s > 0:
-            now = self._last_call[slot] = self._clock.now()
+            now = self._clock.now()
             self._arrival.set()  # a gathering batch looks again at who is missing
         self.pending.append(_Call(slot, data, loss_fn, forward_only, done, now))
         if not self._draining:
@@ -140,26 +137,32 @@ class LoraPool:
                 key = (first.loss_fn, first.forward_only)
                 batch = [c for c in self.pending if (c.loss_fn, c.forward_only) == key]
                 self.pending = [c for c in self.pending if (c.loss_fn, c.forward_only) != key]
+                self._formed += 1
+                for call in batch:
+                    self._last_batch[call.slot] = self._formed
                 await self._run_batch(batch)
         finally:
             self._draining = False
 
     async def _gather(self) -> None:
-        """Wait for the pending calls of every other recently active model, until the
-        window has passed since the oldest pending call arrived (it may have waited out
-        part of it behind the previous batch)."""
+        """Wait for the calls of the models keeping pace with the oldest pending call's,
+        until the window has passed since it arrived (it may have spent part of it
+        behind the previous batch)."""
         if self.gather_s <= 0:
             return
-        deadline = self.pending[0].arrived + self.gather_s
+        oldest = self.pending[0]
+        since = self._last_batch.get(oldest.slot)
+        if since is None:  # the model's first call: no pace to keep yet
+            return
+        pace = {slot for slot, n in self._last_batch.items() if n >= since}
+        deadline = oldest.arrived + self.gather_s
         while True:
-            now = self._clock.now()
-            for slot in [s for s, t in self._last_call.items() if now - t >= self.recent_s]:
-                del self._last_call[slot]  # gone quiet (or unloaded): waited for no more
-            missing = self._last_call.keys() - {c.slot for c in self.pending}
-            if not missing or now >= deadline:
+            missing = pace - {c.slot for c in self.pending}
+            left = deadline - self._clock.now()
+            if not missing or left <= 0:
                 return
             self._arrival.clear()
-            await self._clock.wait(self._arrival, deadline - now)
+            await self._clock.wait(self._arrival, left)
 
     async def _run_batch(self, batch: list[_Call]) -> None:
         from rl_core.training.multi_trainer import SlotCall

@@ -129,18 +129,21 @@ async def answered(*tasks: asyncio.Task[SlotResult]) -> list[float]:
 async def test_calls_arriving_within_the_window_run_as_one_batch() -> None:
     trainer, clock = InstantTrainer(), HandClock()
     pool = LoraPool(trainer, gather_s=WINDOW, clock=clock)
-    # Slot 0 alone, no other model active: it runs at once, on no timer.
+    # A model's first call has no pace to keep: it runs at once, on no timer.
     assert await answered(call(pool, 0)) == [0.0]
-    assert trainer.batches == [[0]] and clock.waits == []
+    assert await answered(call(pool, 1)) == [1.0]
+    assert await answered(call(pool, 0), call(pool, 1)) == [0.0, 1.0]  # pending together
+    assert trainer.batches == [[0], [1], [0, 1]] and clock.waits == []
 
-    # Slot 1 while slot 0 is active: the batch waits for slot 0, up to the window ...
+    # Slot 1 again: slot 0 kept pace with it (same batch), so the batch waits for slot 0,
+    # up to the window ...
     first = call(pool, 1)
     assert await waiting(clock, 1) == WINDOW
     clock.advance(0.25)
     second = call(pool, 0)  # ... which comes within it: one batch, at once
     assert await answered(first, second) == [1.0, 0.0]
-    assert trainer.batches == [[0], [1, 0]] and clock.waits == [WINDOW]
-    assert pool.batches == 2
+    assert trainer.batches[-1] == [1, 0] and clock.waits == [WINDOW]
+    assert pool.batches == 4
 
 
 async def test_a_call_waits_at_most_the_window_for_models_that_do_not_come() -> None:
@@ -160,13 +163,18 @@ async def test_a_call_waits_at_most_the_window_for_models_that_do_not_come() -> 
     assert trainer.batches[-1] == [2, 0] and clock.waits == [WINDOW, 0.25]
 
 
-async def test_a_model_quiet_for_longer_than_recent_is_not_waited_for() -> None:
+async def test_a_model_that_stops_is_waited_for_once() -> None:
     trainer, clock = InstantTrainer(), HandClock()
-    pool = LoraPool(trainer, gather_s=WINDOW, recent_s=30.0, clock=clock)
+    pool = LoraPool(trainer, gather_s=WINDOW, clock=clock)
     await answered(call(pool, 0), call(pool, 1))
-    clock.advance(30.0)  # slot 1's loop stopped (or was unloaded)
+    # Slot 1's loop stops (or it is unloaded): slot 0's next call waits the window for it ...
+    lone = call(pool, 0)
+    assert await waiting(clock, 1) == WINDOW
+    clock.advance(WINDOW)
+    assert await answered(lone) == [0.0]
+    # ... and then no more: slot 1 has not trained since slot 0 last did.
     assert await answered(call(pool, 0)) == [0.0]
-    assert trainer.batches == [[0, 1], [0]] and clock.waits == []
+    assert trainer.batches == [[0, 1], [0], [0]] and clock.waits == [WINDOW]
 
 
 async def test_the_default_window_of_0_never_waits() -> None:
