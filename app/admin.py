@@ -13,7 +13,7 @@ from sqlalchemy import select
 from app.crypto import DecryptionError, SecretBox
 from app.db.models import Environment, Run, WorkerCredential
 from app.db.session import make_engine, make_sessionmaker
-from app.services import worker_credentials
+from app.services import tenant_quotas, worker_credentials
 from app.services.tenants import create_tenant as _create_tenant
 from app.settings import Settings
 
@@ -40,6 +40,24 @@ async def create_tenant(settings: Settings, name: str) -> tuple[str, str]:
             tenant, key = await _create_tenant(session, name)
             await session.commit()
             return tenant.id, key
+    finally:
+        await engine.dispose()
+
+
+async def tenant_quotas_set(
+    settings: Settings, ref: str, changes: dict[str, int | None]
+) -> tuple[str, list[tenant_quotas.QuotaRow]]:
+    """Set (None: clear) a tenant's own quotas, all or none; returns (its id, every quota as
+    it now holds for it). No changes: only reads them."""
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        async with make_sessionmaker(engine)() as session:
+            if changes:
+                tenant = await tenant_quotas.set_quotas(session, ref, changes)
+                await session.commit()
+            else:
+                tenant = await tenant_quotas.find(session, ref)
+            return tenant.id, tenant_quotas.rows(tenant, settings)
     finally:
         await engine.dispose()
 

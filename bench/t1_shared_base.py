@@ -27,7 +27,7 @@ process's peak RSS over each run (polled every 20 ms; the client threads are a f
 it) and the bytes of live JAX arrays at its end, before the models are unloaded.
 
     .venv/bin/python -m bench.t1_shared_base [--quick] [--models tiny,smollm2] [--ks 1,2,4]
-        [--modes shared,lockstep] [--steps N] [--group G]
+        [--modes shared,lockstep] [--steps N] [--group G] [--gather-ms MS]
 
 Defaults: tiny 24 timed steps of G = 8, SmolLM2 2 of G = 4; the whole run took 22 min on
 the loaded 2-core machine (SmolLM2 18, of it 6.5 min compiling); ``--models tiny`` 3 min,
@@ -87,10 +87,10 @@ class InProcessWorker:
     """`worker.tinker_server.serve` on a free loopback port, in a thread (no registration:
     nothing here asks the control plane for it); ``.worker`` is the `TinkerWorker` itself."""
 
-    def __init__(self, bases: tuple[str, ...]) -> None:
+    def __init__(self, bases: tuple[str, ...], gather_s: float = 0.0) -> None:
         from worker.tinker_server import TinkerWorker, serve
 
-        self.worker = TinkerWorker(bases)
+        self.worker = TinkerWorker(bases, gather_s=gather_s)
         self.token = secrets.token_urlsafe(16)
         self.url = ""
         self.loop = asyncio.new_event_loop()
@@ -324,6 +324,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--modes", default="shared", help="beside sequential: shared,lockstep")
     parser.add_argument("--steps", type=int, help="timed steps per model (tiny 24, smollm2 2)")
     parser.add_argument("--group", type=int, help="completions per sample (tiny 8, smollm2 4)")
+    parser.add_argument(
+        "--gather-ms",
+        type=float,
+        default=0.0,
+        help="the worker's gathering window (RLAAS_TINKER_GATHER_MS; 0: none, as by default)",
+    )
     args = parser.parse_args(argv)
     modes = tuple(args.modes.split(","))
     if not set(modes) <= {"shared", "lockstep"}:
@@ -334,7 +340,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ks = (1, 2) if args.quick else tuple(int(k) for k in args.ks.split(","))
     defaults = {"tiny": (24, 8), "smollm2": (2, 4)}
     with contextlib.ExitStack() as stack:
-        worker = InProcessWorker(tuple(BASES[n] for n in names))
+        worker = InProcessWorker(tuple(BASES[n] for n in names), args.gather_ms / 1000)
+        print(f"gathering window: {args.gather_ms:g} ms", flush=True)
         stack.callback(worker.stop)
         rss = RssPeak()
         for name in names:

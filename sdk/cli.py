@@ -21,6 +21,7 @@ from rl_core.spec import SpecError, load_spec
 from sdk.cli_adapters import adapters as adapters_cli
 from sdk.cli_datasets import datasets as datasets_cli
 from sdk.cli_download import download
+from sdk.cli_tenants import tenants_cli
 from sdk.cli_workers import workers_cli
 from sdk.verifiers_cli import verifiers_cli
 
@@ -28,9 +29,8 @@ if TYPE_CHECKING:
     from sdk.client import Client
 
 cli = typer.Typer(help="rlaas: RL-as-a-service for agentic LLMs.", no_args_is_help=True)
-tenants = typer.Typer(help="Manage tenants (talks to the database directly).", no_args_is_help=True)
 runs = typer.Typer(help="Submit and follow runs over the HTTP API.", no_args_is_help=True)
-cli.add_typer(tenants, name="tenants")
+cli.add_typer(tenants_cli, name="tenants")  # sdk/cli_tenants.py
 secrets_cli = typer.Typer(
     help="Stored secrets: re-encrypt after a key rotation (talks to the database directly).",
     no_args_is_help=True,
@@ -132,28 +132,6 @@ def secrets_reseal() -> None:
             f"{', '.join(report.unreadable[:10])}; set the key they were sealed with in "
             "RLAAS_OLD_SECRET_KEYS and run this again"
         )
-
-
-@tenants.command("create")
-def tenants_create(name: str) -> None:
-    """Create a tenant and print its API key (shown once: keep it). On the embedded
-    default (SQLite under RLAAS_DATA_DIR) it first brings the schema up to date, as
-    `rlaas migrate` does, so that it works on a fresh machine."""
-    from app.admin import create_tenant
-    from app.admin import migrate as run_migrations
-    from app.errors import AppError
-    from app.settings import Settings
-
-    settings = Settings()
-    if settings.embedded:
-        settings.prepare_data_dir()
-        run_migrations(settings)
-    try:
-        tenant_id, key = asyncio.run(create_tenant(settings, name))
-    except AppError as exc:
-        _fail(str(exc))
-    typer.echo(f"tenant {name} ({tenant_id})", err=True)
-    typer.echo(key)
 
 
 @runs.command("create")

@@ -24,9 +24,10 @@ workers_cli = typer.Typer(
 )
 
 
-def _settings_migrated() -> Settings:
+def settings_migrated() -> Settings:
     """The settings; on the embedded default the schema is brought up to date first, as
-    `rlaas tenants create` does, so that the commands work on a fresh machine."""
+    `rlaas migrate` does, so that the operator's commands (these and `rlaas tenants`) work
+    on a fresh machine."""
     from app.admin import migrate
     from app.settings import Settings
 
@@ -44,7 +45,7 @@ def issue(name: str) -> None:
     from app.admin import issue_worker_credential
     from app.errors import AppError
 
-    settings = _settings_migrated()
+    settings = settings_migrated()
     try:
         credential_id, credential = asyncio.run(issue_worker_credential(settings, name))
     except AppError as exc:
@@ -59,7 +60,7 @@ def list_() -> None:
     """Every worker credential (never its secret): id, name, issued, last used, revoked."""
     from app.admin import list_worker_credentials
 
-    settings = _settings_migrated()
+    settings = settings_migrated()
     rows = asyncio.run(list_worker_credentials(settings))
     if not rows:
         typer.echo("no worker credentials; `rlaas workers issue NAME` enrols a worker", err=True)
@@ -77,7 +78,7 @@ def revoke(credential_id: str) -> None:
     from app.admin import revoke_worker_credential
     from app.errors import AppError
 
-    settings = _settings_migrated()
+    settings = settings_migrated()
     try:
         row, ended = asyncio.run(revoke_worker_credential(settings, credential_id))
     except AppError as exc:

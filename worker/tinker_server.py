@@ -33,7 +33,7 @@ from aiohttp import web
 
 from rl_core.errors import RlCoreError
 from rl_core.protocol.internal import TinkerWorkerBody, TinkerWorkerRead
-from worker.tinker_pool import FIRST_SLOTS, LoraPool
+from worker.tinker_pool import FIRST_SLOTS, LoraPool, gather_window_s
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,9 @@ class _Trained:
 class TinkerWorker:
     """Bases, LoRA models and sampler snapshots of this process."""
 
-    def __init__(self, bases: tuple[str, ...]) -> None:
+    def __init__(self, bases: tuple[str, ...], *, gather_s: float = 0.0) -> None:
         self.allowed = bases
+        self.gather_s = gather_s  # each LoraPool's gathering window (worker/tinker_pool.py)
         self.bases: dict[str, _Base] = {}
         self.models: dict[str, _Trained] = {}
         self.samplers: dict[str, tuple[str, Any]] = {}  # path -> (base, merged weights)
@@ -102,7 +103,7 @@ class TinkerWorker:
             trainer = await asyncio.to_thread(
                 MultiLoraTrainer, base.model, slots=FIRST_SLOTS, lora=lora
             )
-            base.pools.setdefault(rank, LoraPool(trainer))
+            base.pools.setdefault(rank, LoraPool(trainer, gather_s=self.gather_s))
         pool = base.pools[rank]
         slot = await pool.run(lambda t: t.add(seed))
         self.models[model_id] = _Trained(pool=pool, slot=slot, base=name)
@@ -341,7 +342,8 @@ def main() -> None:
     """``python -m worker.tinker_server``: serves on RLAAS_TINKER_HOST (127.0.0.1) :
     RLAAS_TINKER_PORT (8500) the bases of RLAAS_TINKER_BASES (builtin:tiny), and registers
     with the control plane at RLAAS_API_URL with RLAAS_WORKER_CREDENTIAL (docs/tinker.md).
-    Its secret is RLAAS_TINKER_WORKER_TOKEN, or a fresh one."""
+    Its secret is RLAAS_TINKER_WORKER_TOKEN, or a fresh one; RLAAS_TINKER_GATHER_MS (0) is
+    how long a forward_backward batch may wait for other active models' calls."""
     import os
     import secrets
 
@@ -355,13 +357,15 @@ def main() -> None:
     host = os.environ.get("RLAAS_TINKER_HOST", "127.0.0.1")
     port = int(os.environ.get("RLAAS_TINKER_PORT", "8500"))
     public = os.environ.get("RLAAS_TINKER_PUBLIC_URL")  # as the API reaches it, if not host:port
+    gather_s = gather_window_s(os.environ)  # a bad value stops it here, naming the setting
     registration = Registration(settings.api_url, settings.resolved_worker_token())
 
     def bound(url: str) -> None:
         registration.register(public or url, token, bases)
 
     try:
-        asyncio.run(serve(TinkerWorker(bases), token=token, host=host, port=port, bound=bound))
+        worker = TinkerWorker(bases, gather_s=gather_s)
+        asyncio.run(serve(worker, token=token, host=host, port=port, bound=bound))
     finally:
         registration.deregister()
 

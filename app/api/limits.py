@@ -16,7 +16,7 @@ from app.schemas.limits import (
 )
 from app.services.budget import run_seconds_used
 from app.services.datasets import bytes_used as datasets_bytes
-from app.services.quotas import artifact_bytes_used, runs_in_flight
+from app.services.quotas import Quotas, artifact_bytes_used, runs_in_flight
 from app.services.tinker_limits import calls_in_flight, models_per_base, tokens_available
 
 router = APIRouter(prefix="/v1/limits", tags=["limits"])
@@ -45,21 +45,25 @@ async def get_limits(session: SessionDep, tenant_id: TenantDep, app_state: State
             dataset_bytes=await datasets_bytes(session, tenant_id),
             artifact_bytes=await artifact_bytes_used(session, tenant_id),
         ),
-        tinker=await _tinker(session, tenant_id, app_state),
+        tinker=await _tinker(session, tenant_id, app_state, quotas),
     )
 
 
-async def _tinker(session: SessionDep, tenant_id: str, app_state: StateDep) -> TinkerLimitsRead:
-    settings = app_state.settings
+async def _tinker(
+    session: SessionDep, tenant_id: str, app_state: StateDep, quotas: Quotas
+) -> TinkerLimitsRead:
+    """The tenant's own Tinker limits where the operator set them, else the deployment's;
+    0 (no limit) reads as null."""
+    per_minute = quotas.tinker_tokens_per_minute
     return TinkerLimitsRead(
         quotas=TinkerQuotasRead(
-            models_per_base=settings.tinker_max_models_per_base or None,
-            calls_in_flight=settings.tinker_max_calls_in_flight or None,
-            tokens_per_minute=settings.tinker_tokens_per_minute or None,
+            models_per_base=quotas.tinker_models_per_base or None,
+            calls_in_flight=quotas.tinker_calls_in_flight or None,
+            tokens_per_minute=per_minute or None,
         ),
         usage=TinkerUsageRead(
-            models=await models_per_base(session, settings, tenant_id),
+            models=await models_per_base(session, app_state.settings, tenant_id),
             calls_in_flight=await calls_in_flight(session, tenant_id),
-            tokens_available=await tokens_available(app_state.limits, tenant_id),
+            tokens_available=await tokens_available(app_state.limits, tenant_id, per_minute),
         ),
     )

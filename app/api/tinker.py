@@ -251,7 +251,7 @@ async def forward_backward(
     target = await _holder(request, session, model)
     await _admit(request, session, tenant_id)
     tokens = sum(len(datum["tokens"]) for datum in order["data"])
-    await take_tokens(request.app.state.rlaas.limits, tenant_id, tokens)
+    await take_tokens(request.app.state.rlaas.limits, session, tenant_id, tokens)
     future_id = await _future(session, tenant_id, "forward_backward")
 
     def encode(answer: dict[str, Any]) -> tuple[bytes, str]:
@@ -442,7 +442,8 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
     }
     await _admit(request, session, tenant_id)
     # What the engine handles: the prompt, and up to max_tokens for each sample.
-    await take_tokens(request.app.state.rlaas.limits, tenant_id, len(tokens) + max_tokens * n)
+    cost = len(tokens) + max_tokens * n
+    await take_tokens(request.app.state.rlaas.limits, session, tenant_id, cost)
     future_id = await _future(session, tenant_id, "sample")
 
     def encode(answer: dict[str, Any]) -> tuple[bytes, str]:

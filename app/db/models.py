@@ -57,6 +57,11 @@ class Tenant(Base):
     # Bytes the tenant's stored artifacts may take: its runs' kept checkpoints and exports
     # and its uploaded adapters.
     quota_artifact_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # The Tinker-compatible API's limits (app.services.tinker_limits); 0 turns one off for
+    # this tenant, as the setting's 0 does for all.
+    quota_tinker_models_per_base: Mapped[int | None] = mapped_column(Integer)
+    quota_tinker_calls_in_flight: Mapped[int | None] = mapped_column(Integer)
+    quota_tinker_tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
     # When a worker last took one of this tenant's runs: the fair claim (app.services.fair)
     # serves the tenant waited on longest first.
     last_claim_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

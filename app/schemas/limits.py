@@ -34,7 +34,8 @@ class UsageRead(BaseModel):
 
 
 class TinkerQuotasRead(BaseModel):
-    """The Tinker-compatible API's limits (docs/tinker.md), set by the operator."""
+    """The Tinker-compatible API's limits (docs/tinker.md), set by the operator: the
+    tenant's own where the operator set one (``rlaas tenants quota``), else the setting."""
 
     models_per_base: int | None = Field(
         description="LoRA models the tenant may hold on one base model "

@@ -55,12 +55,24 @@ class Quotas:
     train_steps: int | None = None  # the most one run may ask for; None: no cap
     dataset_bytes: int = 1_073_741_824  # all of the tenant's uploaded datasets together
     artifact_bytes: int = 100 * 1_073_741_824  # runs' kept checkpoints/exports, adapters
+    # The Tinker API's (app.services.tinker_limits); 0: no limit.
+    tinker_models_per_base: int = 16
+    tinker_calls_in_flight: int = 256
+    tinker_tokens_per_minute: int = 5_000_000
+    # Which of these are the tenant's own (its quota_<name> column), not the deployment's:
+    # a refusal says whose limit it met.
+    own: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, tenant: Tenant | None, settings: Settings) -> Quotas:
+        own: set[str] = set()
+
         def pick(column: str, default: Q) -> Q:
             override: Q | None = getattr(tenant, column) if tenant is not None else None
-            return default if override is None else override
+            if override is None:
+                return default
+            own.add(column.removeprefix("quota_"))
+            return override
 
         return cls(
             runs_in_flight=pick("quota_runs_in_flight", settings.quota_runs_in_flight),
@@ -72,6 +84,16 @@ class Quotas:
             train_steps=pick("quota_train_steps", settings.quota_train_steps),
             dataset_bytes=pick("quota_dataset_bytes", settings.quota_dataset_bytes),
             artifact_bytes=pick("quota_artifact_bytes", settings.quota_artifact_bytes),
+            tinker_models_per_base=pick(
+                "quota_tinker_models_per_base", settings.tinker_max_models_per_base
+            ),
+            tinker_calls_in_flight=pick(
+                "quota_tinker_calls_in_flight", settings.tinker_max_calls_in_flight
+            ),
+            tinker_tokens_per_minute=pick(
+                "quota_tinker_tokens_per_minute", settings.tinker_tokens_per_minute
+            ),
+            own=frozenset(own),
         )
 
 

@@ -13,20 +13,24 @@ the limit, the tenant's use of it and the setting the operator changes (docs/tin
   burst = the limit, refilled continuously; kept as the request rate is
   (app.services.rate: ``tinker_token_buckets`` in PostgreSQL, shared by every replica).
 
-A setting of 0 turns its limit off.
+A setting of 0 turns its limit off. A tenant's own limit (``tenants.quota_tinker_*``, set by
+the operator with ``rlaas tenants quota``; NULL: the setting) takes the setting's place for
+that tenant, 0 included; a refusal then says it met the tenant's own limit.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Tenant, TinkerFuture, TinkerModel, utcnow
 from app.errors import TooManyRequests
-from app.services.quotas import Limiter
+from app.services.quotas import Limiter, Quotas
 from app.services.tinker import WORKER_TIMEOUT_S
 from app.settings import Settings
 
@@ -77,62 +81,69 @@ async def models_per_base(
 
 async def admit_call(
     session: AsyncSession, settings: Settings, tenant_id: str, *, new_model_on: str | None = None
-) -> None:
+) -> Quotas:
     """Refuse a work call over the tenant's calls in flight, or a new model (on
     ``new_model_on``) over its models on that base. Locks the tenant's row until the
-    request commits (SQLite has no row locks; it serialises writers anyway)."""
+    request commits (SQLite has no row locks; it serialises writers anyway), and reads its
+    limits from that row: an override the operator just set holds from the next call.
+    Returns the tenant's quotas."""
     # FOR NO KEY UPDATE (key_share): admissions queue on it, but rows that only point at the tenant
     # (the token bucket's upsert on its own connection, a future written by another
     # process) are not held by it. FOR UPDATE would block them, and this request waits on
-    # the bucket's upsert: a deadlock.
-    await session.execute(
-        select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True)
+    # the bucket's upsert: a deadlock. populate_existing: the row as locked, not as the
+    # request's first read of it (the quota cache's) found it.
+    tenant = await session.scalar(
+        select(Tenant)
+        .where(Tenant.id == tenant_id)
+        .with_for_update(key_share=True)
+        .execution_options(populate_existing=True)
     )
-    limit = settings.tinker_max_calls_in_flight
+    quotas = Quotas.of(tenant, settings)
+    limit = quotas.tinker_calls_in_flight
     if limit:
         used = await calls_in_flight(session, tenant_id)
         if used >= limit:
+            whose, source = _whose(quotas, CALLS, settings.tinker_max_calls_in_flight)
             raise TooManyRequests(
-                f"this tenant has {used} of {limit} Tinker calls in flight "
-                "(RLAAS_TINKER_MAX_CALLS_IN_FLIGHT); retry when one has finished (the SDK "
-                f"does, after Retry-After: {IN_FLIGHT_RETRY_AFTER_S} s), wait for futures "
-                "before sending more, or ask the operator for a higher limit",
+                f"this tenant has {used} of {limit} Tinker calls in flight ({whose}); retry "
+                "when one has finished (the SDK does, after Retry-After: "
+                f"{IN_FLIGHT_RETRY_AFTER_S} s), wait for futures before sending more, or ask "
+                "the operator for a higher limit",
                 retry_after_s=IN_FLIGHT_RETRY_AFTER_S,
-                quota={
-                    "name": "tinker_calls_in_flight",
-                    "limit": limit,
-                    "used": used,
-                    "setting": "RLAAS_TINKER_MAX_CALLS_IN_FLIGHT",
-                },
+                quota={"name": CALLS.name, "limit": limit, "used": used, **source},
             )
-    limit = settings.tinker_max_models_per_base
+    limit = quotas.tinker_models_per_base
     if new_model_on is not None and limit:
         used = (await models_per_base(session, settings, tenant_id)).get(new_model_on, 0)
         if used >= limit:
+            whose, source = _whose(quotas, MODELS, settings.tinker_max_models_per_base)
             refusal = TooManyRequests(
-                f"this tenant has {used} of {limit} models on {new_model_on} "
-                "(RLAAS_TINKER_MAX_MODELS_PER_BASE); unload one (POST /api/v1/unload_model "
-                '{"model_id": ...}) or ask the operator for a higher limit',
+                f"this tenant has {used} of {limit} models on {new_model_on} ({whose}); "
+                'unload one (POST /api/v1/unload_model {"model_id": ...}) or ask the '
+                "operator for a higher limit",
                 retry_after_s=MODELS_RETRY_AFTER_S,
                 quota={
-                    "name": "tinker_models_per_base",
+                    "name": MODELS.name,
                     "limit": limit,
                     "used": used,
                     "base_model": new_model_on,
-                    "setting": "RLAAS_TINKER_MAX_MODELS_PER_BASE",
+                    **source,
                 },
             )
             # Waiting frees no slot: the SDK's client raises this at once (it honours the
             # header) rather than retrying it for ten minutes.
             refusal.headers["x-should-retry"] = "false"
             raise refusal
+    return quotas
 
 
-async def take_tokens(limiter: Limiter, tenant_id: str, tokens: int) -> None:
+async def take_tokens(limiter: Limiter, session: AsyncSession, tenant_id: str, tokens: int) -> None:
     """Spend ``tokens`` of the tenant's tokens per minute, or refuse the call with the
     seconds until they are there. A call larger than the whole minute's tokens costs the
     whole minute (it waits for a full bucket) rather than never passing."""
-    per_minute = limiter.settings.tinker_tokens_per_minute
+    # The tenant's row as admit_call locked and read it (the session holds it: no query).
+    quotas = Quotas.of(await session.get(Tenant, tenant_id), limiter.settings)
+    per_minute = quotas.tinker_tokens_per_minute
     if not per_minute or tokens <= 0:
         return
     wait = await limiter.tinker_tokens.take(tenant_id, per_minute, min(tokens, per_minute))
@@ -140,23 +151,47 @@ async def take_tokens(limiter: Limiter, tenant_id: str, tokens: int) -> None:
         return
     retry = max(1, math.ceil(wait))
     available = await limiter.tinker_tokens.available(tenant_id, per_minute)
+    whose, source = _whose(quotas, TOKENS, limiter.settings.tinker_tokens_per_minute)
     raise TooManyRequests(
         f"this call has {tokens} tokens and this tenant has {available} of its {per_minute} "
-        "tokens a minute left (RLAAS_TINKER_TOKENS_PER_MINUTE); they are there again in "
-        f"{retry} s (Retry-After; the SDK waits and retries), or ask the operator for a "
-        "higher limit",
+        f"tokens a minute left ({whose}); they are there again in {retry} s (Retry-After; "
+        "the SDK waits and retries), or ask the operator for a higher limit",
         retry_after_s=retry,
         quota={
-            "name": "tinker_tokens_per_minute",
+            "name": TOKENS.name,
             "limit": per_minute,
             "used": per_minute - available,
-            "setting": "RLAAS_TINKER_TOKENS_PER_MINUTE",
+            **source,
         },
     )
 
 
-async def tokens_available(limiter: Limiter, tenant_id: str) -> int | None:
-    per_minute = limiter.settings.tinker_tokens_per_minute
+async def tokens_available(limiter: Limiter, tenant_id: str, per_minute: int) -> int | None:
+    """Tokens the tenant may spend now without a 429 (``per_minute``: its limit; None: none)."""
     if not per_minute:
         return None
     return await limiter.tinker_tokens.available(tenant_id, per_minute)
+
+
+@dataclass(frozen=True)
+class Limit:
+    name: str  # the quota's name in a 429 body, and the tenant's override's (tenants.quota_<name>)
+    setting: str  # the deployment's setting
+
+
+MODELS = Limit("tinker_models_per_base", "RLAAS_TINKER_MAX_MODELS_PER_BASE")
+CALLS = Limit("tinker_calls_in_flight", "RLAAS_TINKER_MAX_CALLS_IN_FLIGHT")
+TOKENS = Limit("tinker_tokens_per_minute", "RLAAS_TINKER_TOKENS_PER_MINUTE")
+
+
+def _whose(quotas: Quotas, limit: Limit, default: int) -> tuple[str, dict[str, Any]]:
+    """Whose limit a refusal met, for its message and its body: the deployment's setting, or
+    the tenant's own, which the operator set for it (then the setting is not what to change)."""
+    if limit.name not in quotas.own:
+        return limit.setting, {"setting": limit.setting, "per_tenant": False}
+    deployment = f"{default}" if default else "no limit"
+    return (
+        f"a per-tenant limit the operator set for this tenant, in place of the deployment's "
+        f"{limit.setting}, {deployment}",
+        {"setting": f"tenants.quota_{limit.name}", "per_tenant": True},
+    )
