@@ -65,7 +65,7 @@ def _decode(data: bytes, where: str) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError, deserialize
 
     try:
-        entries = deserialize(data)
+        entries = deserialize(data)  # type: ignore[no-untyped-call]
     except SafetensorError as exc:
         raise StoreError(f"{where} is not a safetensors file: {exc}") from exc
     out = {}
@@ -109,9 +109,8 @@ def read_info(store: ArtifactStore, key: str) -> dict[str, Any]:
         raise StoreError(f"no saved state at {store.url.rstrip('/')}/{key} (no {MARKER})")
     marker: dict[str, Any] = json.loads(raw)
     if marker.get("format") != FORMAT:
-        raise UnsupportedSpec(
-            "path", f"the saved state is of format {marker.get('format')}; this worker reads {FORMAT}"
-        )
+        found = marker.get("format")
+        raise UnsupportedSpec("path", f"the saved state is of format {found}, not {FORMAT}")
     return marker
 
 
@@ -132,6 +131,4 @@ def read_state(store: ArtifactStore, key: str, *, optimizer: bool) -> SlotState:
         zeros = {n: {p: np.zeros_like(x) for p, x in pair.items()} for n, pair in adapter.items()}
         return SlotState(adapter, zeros, zeros, 0)
     moments = tensors(OPTIMIZER_FILE)
-    return SlotState(
-        adapter, _nested(moments, "m/"), _nested(moments, "v/"), int(marker["step"])
-    )
+    return SlotState(adapter, _nested(moments, "m/"), _nested(moments, "v/"), int(marker["step"]))
