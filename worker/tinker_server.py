@@ -162,8 +162,9 @@ class TinkerWorker:
             return {"base_model": t.base, "lora_rank": t.pool.trainer.lora.rank}, state
 
         info, state = await self.in_turn(model_id, body.get("seq_id"), work)
-        size = await asyncio.to_thread(write_state, self._store(), key, state, info)
-        return {"key": key, "size_bytes": size}
+        store = self._store()
+        size = await asyncio.to_thread(write_state, store, key, state, info)
+        return {"key": key, "size_bytes": size, "store": store.url}
 
     async def load_state(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """The saved state at ``key`` into this model, in turn: its adapter, and its Adam

@@ -35,7 +35,7 @@ from app.api.tinker import (
     calls_of,
 )
 from app.db.models import TinkerCheckpoint, TinkerModel
-from app.errors import BadRequest, Conflict, NotFound
+from app.errors import BadRequest, NotFound
 from app.services import tinker_state as saved
 from app.services.tinker import WorkerRefusal, new_id
 from app.services.tinker_limits import admit_call
@@ -72,7 +72,8 @@ async def save_weights(
     overwrite = body.get("overwrite") is True
     path = saved.weights_path(model.id, name)
     if not overwrite and await saved.at_path(session, path) is not None:
-        raise Conflict(
+        # 400, not 409: the SDK sends a 409 again for five minutes before it gives up.
+        raise BadRequest(
             f"a state is already saved at {path}; save with overwrite=True to replace it, "
             "or under another name",
             field="path",
@@ -91,6 +92,7 @@ async def save_weights(
         except BaseException:
             await saved.forget(store, key)  # whatever part of it was written
             raise
+        saved.check_same_store(answer, store)
         row = TinkerCheckpoint(
             id=checkpoint_id,
             tenant_id=tenant_id,
@@ -186,7 +188,7 @@ async def _create_from(
         )
     model_id = f"{session_id}:train:{seq}"
     if await session.get(TinkerModel, model_id) is not None:
-        raise Conflict(
+        raise BadRequest(  # not 409, which the SDK would send again for five minutes
             f"model {model_id} exists already; a ServiceClient numbers its models afresh",
             field="model_seq_id",
         )

@@ -129,6 +129,19 @@ async def admit_save(session: AsyncSession, settings: Settings, tenant_id: str) 
         raise refusal
 
 
+def check_same_store(answer: dict[str, Any], store: ArtifactStore) -> None:
+    """Refuse a save the worker wrote to another store than this API reads (their
+    RLAAS_ARTIFACT_STORE differ): recorded, it could never be loaded nor deleted here."""
+    written = answer.get("store")
+    if written != store.url:
+        raise WorkerRefusal(
+            f"the model worker wrote the state to {written} but this API keeps saved state "
+            f"in {store.url}: set RLAAS_ARTIFACT_STORE (and RLAAS_S3_ENDPOINT) the same on "
+            "the API and its Tinker workers (docs/tinker.md); nothing was recorded",
+            "server",
+        )
+
+
 async def record(
     sessions: async_sessionmaker[AsyncSession],
     store: ArtifactStore,
