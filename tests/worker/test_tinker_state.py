@@ -6,6 +6,7 @@ a state of another rank is refused naming both; a worker without a store says so
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,3 +98,18 @@ def test_a_worker_without_a_store_refuses_to_save_saying_so() -> None:
 
     refused = asyncio.run(scenario())
     assert refused.status == 503 and "RLAAS_ARTIFACT_STORE" in str(refused)
+
+
+def test_without_a_store_the_api_and_a_worker_on_one_data_folder_use_the_same_one(
+    tmp_path: Path,
+) -> None:
+    """The embedded default: no RLAAS_ARTIFACT_STORE, one data folder; the worker writes
+    saved state where the API deletes and counts it (the API refuses a save written
+    anywhere else: `check_same_store`)."""
+    from app.services.tinker_state import state_store
+    from app.settings import Settings
+    from worker.settings import WorkerSettings
+
+    api = state_store(Settings(data_dir=tmp_path, artifact_store=None))
+    worker = WorkerSettings(data_dir=tmp_path, artifact_store=None).state_store()
+    assert api.url == worker.url == f"file://{tmp_path / 'artifacts'}"
