@@ -37,6 +37,7 @@ from app.api import (
     sessions,
     stream,
     tinker,
+    tinker_state,
     workers,
 )
 from app.api.body_limit import BodyLimitMiddleware
@@ -170,6 +171,7 @@ def create_app(
     app.include_router(limits.router)
     app.include_router(keys.router)
     app.include_router(tinker.router)
+    app.include_router(tinker_state.router)
     app.include_router(tinker.internal_router)
     app.include_router(prometheus.router)
     # The dashboard last: its /static mount must not shadow any API route.

@@ -37,4 +37,24 @@ def export_dir(run_dir: Path, step: int, fmt: ExportFormat) -> Path:
     return Path(run_dir) / "exports" / f"step-{int(step):08d}" / fmt
 
 
-__all__ = ["EXPORT_FORMATS", "EXPORT_MARKER", "ExportFormat", "export_dir", "export_key"]
+# A Tinker model's saved training state (save_state: adapter, Adam moments, step count;
+# `rl_core.training.slot_state` writes and reads it) is a folder of the store, complete
+# once this marker, written last, is there. Each save is a folder of its own, under its
+# tenant: ``tinker/<tenant id>/<checkpoint id>/``.
+TINKER_STATE_MARKER: Final = "rlaas_tinker_state.json"
+
+
+def tinker_state_key(tenant_id: str, checkpoint_id: str) -> str:
+    """The key prefix of one saved Tinker state in the artifact store."""
+    return f"tinker/{tenant_id}/{checkpoint_id}"
+
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "EXPORT_MARKER",
+    "TINKER_STATE_MARKER",
+    "ExportFormat",
+    "export_dir",
+    "export_key",
+    "tinker_state_key",
+]

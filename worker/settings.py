@@ -30,6 +30,7 @@ from rl_core.protocol.addresses import Allowlist
 
 if TYPE_CHECKING:
     from rl_core.envs.walls import WallPolicy
+    from rl_core.store import ArtifactStore
     from rl_core.training.stored import StoreTarget
 
 # The one way to run tenant code on a deployed worker without bubblewrap (docs/lifecycle.md).
@@ -147,6 +148,16 @@ class WorkerSettings(BaseSettings):
             else None
         )
         return StoreTarget(store, run_id, keep_cap=self.keep_checkpoints_max)
+
+    def state_store(self) -> ArtifactStore:
+        """Where a Tinker model worker keeps saved training state (docs/tinker.md): the
+        artifact store, else the artifacts folder as one (the control plane, on the same
+        machine, opens the same folder to delete and count it)."""
+        from rl_core.store import open_store
+
+        if self.artifact_store:
+            return open_store(self.artifact_store, endpoint=self.s3_endpoint)
+        return open_store(f"file://{self.artifacts_dir().absolute()}")
 
     def models_dir(self) -> Path:
         """``RLAAS_MODELS_PATH``, else ``<data dir>/models``."""

@@ -12,11 +12,18 @@ work call here as JSON and stores the answer. This server holds, in memory:
 - sampler snapshots by path: merged weights frozen at ``save_weights_for_sampler``, so
   training that goes on never changes what a sampler answers.
 
+Saved training state (``save_weights`` / ``load_weights``: the SDK's save_state, load_state
+and create_training_client_from_state) is not kept here but in the artifact store
+(`rl_core.training.slot_state`, under the key the control plane names): a model's adapter,
+Adam moments and step count, which any worker serving the base loads into a slot, so a
+worker that stops no longer takes a saved model with it.
+
 Training calls of a model are applied in ``seq_id`` order (the client numbers them from
 1 and may send them concurrently): a call waits for its predecessor, up to `SEQ_WAIT_S`.
 
 Routes (behind ``Authorization: Bearer <RLAAS_TINKER_TOKEN>``), JSON in and out:
-``POST /models``, ``POST /models/{id}/{forward_backward|optim_step|save_for_sampler}``,
+``POST /models`` (with ``state``: filled from a saved state),
+``POST /models/{id}/{forward_backward|optim_step|save_for_sampler|save_state|load_state}``,
 ``POST /sample``. A refusal is ``{"error", "category": "user"}`` with a 4xx.
 """
 
@@ -33,6 +40,7 @@ from aiohttp import web
 
 from rl_core.errors import RlCoreError
 from rl_core.protocol.internal import TinkerWorkerBody, TinkerWorkerRead
+from rl_core.store import ArtifactStore
 from worker.tinker_pool import FIRST_SLOTS, LoraPool, gather_window_s
 
 log = logging.getLogger(__name__)
@@ -70,8 +78,11 @@ class _Trained:
 class TinkerWorker:
     """Bases, LoRA models and sampler snapshots of this process."""
 
-    def __init__(self, bases: tuple[str, ...], *, gather_s: float = 0.0) -> None:
+    def __init__(
+        self, bases: tuple[str, ...], store: ArtifactStore | None = None, *, gather_s: float = 0.0
+    ) -> None:
         self.allowed = bases
+        self.store = store  # where saved training state goes (None: save_state is refused)
         self.gather_s = gather_s  # each LoraPool's gathering window (worker/tinker_pool.py)
         self.bases: dict[str, _Base] = {}
         self.models: dict[str, _Trained] = {}
@@ -106,7 +117,66 @@ class TinkerWorker:
             base.pools.setdefault(rank, LoraPool(trainer, gather_s=self.gather_s))
         pool = base.pools[rank]
         slot = await pool.run(lambda t: t.add(seed))
+        state = body.get("state")
+        if state is not None:  # create_training_client_from_state: the slot takes it
+            try:
+                await self._fill(pool, slot, name, rank, state)
+            except BaseException:
+                await pool.run(lambda t: t.remove(slot))
+                raise
         self.models[model_id] = _Trained(pool=pool, slot=slot, base=name)
+        return {"model_id": model_id}
+
+    def _store(self) -> ArtifactStore:
+        if self.store is None:
+            raise Refused(
+                "this worker has no artifact store for saved state (it reads "
+                "RLAAS_ARTIFACT_STORE, else its artifacts folder)",
+                status=503,
+            )
+        return self.store
+
+    async def _fill(self, pool: LoraPool, slot: int, base: str, rank: int, state: Any) -> None:
+        """Slot ``slot`` of ``pool`` takes the saved state ``{"key", "optimizer"}``, once
+        its marker says it was saved from a model of this base and rank."""
+        from rl_core.training.slot_state import read_info, read_state
+
+        store, key, optimizer = self._store(), str(state["key"]), bool(state["optimizer"])
+        info = (await asyncio.to_thread(read_info, store, key))["info"]
+        if (info.get("base_model"), info.get("lora_rank")) != (base, rank):
+            raise Refused(
+                f"the state at {key} was saved from a rank-{info.get('lora_rank')} model on "
+                f"{info.get('base_model')!r}; this model is rank {rank} on {base!r}"
+            )
+        loaded = await asyncio.to_thread(read_state, store, key, optimizer=optimizer)
+        await pool.run(lambda t: t.import_slot(slot, loaded, optimizer=optimizer))
+
+    async def save_state(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The model's adapter, Adam moments and step count, as the calls before ``seq_id``
+        left them, written under ``key`` in the artifact store; answers the bytes written.
+        The copy is taken in turn; the upload does not hold up the model's next calls."""
+        from rl_core.training.slot_state import write_state
+
+        key = str(body["key"])
+
+        async def work(t: _Trained) -> tuple[dict[str, Any], Any]:
+            self._store()  # refused in turn: its seq_id is spent, its successors go on
+            state = await t.pool.run(lambda trainer: trainer.export_slot(t.slot))
+            return {"base_model": t.base, "lora_rank": t.pool.trainer.lora.rank}, state
+
+        info, state = await self.in_turn(model_id, body.get("seq_id"), work)
+        store = self._store()
+        size = await asyncio.to_thread(write_state, store, key, state, info)
+        return {"key": key, "size_bytes": size, "store": store.url}
+
+    async def load_state(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The saved state at ``key`` into this model, in turn: its adapter, and its Adam
+        moments and step count when ``optimizer`` (else they start again from zero)."""
+
+        async def work(t: _Trained) -> None:
+            await self._fill(t.pool, t.slot, t.base, t.pool.trainer.lora.rank, body)
+
+        await self.in_turn(model_id, body.get("seq_id"), work)
         return {"model_id": model_id}
 
     def model(self, model_id: str) -> _Trained:
@@ -282,6 +352,8 @@ def tinker_app(worker: TinkerWorker, *, token: str) -> web.Application:
             "forward_backward": worker.forward_backward,
             "optim_step": worker.optim_step,
             "save_for_sampler": worker.save_for_sampler,
+            "save_state": worker.save_state,
+            "load_state": worker.load_state,
             "unload": worker.unload,
         }
         if action not in calls:
@@ -343,7 +415,8 @@ def main() -> None:
     RLAAS_TINKER_PORT (8500) the bases of RLAAS_TINKER_BASES (builtin:tiny), and registers
     with the control plane at RLAAS_API_URL with RLAAS_WORKER_CREDENTIAL (docs/tinker.md).
     Its secret is RLAAS_TINKER_WORKER_TOKEN, or a fresh one; RLAAS_TINKER_GATHER_MS (0) is
-    how long a forward_backward batch may wait for other active models' calls."""
+    how long a forward_backward batch may wait for other active models' calls. Saved state
+    goes to RLAAS_ARTIFACT_STORE, else to its artifacts folder (as the API's, on one machine)."""
     import os
     import secrets
 
@@ -361,10 +434,11 @@ def main() -> None:
     registration = Registration(settings.api_url, settings.resolved_worker_token())
 
     def bound(url: str) -> None:
-        registration.register(public or url, token, bases)
+        worker_id = registration.register(public or url, token, bases)
+        log.info("registered with the control plane as %s", worker_id)
 
+    worker = TinkerWorker(bases, store=settings.state_store(), gather_s=gather_s)
     try:
-        worker = TinkerWorker(bases, gather_s=gather_s)
         asyncio.run(serve(worker, token=token, host=host, port=port, bound=bound))
     finally:
         registration.deregister()

@@ -420,13 +420,38 @@ class TinkerModel(Base):
 
     __tablename__ = "tinker_models"
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # tm_<hex>
+    # tm_<hex>, or the SDK's own "<session id>:train:<n>" for a model it creates from a
+    # saved state (create_training_client_from_state names the model itself).
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     worker_id: Mapped[str | None] = mapped_column(
         ForeignKey("tinker_workers.id", ondelete="SET NULL"), nullable=True
     )
     base_model: Mapped[str] = mapped_column(String(1024))
     lora_rank: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TinkerCheckpoint(Base):
+    """A Tinker model's saved training state (``POST /api/v1/save_weights``, the SDK's
+    ``save_state``): adapter, Adam moments and step count, one folder of the artifact store
+    (``store_key``, under the tenant's prefix; `rl_core.training.slot_state`). It outlives
+    the model and its worker: any worker serving the base loads it. Its bytes count in the
+    tenant's ``artifact_bytes`` quota."""
+
+    __tablename__ = "tinker_checkpoints"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # tc_<hex>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    # Not a foreign key: the model may be unloaded (or its worker gone); its state stays.
+    model_id: Mapped[str] = mapped_column(String(128), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    path: Mapped[str] = mapped_column(String(1024), unique=True)  # tinker://<model>/weights/<name>
+    store_key: Mapped[str] = mapped_column(String(1024))
+    base_model: Mapped[str] = mapped_column(String(1024))
+    lora_rank: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    user_metadata: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

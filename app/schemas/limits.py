@@ -18,7 +18,7 @@ class QuotasRead(BaseModel):
     dataset_bytes: int = Field(description="Bytes all of the tenant's datasets may take")
     artifact_bytes: int = Field(
         description="Bytes the tenant's stored artifacts may take: its runs' kept checkpoints "
-        "and exports, and its uploaded adapters"
+        "and exports, its uploaded adapters, and its Tinker models' saved states"
     )
 
 
@@ -29,7 +29,7 @@ class UsageRead(BaseModel):
     dataset_bytes: int = Field(description="Bytes the tenant's datasets take")
     artifact_bytes: int = Field(
         description="Bytes the tenant's runs' kept checkpoints and exports (as of each run's "
-        "newest checkpoint) and its uploaded adapters take"
+        "newest checkpoint), its uploaded adapters and its Tinker models' saved states take"
     )
 
 

@@ -31,7 +31,7 @@ from typing import TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.db.models import ApiKey, Run, Tenant, UploadedAdapter, utcnow
+from app.db.models import ApiKey, Run, Tenant, TinkerCheckpoint, UploadedAdapter, utcnow
 from app.errors import Forbidden, TooManyRequests, Unprocessable
 from app.services import budget as budget_service
 from app.services import run_states
@@ -54,7 +54,7 @@ class Quotas:
     run_seconds: int | None = None  # per settings.quota_run_seconds_period_s; None: no budget
     train_steps: int | None = None  # the most one run may ask for; None: no cap
     dataset_bytes: int = 1_073_741_824  # all of the tenant's uploaded datasets together
-    artifact_bytes: int = 100 * 1_073_741_824  # runs' kept checkpoints/exports, adapters
+    artifact_bytes: int = 100 * 1_073_741_824  # runs' checkpoints/exports, adapters, Tinker states
     # The Tinker API's (app.services.tinker_limits); 0: no limit.
     tinker_models_per_base: int = 16
     tinker_calls_in_flight: int = 256
@@ -248,7 +248,8 @@ async def runs_in_flight(session: AsyncSession, tenant_id: str) -> int:
 
 async def artifact_bytes_used(session: AsyncSession, tenant_id: str) -> int:
     """What the tenant's stored artifacts take (the quota ``artifact_bytes``): each run's
-    kept checkpoints and exports as its worker last measured them, and the uploads here."""
+    kept checkpoints and exports as its worker last measured them, the uploads here, and
+    the training state its Tinker models saved (as their workers wrote it)."""
     runs = await session.scalar(
         select(func.coalesce(func.sum(Run.stored_bytes), 0)).where(Run.tenant_id == tenant_id)
     )
@@ -257,7 +258,12 @@ async def artifact_bytes_used(session: AsyncSession, tenant_id: str) -> int:
             UploadedAdapter.tenant_id == tenant_id
         )
     )
-    return int(runs or 0) + int(uploads or 0)
+    saved = await session.scalar(
+        select(func.coalesce(func.sum(TinkerCheckpoint.size_bytes), 0)).where(
+            TinkerCheckpoint.tenant_id == tenant_id
+        )
+    )
+    return int(runs or 0) + int(uploads or 0) + int(saved or 0)
 
 
 async def admit_run(

@@ -10,7 +10,10 @@ adapters are disjoint parameters, so a slot's rows contribute nothing to the oth
 Adam to one slot with that call's hyperparameters and clears its accumulator.
 
 All state is stacked by slot ([S, ...] leaves): adapters, gradient accumulators, Adam
-moments; a slot's step count is a host integer.
+moments; a slot's step count is a host integer. `export_slot` copies one slot's adapter,
+moments and step count to the host and `import_slot` puts them back into any slot of a
+trainer of the same base and LoRA config (Tinker's save_state / load_state; the bytes
+in the artifact store are `slot_state`'s).
 """
 
 from __future__ import annotations
@@ -133,6 +136,41 @@ def _concat(
     return batch, jnp.asarray(slots + [0] * (total - rows), jnp.int32)
 
 
+# path -> {"a": [d_in, r], "b": [r, d_out]} as numpy arrays: one slot's, off the device.
+HostAdapters = dict[str, dict[str, np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotState:
+    """One slot's training state (`MultiLoraTrainer.export_slot`): the adapter, Adam's
+    first and second moments (same layout) and the number of steps taken."""
+
+    adapter: HostAdapters
+    m: HostAdapters
+    v: HostAdapters
+    step: int
+
+
+def _check_fits(given: HostAdapters, expected: Any) -> None:
+    """``given`` has ``expected``'s keys, shapes and dtypes, or `UnsupportedSpec` naming
+    the first that differs (state saved on another base or at another rank)."""
+    if sorted(given) != sorted(expected):
+        raise UnsupportedSpec(
+            "lora.targets",
+            f"the saved state adapts {sorted(given)}, this model {sorted(expected)}",
+        )
+    for name, pair in expected.items():
+        for part, x in pair.items():
+            got = given[name].get(part)
+            if got is None or tuple(got.shape) != tuple(x.shape) or got.dtype != x.dtype:
+                have = "nothing" if got is None else f"{got.dtype}{list(got.shape)}"
+                raise UnsupportedSpec(
+                    "lora.rank",
+                    f"the saved state's {name}.{part} is {have}, this model's is "
+                    f"{x.dtype}{list(x.shape)} (another base or LoRA rank)",
+                )
+
+
 class MultiLoraTrainer:
     """S adapter slots on a base `Model` (never changed), each with its own gradient
     accumulator, Adam moments and step count. A slot holds one Tinker model; `reset`
@@ -206,6 +244,38 @@ class MultiLoraTrainer:
         """Slot ``slot``'s adapter in `lora.py`'s layout (to merge for sampling or export)."""
         self._check(slot)
         return slot_adapters(self.adapters, slot)
+
+    def export_slot(self, slot: int) -> SlotState:
+        """Slot ``slot``'s training state on the host (copies): its adapter, Adam moments
+        and step count, what `import_slot` puts back exactly. The gradient accumulator is
+        left out: it belongs to calls not yet stepped, on these weights only."""
+        self._check(slot)
+
+        def host(stacked: StackedAdapters) -> HostAdapters:
+            return {
+                name: {part: np.array(x[slot]) for part, x in pair.items()}
+                for name, pair in stacked.items()
+            }
+
+        return SlotState(host(self.adapters), host(self.m), host(self.v), self.steps[slot])
+
+    def import_slot(self, slot: int, state: SlotState, *, optimizer: bool) -> None:
+        """Slot ``slot`` takes ``state``'s adapter, and its Adam moments and step count when
+        ``optimizer`` (else they start again from zero, as a fresh model's). Its gradient
+        accumulator is cleared. A state of other targets or shapes (another base or rank)
+        is refused, naming the first key that differs."""
+        self._check(slot)
+        index = jnp.int32(slot)
+        expected = slot_adapters(self.adapters, 0)
+        parts = [state.adapter, state.m, state.v] if optimizer else [state.adapter]
+        for part in parts:
+            _check_fits(part, expected)
+        one = functools.partial(jax.tree.map, jnp.asarray)
+        self._fill(slot, one(state.adapter))
+        if optimizer:
+            self.m = _set_slot(self.m, index, one(state.m))
+            self.v = _set_slot(self.v, index, one(state.v))
+            self.steps[slot] = state.step
 
     def sampler_weights(self, slot: int) -> Any:
         """Slot ``slot``'s adapter merged into the base, as `nnx.state(model)` (what a
