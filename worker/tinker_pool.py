@@ -31,6 +31,7 @@ class _Call:
     loss_fn: str
     forward_only: bool
     done: asyncio.Future[Any]
+    config: dict[str, Any] | None = None  # loss_fn_config: per-row values, so no batch key
 
 
 class LoraPool:
@@ -54,10 +55,15 @@ class LoraPool:
         return await asyncio.to_thread(locked)
 
     async def forward_backward(
-        self, slot: int, data: list[Any], loss_fn: str, forward_only: bool
+        self,
+        slot: int,
+        data: list[Any],
+        loss_fn: str,
+        forward_only: bool,
+        config: dict[str, Any] | None = None,
     ) -> Any:  # SlotResult
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.pending.append(_Call(slot, data, loss_fn, forward_only, done))
+        self.pending.append(_Call(slot, data, loss_fn, forward_only, done, config))
         if not self._draining:
             self._draining = True
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
@@ -79,7 +85,7 @@ class LoraPool:
         from rl_core.training.multi_trainer import SlotCall
 
         loss_fn, forward_only = batch[0].loss_fn, batch[0].forward_only
-        calls = [SlotCall(c.slot, c.data) for c in batch]
+        calls = [SlotCall(c.slot, c.data, c.config) for c in batch]
         self.batches += 1
         try:
             results = await self.run(

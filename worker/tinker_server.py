@@ -148,7 +148,11 @@ class TinkerWorker:
 
         async def work(t: _Trained) -> dict[str, Any]:
             result = await t.pool.forward_backward(
-                t.slot, data, str(body["loss_fn"]), bool(body.get("forward_only"))
+                t.slot,
+                data,
+                str(body["loss_fn"]),
+                bool(body.get("forward_only")),
+                body.get("loss_fn_config"),
             )
             return {"logprobs": result.logprobs, "loss": result.loss}
 

@@ -42,7 +42,9 @@ from app.services.tinker import (
     register,
 )
 from app.services.tinker_limits import LOST_AFTER, admit_call, take_tokens
+from rl_core.errors import UnsupportedSpec
 from rl_core.protocol import internal as protocol
+from rl_core.protocol import tinker_losses
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
 # Model workers register here (worker/tinker_server.py), with their own worker credential.
@@ -247,6 +249,10 @@ async def forward_backward(
     if request.headers.get("content-encoding"):
         raise BadRequest("send forward_backward uncompressed", field="Content-Encoding")
     order = wire.read_forward_backward(await request.body())
+    try:  # a loss or config the trainer would refuse is refused here, before any work
+        tinker_losses.resolve_config(order["loss_fn"], order["loss_fn_config"])
+    except UnsupportedSpec as exc:
+        raise BadRequest(str(exc), field=exc.field) from None
     model = await _model(session, tenant_id, order.pop("model_id"))
     target = await _holder(request, session, model)
     await _admit(request, session, tenant_id)

@@ -117,10 +117,25 @@ def _datum(buf: bytes, index: int) -> dict[str, Any]:
     return {"tokens": tokens, "inputs": inputs}
 
 
+def _config_value(buf: bytes, key: str) -> float | str:
+    """A ``LossConfigValue``: a number (double) or a text."""
+    for number, wire, v in _fields(buf):
+        if number == 1 and wire == 1:
+            return float(struct.unpack("<d", v)[0])
+        if number == 2 and wire == 2:
+            return bytes(v).decode()
+    field = f"loss_fn_config.{key}"
+    raise BadRequest(f"{field} has no value", field=field)
+
+
 def read_forward_backward(body: bytes) -> dict[str, Any]:
-    """A ``ForwardBackwardRequest``: model_id, seq_id, loss_fn, forward_only, data."""
+    """A ``ForwardBackwardRequest``: model_id, seq_id, loss_fn, forward_only, data and
+    loss_fn_config (``loss_fn_config_v2`` when sent, as the SDK asks: it mirrors numbers
+    into the legacy float map for older servers)."""
     out: dict[str, Any] = {"data": [], "seq_id": None, "forward_only": False, "model_id": ""}
-    for number, _, v in _fields(body):
+    legacy: dict[str, float | str] = {}
+    v2: dict[str, float | str] = {}
+    for number, wire, v in _fields(body):
         if number == 1:
             out["model_id"] = bytes(v).decode()
         elif number == 2:
@@ -129,8 +144,20 @@ def read_forward_backward(body: bytes) -> dict[str, Any]:
             out["data"].append(_datum(v, len(out["data"])))
         elif number == 4:
             out["loss_fn"] = bytes(v).decode()
+        elif number == 5 and wire == 2:
+            key, value = _map_entry(v)
+            if value == b"":  # a map entry may leave out a value of 0.0
+                value = bytes(8)
+            if not isinstance(value, bytes) or len(value) != 8:
+                field = f"loss_fn_config.{key}"
+                raise BadRequest(f"{field} must be a double", field=field)
+            legacy[key] = float(struct.unpack("<d", value)[0])
         elif number == 6:
             out["forward_only"] = bool(v)
+        elif number == 7 and wire == 2:
+            key, value = _map_entry(v)
+            v2[key] = _config_value(value if isinstance(value, bytes) else b"", key)
+    out["loss_fn_config"] = (v2 or legacy) or None
     if not out.get("loss_fn"):
         raise BadRequest("loss_fn is missing", field="loss_fn")
     return out
