@@ -44,7 +44,7 @@ from app.services.tinker import (
 from app.services.tinker_limits import LOST_AFTER, admit_call, take_tokens
 from rl_core.errors import UnsupportedSpec
 from rl_core.protocol import internal as protocol
-from rl_core.protocol import tinker_losses
+from rl_core.protocol import tinker_losses, tinker_sampling
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
 # Model workers register here (worker/tinker_server.py), with their own worker credential.
@@ -434,10 +434,18 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
             "sampling_params.max_tokens must be a positive integer",
             field="sampling_params.max_tokens",
         )
+    try:  # prompt logprobs and top-k: what is served, checked before any work
+        scoring = tinker_sampling.read_scoring(body, len(tokens))
+    except UnsupportedSpec as exc:
+        raise BadRequest(str(exc), field=exc.field) from None
     order = {
         "base_model": base,
         "model_path": path,
         "prompt": tokens,
+        "prompt_logprobs": scoring.prompt_logprobs,
+        "prompt_logprobs_last_n": scoring.last_n,
+        "topk_prompt_logprobs": scoring.topk_prompt,
+        "topk_sample_logprobs": scoring.topk_sample,
         "num_samples": n,
         "max_tokens": max_tokens,
         "temperature": params.get("temperature", 1.0),
@@ -452,7 +460,12 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
     future_id = await _future(session, tenant_id, "sample")
 
     def encode(answer: dict[str, Any]) -> tuple[bytes, str]:
-        return wire.write_sample_response(answer["sequences"]), wire.PROTOBUF
+        body = wire.write_sample_response(
+            answer["sequences"],
+            prompt_logprobs=answer.get("prompt_logprobs"),
+            topk_prompt=answer.get("topk_prompt_logprobs"),
+        )
+        return body, wire.PROTOBUF
 
     async def call() -> dict[str, Any]:
         return await calls.post(target, "/sample", order)

@@ -194,8 +194,36 @@ def _floats(values: Sequence[float]) -> bytes:
     return struct.pack(f"<{len(values)}f", *values)
 
 
-def write_sample_response(sequences: Sequence[dict[str, Any]]) -> bytes:
-    """A ``SampleResponse`` of ``{"tokens", "logprobs", "stop_reason"}`` sequences."""
+TopkRows = Sequence[Sequence[Sequence[float]] | None]  # per position: [(id, logprob)] or None
+MASK_LOGPROB = -99999.0  # the SDK's sentinel for an empty top-k cell
+
+
+def _topk(rows: TopkRows) -> bytes:
+    """A ``TopkLogprobs``: dense [length, k] id and logprob matrices, row-major; a row with
+    fewer than k pairs (or None: not scored) is filled with the sentinel (0, -99999.0)."""
+    k = max((len(r) for r in rows if r), default=0)
+    ids: list[int] = []
+    lps: list[float] = []
+    for row in rows:
+        pairs = list(row or [])
+        ids += [int(p[0]) for p in pairs] + [0] * (k - len(pairs))
+        lps += [float(p[1]) for p in pairs] + [MASK_LOGPROB] * (k - len(pairs))
+    return (
+        _len(1, struct.pack(f"<{len(ids)}i", *ids))
+        + _len(2, _floats(lps))
+        + _int(3, k)
+        + _int(4, len(rows))
+    )
+
+
+def write_sample_response(
+    sequences: Sequence[dict[str, Any]],
+    *,
+    prompt_logprobs: Sequence[float | None] | None = None,
+    topk_prompt: TopkRows | None = None,
+) -> bytes:
+    """A ``SampleResponse`` of ``{"tokens", "logprobs", "stop_reason", "topk"?}`` sequences,
+    and the prompt's logprobs (None, not scored, travels as NaN) and top-k rows."""
     out = b""
     for seq in sequences:
         tokens = seq["tokens"]
@@ -204,7 +232,14 @@ def write_sample_response(sequences: Sequence[dict[str, Any]]) -> bytes:
             + _len(2, struct.pack(f"<{len(tokens)}i", *tokens))
             + _len(3, _floats(seq["logprobs"]))
         )
+        if seq.get("topk") is not None:
+            body += _len(4, _topk(seq["topk"]))
         out += _len(1, body)
+    if prompt_logprobs is not None:
+        nan = float("nan")
+        out += _len(2, _floats([nan if x is None else x for x in prompt_logprobs]))
+    if topk_prompt is not None:
+        out += _len(3, _topk(topk_prompt))
     return out
 
 

@@ -22,6 +22,7 @@ from rl_core.models.decoder import Model
 from rl_core.protocol.tinker_losses import resolve_config
 from rl_core.training.lora import LoraConfig
 from rl_core.training.primitives import Datum, LoraModel
+from tests.rl_core.training.tinker_reference import reference
 
 LORA = LoraConfig(rank=4, alpha=4.0, targets=("q", "k", "v", "o"))
 CONFIGS: dict[str, dict[str, float]] = {
@@ -31,38 +32,6 @@ CONFIGS: dict[str, dict[str, float]] = {
     "dro": {"beta": 0.3},
     "gspo": {"clip_low_threshold": 0.95, "clip_high_threshold": 1.05},
 }
-
-
-def reference(
-    loss_fn: str, lp: np.ndarray, d: Datum, cfg: dict[str, float]
-) -> tuple[float, np.ndarray]:
-    """One datum's loss and dL/dlp from the docs' formulas, in float64 numpy."""
-    lp = lp.astype(np.float64)
-    q = np.asarray(d.inputs["logprobs"], np.float64)
-    a = np.asarray(d.inputs["advantages"], np.float64)
-    lo, hi = cfg.get("clip_low_threshold"), cfg.get("clip_high_threshold")
-    if loss_fn == "importance_sampling":
-        r = np.exp(lp - q)
-        return float(-(r * a).sum()), -r * a
-    if loss_fn == "ppo":
-        r = np.exp(lp - q)
-        unclipped, clipped = r * a, np.clip(r, lo, hi) * a
-        # min picks the clipped term only where it is smaller; inside [lo, hi] both are r*a
-        live = (unclipped <= clipped) | ((r >= lo) & (r <= hi))
-        return float(-np.minimum(unclipped, clipped).sum()), np.where(live, -r * a, 0.0)
-    if loss_fn == "cispo":
-        w = np.clip(np.exp(lp - q), lo, hi)
-        return float(-(w * lp * a).sum()), -w * a
-    if loss_fn == "dro":
-        beta = cfg["beta"]
-        return float(-(lp * a - 0.5 * beta * (lp - q) ** 2).sum()), -(a - beta * (lp - q))
-    if loss_fn == "gspo":
-        marked = np.asarray(d.inputs["sequence_ratio_mask"]) != 0
-        s = np.exp((lp - q)[marked].mean())  # one ratio for the datum: its value everywhere
-        unclipped, clipped = s * a, np.clip(s, lo, hi) * a
-        live = (unclipped <= clipped) | (lo <= s <= hi)
-        return float(-np.minimum(unclipped, clipped).sum()), np.where(live, -s * a, 0.0)
-    raise AssertionError(loss_fn)
 
 
 def _data(rng: np.random.Generator, lps: list[list[float]], batch: list[Datum]) -> list[Datum]:
@@ -113,7 +82,10 @@ def test_loss_and_gradient_match_the_documented_formula(
     cfg = CONFIGS[loss_fn]
 
     got_lps, got_loss = trained.forward_backward(data, loss_fn, config=cfg)
-    refs = [reference(loss_fn, np.asarray(lp), d, cfg) for lp, d in zip(got_lps, data, strict=True)]
+    refs = [
+        reference(loss_fn, np.asarray(lp), d.inputs, cfg)
+        for lp, d in zip(got_lps, data, strict=True)
+    ]
     np.testing.assert_allclose(got_loss, sum(r[0] for r in refs), rtol=1e-5, atol=1e-5)
     if loss_fn in ("ppo", "gspo"):  # the data reach both sides of the clip range
         log_r = [np.asarray(lp) - d.inputs["logprobs"] for lp, d in zip(got_lps, data, strict=True)]
