@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from datetime import UTC
 from typing import Annotated, Any
@@ -156,6 +157,14 @@ async def create_session(_tenant: TenantDep) -> dict[str, Any]:
 @router.post("/session_heartbeat")
 async def session_heartbeat(_tenant: TenantDep) -> dict[str, Any]:
     return {"type": "session_heartbeat"}
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(session_id: str, _tenant: TenantDep) -> Response:
+    """The SDK's ``ServiceClient.close()`` (and the end of ``with ServiceClient(...)``):
+    sessions are not kept, so there is nothing to end; a 404 here failed a loop that had
+    done all its work."""
+    return Response(status_code=204)
 
 
 @router.post("/telemetry")
@@ -451,7 +460,10 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
         "temperature": params.get("temperature", 1.0),
         "top_k": params.get("top_k", -1),
         "top_p": params.get("top_p", 1.0),
-        "seed": params.get("seed"),
+        # No seed: fresh randomness for each call, as Tinker samples. (The worker seeds
+        # sample i with seed + i, so a loop sampling one at a time without a seed would
+        # otherwise get the same completion every time.)
+        "seed": params.get("seed") if params.get("seed") is not None else secrets.randbits(31),
         "stop_ids": stop or [],
     }
     await _admit(request, session, tenant_id)
