@@ -88,14 +88,14 @@ def resolve_config(loss_fn: str, config: Mapping[str, float | str] | None) -> di
             raise UnsupportedSpec(field, f"must be finite, got {value!r}")
     resolved: dict[str, float] = {}
     for key, default in known.items():
-        value = given.get(key, default)
-        if value is None:
+        chosen = given.get(key, default)  # a number by now: the loop above checked it
+        if chosen is None:
             raise UnsupportedSpec(
                 f"loss_fn_config.{key}",
                 f"{loss_fn} needs {key}: Tinker's docs give it no default, so rlaas does not "
                 "guess one; send it in loss_fn_config",
             )
-        resolved[key] = float(value)
+        resolved[key] = float(chosen)
     if CLIP_LOW in resolved and resolved[CLIP_LOW] > resolved[CLIP_HIGH]:
         raise UnsupportedSpec(
             f"loss_fn_config.{CLIP_LOW}",

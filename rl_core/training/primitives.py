@@ -27,11 +27,9 @@ from flax import nnx
 
 from rl_core.errors import UnsupportedSpec
 from rl_core.models.decoder import Model
-from rl_core.protocol.tinker_losses import LOSS_INPUTS, LOSSES, resolve_config
+from rl_core.protocol.tinker_losses import LOSS_INPUTS, resolve_config
 from rl_core.training.lora import Adapters, LoraConfig, init_adapters, merged_params
 from rl_core.training.losses import PER_TOKEN
-
-__all__ = ["LOSSES", "LOSS_INPUTS", "AdamParams", "Datum", "LoraModel", "pack_batch"]
 
 
 @dataclasses.dataclass(frozen=True)
