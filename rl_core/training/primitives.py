@@ -3,11 +3,10 @@
 ``forward_backward`` scores a batch of datums and *adds* their loss's gradient to an
 accumulator (a client splits a big batch into several calls); ``optim_step`` applies
 Adam with the hyperparameters the call brings, then clears the accumulator. Losses are
-sums over tokens, as Tinker defines them:
-
-- ``cross_entropy``: ``-sum(weights * logp(target))``;
-- ``importance_sampling``: ``-sum(exp(logp - sampler_logp) * advantages)``, the
-  REINFORCE gradient corrected for the sampler's distribution.
+sums over tokens, as Tinker defines them: ``cross_entropy`` is
+``-sum(weights * logp(target))``; the policy-gradient losses (``importance_sampling``,
+``ppo``, ``cispo``, ``dro``, ``gspo``) are in `rl_core.training.losses`, their
+``loss_fn_config`` in `rl_core.protocol.tinker_losses`.
 
 Each datum is ``tokens[T]`` (the model's input) and inputs aligned with it
 (``target_tokens[T]``: the token that follows each position). Batches are padded to a
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,11 +27,9 @@ from flax import nnx
 
 from rl_core.errors import UnsupportedSpec
 from rl_core.models.decoder import Model
+from rl_core.protocol.tinker_losses import LOSS_INPUTS, resolve_config
 from rl_core.training.lora import Adapters, LoraConfig, init_adapters, merged_params
-
-LOSSES = ("cross_entropy", "importance_sampling")
-# What each loss reads from a datum's loss_fn_inputs, besides target_tokens.
-LOSS_INPUTS = {"cross_entropy": ("weights",), "importance_sampling": ("logprobs", "advantages")}
+from rl_core.training.losses import PER_TOKEN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +62,9 @@ def token_loss(
     logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     lp = jnp.take_along_axis(logp_all, batch["target_tokens"][..., None], axis=-1)[..., 0]
     mask = batch["mask"]
-    if loss_fn == "cross_entropy":
-        per_token = -batch["weights"] * lp * mask
-    else:  # importance_sampling
-        per_token = -jnp.exp(lp - batch["logprobs"]) * batch["advantages"] * mask
+    # where, not a product: a padding position counts nothing even where a loss is not
+    # finite there
+    per_token = jnp.where(mask > 0, PER_TOKEN[loss_fn](lp, batch), 0.0)
     return per_token, lp * mask
 
 
@@ -127,11 +123,16 @@ def adam_update(
     return jax.tree.map(step, w, m, v), m, v, norm
 
 
-def pack_batch(data: Sequence[Datum], loss_fn: str, max_len: int) -> dict[str, jax.Array]:
+def pack_batch(
+    data: Sequence[Datum],
+    loss_fn: str,
+    max_len: int,
+    config: Mapping[str, float | str] | None = None,
+) -> dict[str, jax.Array]:
     """Datums as padded arrays [B, T] (T a power of two, at most ``max_len``), every field
-    checked: a bad datum is refused naming its index and field."""
-    if loss_fn not in LOSSES:
-        raise UnsupportedSpec("loss_fn", f"loss_fn {loss_fn!r} is not served; use one of {LOSSES}")
+    checked: a bad datum is refused naming its index and field. The loss's config values
+    (``loss_fn_config``, its defaults filled in) ride along as [B, T] arrays."""
+    resolved = resolve_config(loss_fn, config)
     if not data:
         raise UnsupportedSpec("data", "forward_backward needs at least one datum")
     needed = ("target_tokens", *LOSS_INPUTS[loss_fn])
@@ -156,6 +157,14 @@ def pack_batch(data: Sequence[Datum], loss_fn: str, max_len: int) -> dict[str, j
                     f"{loss_fn} needs {name} with one value per input token ({n})",
                 )
             arrays[name][i, :n] = values
+        if "sequence_ratio_mask" in needed and not np.any(arrays["sequence_ratio_mask"][i, :n]):
+            raise UnsupportedSpec(
+                f"data[{i}].loss_fn_inputs.sequence_ratio_mask",
+                "marks no token; gspo's sequence ratio is a mean over the tokens it marks "
+                "(the sampled ones)",
+            )
+    for key, value in resolved.items():
+        arrays[key] = np.full((len(data), length), value, np.float32)
     batch = {k: jnp.asarray(v) for k, v in arrays.items()}
     batch["target_tokens"] = batch["target_tokens"].astype(jnp.int32)
     batch["tokens"], batch["mask"] = jnp.asarray(tokens), jnp.asarray(mask)
@@ -182,11 +191,16 @@ class LoraModel:
         self._merge = jax.jit(functools.partial(merged_params, config=self.lora))
 
     def forward_backward(
-        self, data: Sequence[Datum], loss_fn: str, *, forward_only: bool = False
+        self,
+        data: Sequence[Datum],
+        loss_fn: str,
+        *,
+        forward_only: bool = False,
+        config: Mapping[str, float | str] | None = None,
     ) -> tuple[list[list[float]], float]:
         """Each datum's target logprobs, and the batch's summed loss; unless
         ``forward_only``, the loss's gradient joins the accumulator."""
-        batch = pack_batch(data, loss_fn, self.max_len)
+        batch = pack_batch(data, loss_fn, self.max_len, config)
         fn = _compiled(self._graphdef, self.lora, loss_fn, forward_only)
         if forward_only:
             loss, lp = fn(self.adapters, self._base, self._rest, batch)
