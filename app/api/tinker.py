@@ -191,7 +191,6 @@ async def capabilities(
 async def create_model(
     request: Request, session: SessionDep, tenant_id: TenantDep
 ) -> dict[str, Any]:
-    calls = calls_of(request)
     body = await _body(request)
     base = _field(body, "base_model")
     target = await _pick(request, session, base)
@@ -204,19 +203,35 @@ async def create_model(
     settings = request.app.state.rlaas.settings
     await admit_call(session, settings, tenant_id, new_model_on=base)
     model_id = new_id("tm")
+    order = {"model_id": model_id, "base_model": base, "rank": rank, "seed": lora.get("seed") or 0}
+    answer = {"model_id": model_id, "type": "create_model"}
+    future_id = await start_model(request, session, tenant_id, target, order, answer)
+    return {"request_id": future_id, "model_id": model_id}
+
+
+async def start_model(
+    request: Request,
+    session: SessionDep,
+    tenant_id: str,
+    target: Target,
+    order: dict[str, Any],
+    answer: dict[str, Any],
+) -> str:
+    """Record the tenant's new model on ``target`` and have the worker make it (``order``,
+    its ``POST /models`` body) behind a future that answers ``answer``; the future's id.
+    create_model and create_training_client_from_state (app.api.tinker_state) both."""
+    model_id = str(order["model_id"])
     session.add(
         TinkerModel(
             id=model_id,
             tenant_id=tenant_id,
-            base_model=base,
-            lora_rank=rank,
+            base_model=str(order["base_model"]),
+            lora_rank=int(order["rank"]),
             worker_id=target.worker_id,
         )
     )
-    future_id = await _future(session, tenant_id, "create_model")
-    order = {"model_id": model_id, "base_model": base, "rank": rank, "seed": lora.get("seed") or 0}
-
-    sessions = request.app.state.rlaas.sessions
+    future_id = await _future(session, tenant_id, str(answer["type"]))
+    calls, sessions = calls_of(request), request.app.state.rlaas.sessions
 
     async def call() -> dict[str, Any]:
         try:
@@ -229,10 +244,10 @@ async def create_model(
                 await cleanup.execute(delete(TinkerModel).where(TinkerModel.id == model_id))
                 await cleanup.commit()
             raise
-        return {"model_id": model_id, "type": "create_model"}
+        return answer
 
-    calls.start(request.app.state.rlaas.sessions, future_id, call)
-    return {"request_id": future_id, "model_id": model_id}
+    calls.start(sessions, future_id, call)
+    return future_id
 
 
 @router.post("/get_info")

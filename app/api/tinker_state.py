@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 
 from app.api.deps import SessionDep
 from app.api.tinker import (
@@ -33,11 +33,12 @@ from app.api.tinker import (
     _owned_path,
     _pick,
     calls_of,
+    start_model,
 )
 from app.db.models import TinkerCheckpoint, TinkerModel
 from app.errors import BadRequest, NotFound
 from app.services import tinker_state as saved
-from app.services.tinker import WorkerRefusal, new_id
+from app.services.tinker import new_id
 from app.services.tinker_limits import admit_call
 from rl_core.artifacts import tinker_state_key
 
@@ -164,7 +165,6 @@ async def _create_from(
 ) -> dict[str, Any]:
     """create_training_client_from_state: a new model, named as the SDK names it, on the
     newest worker serving the state's base, its slot filled from the state."""
-    calls = calls_of(request)
     session_id = _field(body, "session_id")
     if not saved.SESSION_ID.match(session_id):
         raise BadRequest("session_id must be the id create_session answered", field="session_id")
@@ -195,31 +195,9 @@ async def _create_from(
     target = await _pick(request, session, base)
     await admit_call(session, request.app.state.rlaas.settings, tenant_id, new_model_on=base)
     rank = checkpoint.lora_rank
-    session.add(
-        TinkerModel(
-            id=model_id,
-            tenant_id=tenant_id,
-            base_model=base,
-            lora_rank=rank,
-            worker_id=target.worker_id,
-        )
-    )
-    future_id = await _future(session, tenant_id, "load_weights")
-    sessions, path = request.app.state.rlaas.sessions, checkpoint.path
     order = {"model_id": model_id, "base_model": base, "rank": rank, "seed": 0, "state": state}
-
-    async def call() -> dict[str, Any]:
-        try:
-            await calls.post(target, "/models", order)
-        except WorkerRefusal:
-            # As create_model: a model the worker refused holds none of the tenant's slots.
-            async with sessions() as cleanup:
-                await cleanup.execute(delete(TinkerModel).where(TinkerModel.id == model_id))
-                await cleanup.commit()
-            raise
-        return {"type": "load_weights", "path": path, "model_id": model_id}
-
-    calls.start(sessions, future_id, call)
+    answer = {"type": "load_weights", "path": checkpoint.path, "model_id": model_id}
+    future_id = await start_model(request, session, tenant_id, target, order, answer)
     return {"request_id": future_id, "model_id": model_id}
 
 

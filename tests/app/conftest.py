@@ -176,3 +176,19 @@ async def set_quota(api: Api, auth: dict[str, str], **quota: int | None) -> None
         await session.execute(update(Tenant).where(Tenant.id == tenant_id).values(**values))
 
     await api.db(apply)
+
+
+@pytest.fixture
+async def tinker_api(app_database: str) -> AsyncIterator[Api]:
+    """The control plane with a static Tinker worker URL nothing listens on: for refusals
+    made before any call would reach a worker."""
+    async with running_api(
+        app_database, tinker_worker_url="http://127.0.0.1:9", tinker_worker_token="s3cret"
+    ) as running:
+        yield running
+
+
+async def tml(api: Api) -> dict[str, str]:
+    """A fresh tenant's key as the Tinker SDK sends it."""
+    key = (await api.tenant())["Authorization"].removeprefix("Bearer ")
+    return {"X-API-Key": f"tml-{key}"}

@@ -7,7 +7,6 @@ by the official SDK's own protobuf writer, as the client sends them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -15,22 +14,14 @@ import pytest
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
-from tests.app.conftest import Api, running_api
+from tests.app.conftest import Api, tml
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def api(app_database: str) -> AsyncIterator[Api]:
-    async with running_api(
-        app_database, tinker_worker_url="http://127.0.0.1:9", tinker_worker_token="s3cret"
-    ) as running:
-        yield running
-
-
-async def tml(api: Api) -> dict[str, str]:
-    key = (await api.tenant())["Authorization"].removeprefix("Bearer ")
-    return {"X-API-Key": f"tml-{key}"}
+def api(tinker_api: Api) -> Api:
+    return tinker_api
 
 
 def _body(loss_fn: str, config: dict[str, Any] | None) -> bytes:

@@ -6,28 +6,18 @@ a call would reach it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from app.db.models import TinkerWorker
 from app.services import worker_credentials
-from tests.app.conftest import WORKER, Api, running_api
+from tests.app.conftest import WORKER, Api, running_api, tml
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def api(app_database: str) -> AsyncIterator[Api]:
-    async with running_api(
-        app_database, tinker_worker_url="http://127.0.0.1:9", tinker_worker_token="s3cret"
-    ) as running:
-        yield running
-
-
-async def tml(api: Api) -> dict[str, str]:
-    key = (await api.tenant())["Authorization"].removeprefix("Bearer ")
-    return {"X-API-Key": f"tml-{key}"}
+def api(tinker_api: Api) -> Api:
+    return tinker_api
 
 
 async def test_a_key_is_needed_and_the_tml_prefix_is_dropped(api: Api) -> None:

@@ -5,7 +5,6 @@ and what to change; nothing is recorded or created by a refused call."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,11 +20,8 @@ BASE = "builtin:tiny"
 
 
 @pytest.fixture
-async def api(app_database: str) -> AsyncIterator[Api]:
-    async with running_api(
-        app_database, tinker_worker_url="http://127.0.0.1:9", tinker_worker_token="s3cret"
-    ) as running:
-        yield running
+def api(tinker_api: Api) -> Api:
+    return tinker_api
 
 
 async def tenant(api: Api) -> tuple[str, dict[str, str]]:
