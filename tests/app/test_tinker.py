@@ -30,6 +30,7 @@ import pytest
 import tinker
 from tinker import types
 
+from rl_core.store import ArtifactStore
 from tests.web.live import WORKER_TOKEN, live_api, migrated_database
 from worker.tinker_server import Registration, TinkerWorker, serve
 
@@ -41,9 +42,10 @@ ADVANTAGES = [1.0, -1.0, 1.0, -1.0]  # the task: prefer samples 0 and 2 to 1 and
 
 
 @contextlib.contextmanager
-def tinker_worker(api_url: str) -> Iterator[str]:
+def tinker_worker(api_url: str, store: ArtifactStore | None = None) -> Iterator[str]:
     """worker.tinker_server on a free loopback port, in a thread, registered with the API
-    as ``python -m worker.tinker_server`` registers (its own secret, the worker credential)."""
+    as ``python -m worker.tinker_server`` registers (its own secret, the worker credential).
+    ``store``: where saved state goes (the API's own; None: save_state is refused)."""
     registration = Registration(api_url, WORKER_TOKEN)
     token = secrets.token_urlsafe(16)
     ids: list[str] = []
@@ -55,7 +57,7 @@ def tinker_worker(api_url: str) -> Iterator[str]:
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        worker = TinkerWorker((BASE,))
+        worker = TinkerWorker((BASE,), store)
         server = serve(worker, token=token, host="127.0.0.1", port=0, bound=bound)
         task.append(loop.create_task(server))
         with contextlib.suppress(asyncio.CancelledError):

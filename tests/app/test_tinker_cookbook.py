@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from rl_core.store import open_store
 from tests.app.cookbook_rl_loop import STEPS
 from tests.app.test_tinker import tinker_worker
 from tests.web.live import live_api, migrated_database
@@ -34,7 +35,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_cookbook_rl_loop_trains_against_rlaas(postgres_url: str, tmp_path: Path) -> None:
     log_path = tmp_path / "run"
-    with live_api(migrated_database(postgres_url)) as api, tinker_worker(api.url):
+    artifacts = tmp_path / "artifacts"  # the API's and the worker's store, as on one machine
+    api_ctx = live_api(migrated_database(postgres_url), artifacts_path=artifacts)
+    with api_ctx as api, tinker_worker(api.url, open_store(f"file://{artifacts}")):
         env = {**os.environ, "TINKER_API_KEY": f"tml-{api.tenant()}"}
         config = json.dumps({"clip_low_threshold": 0.7, "clip_high_threshold": 1.3})
         program = [sys.executable, "-m", "tests.app.cookbook_rl_loop"]
