@@ -61,10 +61,14 @@ async def test_racing_requests_with_one_key_make_one_run(api: Api) -> None:
     body = RunCreate.model_validate({"spec": spec()})
     sessions = api.state.sessions
     async with sessions() as first, sessions() as second:
-        run, created = await service.create_run(first, tenant_id, body, "race", routes=api.state.routes)
+        run, created = await service.create_run(
+            first, tenant_id, body, "race", routes=api.state.routes
+        )
         assert created
         # The second request looked before the first committed, so it inserts and blocks.
-        loser = asyncio.create_task(service.create_run(second, tenant_id, body, "race", routes=api.state.routes))
+        loser = asyncio.create_task(
+            service.create_run(second, tenant_id, body, "race", routes=api.state.routes)
+        )
         await asyncio.sleep(0.3)
         assert not loser.done()
         await first.commit()
