@@ -164,7 +164,7 @@ async def test_a_run_stored_before_accelerators_goes_to_the_default(
 ) -> None:
     auth = await mixed.tenant()
     old = (await post(mixed, auth))["id"]
-    # As migration 0017 leaves a run submitted before it.
+    # As migration 0019 leaves a run submitted before it.
     await mixed.db(lambda s: s.execute(update(Run).where(Run.id == old).values(accelerator=None)))
     broker.take("cpu")
     late = utcnow() - timedelta(seconds=mixed.state.settings.redispatch_after_s + 1)

@@ -1,8 +1,8 @@
 """the accelerator each run is routed to
 
-Revision ID: 0017
-Revises: 0016
-Create Date: 2026-12-06 08:00:00.000000
+Revision ID: 0019
+Revises: 0018
+Create Date: 2026-12-06 12:00:00.000000
 
 - ``runs.accelerator``: the accelerator the run was admitted to (cpu, gpu, tpu), whose
   queue it is sent to (``RLAAS_QUEUES``) and among whose runs a fair claim chooses.
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0017"
-down_revision: str | None = "0016"
+revision: str = "0019"
+down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
