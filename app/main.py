@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -57,6 +58,7 @@ from app.observability import Observability, ObservabilityMiddleware, configure_
 from app.services import gateways
 from app.services.callbacks import sweep as sweep_callbacks
 from app.services.leases import (
+    accelerators_of,
     fail_unclaimed_runs,
     reap_expired_leases,
     stranded_queued_runs,
@@ -90,7 +92,7 @@ def create_app(
             )
         conf.prepare_data_dir()
         engine = make_engine(conf.resolved_database_url())
-        sender = dispatcher or CeleryDispatcher(conf.resolved_broker_url(), conf.task_queue)
+        sender = dispatcher or CeleryDispatcher(conf.resolved_broker_url())
         sessions = make_sessionmaker(engine)
         # On a database server every replica shares each tenant's request bucket, taken with
         # one statement on a small autocommit pool of its own; the embedded default is one
@@ -110,6 +112,7 @@ def create_app(
             settings=conf,
             sessions=sessions,
             dispatcher=sender,
+            routes=conf.routes(),
             worker_token=worker_token,
             secrets=secrets,
             env_allowlist=allowlist,
@@ -210,6 +213,8 @@ async def reap_once(app_state: AppState) -> list[str]:
         # Before the redispatch, so a run that waited out its limit is not sent again.
         unclaimed = await fail_unclaimed_runs(session, after_s=settings.max_queued_s)
         stranded = await stranded_queued_runs(session, after_s=settings.redispatch_after_s)
+        # Each goes back to the queue of the accelerator it was admitted to.
+        sends = await accelerators_of(session, [*requeued, *stranded])
         await session.commit()
     for run_id in unclaimed:
         log.warning("run %s waited %s s in the queue; failed", run_id, settings.max_queued_s)
@@ -217,7 +222,7 @@ async def reap_once(app_state: AppState) -> list[str]:
         log.warning("run %s lost its worker; dispatching it again", run_id)
     for run_id in stranded:
         log.warning("run %s is still queued; sending it to the broker again", run_id)
-    await dispatch_committed(app_state.dispatcher, [*requeued, *stranded])
+    await dispatch_committed(app_state.dispatcher, app_state.routes, sends)
     async with app_state.sessions() as session:
         await sweep_callbacks(session, retention_s=settings.callback_retention_s)
         await session.commit()
@@ -279,10 +284,15 @@ def _problem(err: Any) -> dict[str, Any]:
         detail = (err.get("ctx") or {}).get("error", "")
         at = f" at character {path[0]}" if path else ""
         return {"field": "body", "in": where, "reason": f"body is not valid JSON{at}: {detail}"}
+    if err.get("type") == "value_error" and (named := _NAMED_FIELD.match(reason)):
+        # A rule across a model's fields (rl_core.spec: "resources.rollout_servers: ...")
+        # is raised by the model, whose loc ends above the field: the message names it.
+        path = [*path, *named.group(1).split(".")]
     return {"field": ".".join(path) or where, "in": where, "reason": reason}
 
 
 _WHERE = ("body", "query", "header", "path")
+_NAMED_FIELD = re.compile(r"Value error, ((?:[a-z_]+\.)+[a-z_]+): ")
 
 
 app = create_app()

@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.routing import Routes
 from app.services.crash_loop import Policy
 
 
@@ -40,7 +41,13 @@ class Settings(BaseSettings):
     # Keys RLAAS_SECRET_KEY replaced, comma-separated: secrets sealed under them still
     # open until `rlaas secrets reseal` has sealed them under the current key.
     old_secret_keys: str | None = None
-    task_queue: str = "cpu"
+    # Where runs are sent (app.routing, docs/accelerators.md): the accelerators this
+    # deployment offers and the Celery queue of each, "cpu=rlaas-cpu,gpu=rlaas-gpu", and
+    # the one a spec that names none goes to (unset: the first listed). Unset queues:
+    # RLAAS_TASK_QUEUE (default "cpu") is the one queue, as before runs named one.
+    queues: str | None = None
+    default_accelerator: str | None = None
+    task_queue: str | None = None
     # The queue checkpoint servers are asked for on (docs/serving.md): the workers started
     # with `rlaas worker --serve` (or --queue serve) take it.
     serve_queue: str = "serve"
@@ -170,6 +177,22 @@ class Settings(BaseSettings):
                 "to the secret the worker was started with (its RLAAS_TINKER_WORKER_TOKEN)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _routes_parse(self) -> Settings:
+        # At start-up, so a typo in the queues stops the API with the variable named
+        # instead of sending runs where no worker listens.
+        routes = self.routes()
+        if self.serve_queue in (o.queue for o in routes.offers):
+            raise ValueError(
+                f"RLAAS_SERVE_QUEUE {self.serve_queue!r} is also a run queue; checkpoint "
+                "servers need a queue of their own (docs/serving.md)"
+            )
+        return self
+
+    def routes(self) -> Routes:
+        """Which queue each accelerator's runs go to (`app.routing`)."""
+        return Routes.parse(self.queues, self.task_queue, self.default_accelerator)
 
     def requeue_policy(self) -> Policy:
         return Policy(

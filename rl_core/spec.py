@@ -5,7 +5,8 @@ it). Every model forbids unknown fields, so a typo in a spec is a 422 that names
 the field instead of a silently ignored setting.
 
 Sections (docs/lifecycle.md): ``model``, ``environment``, ``agent``, ``rollout``,
-``algorithm``, ``staleness``, ``train`` and ``trackers`` (docs/trackers.md). Defaults are
+``algorithm``, ``staleness``, ``train``, ``resources`` (docs/accelerators.md) and
+``trackers`` (docs/trackers.md). Defaults are
 chosen so that the smallest useful spec is a model and an environment.
 """
 
@@ -533,6 +534,32 @@ class StalenessSpec(_Section):
     policy: Literal["drop", "requeue"] = "drop"
 
 
+# The accelerator classes a run may ask for; a deployment offers some of them, each on a
+# Celery queue of its own (the API's RLAAS_QUEUES, docs/accelerators.md).
+ACCELERATORS = ("cpu", "gpu", "tpu")
+Accelerator = Literal["cpu", "gpu", "tpu"]
+# What this version trains on: one host, and one rollout engine (the built-in JAX engine in
+# the trainer's process, or one vLLM server). A spec asking for more is refused, never run
+# on less: by the API (a 422 naming the field) and by `rl_core.pipeline.build` (a spec run
+# without the API). Issue 36 (a rollout fleet, a multi-host trainer) raises these.
+MAX_HOSTS_BUILT = 1
+MAX_ROLLOUT_SERVERS_BUILT = 1
+
+
+class ResourcesSpec(_Section):
+    """What a run needs of the deployment; the API sends it to its accelerator's queue."""
+
+    # None: the deployment's default accelerator (GET /v1/limits names it), which is where
+    # every run went before runs named one.
+    accelerator: Accelerator | None = None
+    # Hosts the trainer spans (one SPMD program over all their devices).
+    hosts: Annotated[int, Field(ge=1, le=4096)] = 1
+    # Rollout engines the run's episodes are spread over. 1: the run's own engine (the
+    # built-in JAX engine, or the one vLLM server of rollout.engine: vllm); more are vLLM
+    # servers only (the built-in engine lives in the trainer's process).
+    rollout_servers: Annotated[int, Field(ge=1, le=1024)] = 1
+
+
 class TrainSpec(_Section):
     steps: Annotated[int, Field(ge=1, le=10_000_000)] = 20
     # When a checkpoint is written between steps (one is always written at the end and on
@@ -668,6 +695,7 @@ class JobSpec(_Section):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     staleness: StalenessSpec = Field(default_factory=StalenessSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     # Where the run's metrics are mirrored as well (docs/trackers.md); at most one per kind.
     trackers: Annotated[tuple[TrackerSpec, ...], Field(max_length=len(TRACKER_KINDS))] = ()
 
@@ -700,6 +728,21 @@ class JobSpec(_Section):
             raise ValueError(
                 f"rollout.engine: vLLM cannot serve {self.model.source} (ALiBi on RoPE is no "
                 "vLLM model); use engine: jax"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _servers_are_vllm(self) -> JobSpec:
+        servers = self.resources.rollout_servers
+        if servers > 1 and self.rollout.engine != "vllm":
+            raise ValueError(
+                f"resources.rollout_servers: {servers} servers need rollout.engine: vllm (the "
+                "built-in jax engine runs in the trainer's process, one per run); ask for 1"
+            )
+        if servers > 1 and self.rollout.vllm_url is not None:
+            raise ValueError(
+                f"resources.rollout_servers: {servers} servers, but rollout.vllm_url names one "
+                "server; leave vllm_url out, or ask for 1"
             )
         return self
 

@@ -85,7 +85,14 @@ def _use_compilation_cache() -> None:
 
 @cli.command()
 def worker(
-    queue: Annotated[str, typer.Option(envvar="RLAAS_QUEUE")] = "cpu",
+    queue: Annotated[
+        str,
+        typer.Option(
+            envvar="RLAAS_QUEUE",
+            help="the queue of this worker's accelerator, as the API's RLAAS_QUEUES names it "
+            "(docs/accelerators.md)",
+        ),
+    ] = "cpu",
     loglevel: str = "INFO",
     serve: Annotated[
         bool,

@@ -47,7 +47,8 @@ class WorkerSettings(BaseSettings):
     # token, RLAAS_WORKER_TOKEN, only where the control plane still accepts it (deprecated).
     worker_credential: str | None = None
     worker_token: str | None = None
-    # One queue per accelerator class; a CPU worker serves "cpu".
+    # The queue of this worker's accelerator, as the API's RLAAS_QUEUES names it
+    # ("cpu=rlaas-cpu,gpu=rlaas-gpu": a GPU worker serves "rlaas-gpu"); default "cpu".
     queue: str = "cpu"
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     lease_seconds: float = 60.0

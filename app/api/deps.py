@@ -14,6 +14,7 @@ from app.crypto import SecretBox
 from app.dispatch import Dispatcher, ServeOrders, dispatch_committed
 from app.errors import Forbidden, Unauthorized
 from app.observability import Observability
+from app.routing import Routes
 from app.security import WORKER_CREDENTIAL_PREFIX, LeaseProof, same_secret
 from app.services.callbacks import CallbackRelay
 from app.services.gateways import GatewayCache
@@ -38,6 +39,7 @@ class AppState:
     settings: Settings
     sessions: async_sessionmaker[AsyncSession]
     dispatcher: Dispatcher
+    routes: Routes  # where each accelerator's runs are sent (RLAAS_QUEUES)
     worker_token: str | None  # the shared token, where it is still accepted (else None)
     secrets: SecretBox
     env_allowlist: Allowlist
@@ -56,9 +58,10 @@ class AppState:
 
 @dataclass
 class AfterCommit:
-    """Runs to dispatch once the request's transaction has committed."""
+    """Runs to dispatch once the request's transaction has committed: (run id, its
+    accelerator), sent to that accelerator's queue (`app.routing`)."""
 
-    run_ids: list[str] = field(default_factory=list)
+    runs: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 def get_state(request: Request) -> AppState:
@@ -92,7 +95,7 @@ async def get_session(request: Request, app_state: StateDep) -> AsyncIterator[As
         except BaseException:
             await session.rollback()
             raise
-    await dispatch_committed(app_state.dispatcher, after.run_ids)
+    await dispatch_committed(app_state.dispatcher, app_state.routes, after.runs)
 
 
 # scope="function": commit before the response is sent, so a 201 means durable.

@@ -61,6 +61,7 @@ async def claim(
         fair=body.fair,
         sandbox=body.sandbox,
         credential=worker,
+        default_accelerator=app_state.routes.default,
     )
     assert run.lease_expires_at is not None
     newest = await service.newest_checkpoint(session, run.id)

@@ -1,14 +1,18 @@
-"""GET /v1/limits: the caller's quotas and how much of them is in use, the Tinker-compatible
-API's limits included (app.services.tinker_limits)."""
+"""GET /v1/limits: the caller's quotas and how much of them is in use, what a run's
+``resources`` may ask of the deployment (app.routing), and the Tinker-compatible API's limits
+(app.services.tinker_limits)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from app.api.deps import SessionDep, StateDep, TenantDep
+from app.routing import Routes
 from app.schemas.limits import (
+    AcceleratorRead,
     LimitsRead,
     QuotasRead,
+    ResourcesRead,
     TinkerLimitsRead,
     TinkerQuotasRead,
     TinkerUsageRead,
@@ -45,7 +49,23 @@ async def get_limits(session: SessionDep, tenant_id: TenantDep, app_state: State
             dataset_bytes=await datasets_bytes(session, tenant_id),
             artifact_bytes=await artifact_bytes_used(session, tenant_id),
         ),
+        resources=_resources(app_state.routes),
         tinker=await _tinker(session, tenant_id, app_state, quotas),
+    )
+
+
+def _resources(routes: Routes) -> ResourcesRead:
+    # Queue names are the operator's business: a tenant needs the accelerators only.
+    return ResourcesRead(
+        accelerators=[
+            AcceleratorRead(
+                accelerator=o.accelerator,
+                max_hosts=o.max_hosts,
+                max_rollout_servers=o.max_rollout_servers,
+            )
+            for o in routes.offers
+        ],
+        default_accelerator=routes.default,
     )
 
 

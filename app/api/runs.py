@@ -39,9 +39,10 @@ async def create_run(
         admit=lambda: quotas.admit_run(
             session, tenant_id, app_state.settings, train_steps=body.spec.train.steps
         ),
+        routes=app_state.routes,
     )
     if created:
-        after_commit.run_ids.append(run.id)
+        after_commit.runs.append((run.id, run.accelerator))
     else:
         response.status_code = 200
     return RunRead.model_validate(run)

@@ -97,6 +97,10 @@ class Run(Base):
     name: Mapped[str | None] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(16), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The accelerator the run was admitted to (its spec's resources.accelerator, or the
+    # deployment's default then): its queue, and the runs a fair claim chooses among
+    # (app.routing). NULL: submitted before runs had one; the deployment's default.
+    accelerator: Mapped[str | None] = mapped_column(String(16))
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -65,7 +65,27 @@ class TinkerLimitsRead(BaseModel):
     usage: TinkerUsageRead
 
 
+class AcceleratorRead(BaseModel):
+    """One accelerator the deployment runs runs on (RLAAS_QUEUES)."""
+
+    accelerator: str = Field(description="What a spec names in resources.accelerator")
+    max_hosts: int = Field(description="The most resources.hosts a run may ask for")
+    max_rollout_servers: int = Field(
+        description="The most resources.rollout_servers a run may ask for"
+    )
+
+
+class ResourcesRead(BaseModel):
+    """What a spec's ``resources`` may ask of this deployment (docs/accelerators.md)."""
+
+    accelerators: list[AcceleratorRead] = Field(description="Those offered, each on its queue")
+    default_accelerator: str = Field(
+        description="Where a run goes whose spec names no resources.accelerator"
+    )
+
+
 class LimitsRead(BaseModel):
     quotas: QuotasRead
     usage: UsageRead
+    resources: ResourcesRead
     tinker: TinkerLimitsRead = Field(description="The Tinker-compatible API's (/api/v1)")

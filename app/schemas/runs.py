@@ -20,6 +20,10 @@ class RunRead(BaseModel):
     name: str | None
     status: str
     spec: dict[str, Any]
+    accelerator: str | None = Field(
+        description="The accelerator the run was sent to: its spec's resources.accelerator, "
+        "or the deployment's default then (null: submitted before runs named one)"
+    )
     attempts: int
     current_step: int
     error: str | None

@@ -15,6 +15,11 @@ instant may both count a tenant as idle, a fairness error of one run that the ne
 corrects. Every queued run has a message of its own (sent at submit, again by the reaper),
 so there are never fewer messages than queued runs: a message whose run another claim
 took earlier takes a later one, and one that finds nothing queued is a 409 and dropped.
+
+Runs go to the queue of their accelerator (app.routing), and a message came off the
+queue of its run's, so the claim chooses among the queued runs of that accelerator only:
+a GPU worker never takes a CPU run, and the count of messages still matches the count of
+queued runs queue by queue.
 """
 
 from __future__ import annotations
@@ -26,9 +31,14 @@ from app.db.models import Run, Tenant
 from app.services import run_states
 
 
-async def next_queued_run(session: AsyncSession) -> Run | None:
-    """The queued run fair order puts first, locked; None if no run is queued (or all
-    are being claimed by others right now)."""
+async def next_queued_run(
+    session: AsyncSession, accelerator: str | None, default_accelerator: str
+) -> Run | None:
+    """The queued run of ``accelerator`` that fair order puts first, locked; None if no
+    such run is queued (or all are being claimed by others right now). A run with no
+    accelerator (stored before runs had one) is of ``default_accelerator``, as is
+    ``accelerator`` None."""
+    wanted = accelerator or default_accelerator
     active = (
         select(Run.tenant_id, func.count().label("n"))
         .where(Run.status.in_((run_states.STARTING, run_states.RUNNING)))
@@ -39,7 +49,10 @@ async def next_queued_run(session: AsyncSession) -> Run | None:
         select(Run)
         .join(Tenant, Tenant.id == Run.tenant_id)
         .outerjoin(active, active.c.tenant_id == Run.tenant_id)
-        .where(Run.status == run_states.QUEUED)
+        .where(
+            Run.status == run_states.QUEUED,
+            func.coalesce(Run.accelerator, default_accelerator) == wanted,
+        )
         .order_by(
             func.coalesce(active.c.n, 0),
             Tenant.last_claim_at.asc().nulls_first(),

@@ -121,6 +121,19 @@ async def stranded_queued_runs(
     return ids
 
 
+async def accelerators_of(
+    session: AsyncSession, run_ids: list[str]
+) -> list[tuple[str, str | None]]:
+    """(run id, the accelerator it was admitted to) of each, in the order given: where the
+    reaper sends it again (`app.dispatch.dispatch_committed`). None: a run stored before
+    runs had one, which goes to the deployment's default."""
+    if not run_ids:
+        return []
+    rows = await session.execute(select(Run.id, Run.accelerator).where(Run.id.in_(run_ids)))
+    accelerator = {run_id: acc for run_id, acc in rows.all()}
+    return [(run_id, accelerator.get(run_id)) for run_id in run_ids]
+
+
 def _span(seconds: float) -> str:
     if seconds >= 3600 and seconds % 3600 == 0:
         return f"{seconds / 3600:g} h"

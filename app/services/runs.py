@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import MetricPoint, Run, RunEvent, utcnow
 from app.errors import BadRequest, Conflict, NotFound, Unprocessable
+from app.routing import Routes
 from app.schemas import RunCreate
 from app.services import datasets, environments, init_from, run_states
 from rl_core.spec import JobSpec, shared_model_source_problem
@@ -31,11 +32,14 @@ async def create_run(
     body: RunCreate,
     idempotency_key: str | None,
     *,
+    routes: Routes,
     admit: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[Run, bool]:
     """Store a new run; returns (run, created). A replayed key returns the first run.
 
     ``admit`` (quotas) runs only for a new run: a replay answers even at the limit.
+    ``routes``: what the deployment offers; the run's ``resources`` must fit one of its
+    accelerators (422 naming the field if not), which is kept on the row.
     """
     digest = request_hash(body)
     if idempotency_key is not None:
@@ -44,6 +48,7 @@ async def create_run(
             return existing, False
     await environments.require_environment(session, tenant_id, body.spec.environment)
     _require_shared_safe(body.spec)
+    accelerator = routes.admit(body.spec.resources)
     _require_storable(body.name, "name")
     _require_storable(body.spec.name, "spec.name")
     if admit is not None:
@@ -59,6 +64,7 @@ async def create_run(
         name=body.name or body.spec.name,
         status=run_states.QUEUED,
         spec=spec,
+        accelerator=accelerator,
         idempotency_key=idempotency_key,
         request_hash=digest,
         attempts=0,

@@ -44,6 +44,7 @@ async def claim(
     fair: bool = False,
     sandbox: SandboxIn | None = None,
     credential: WorkerIdentity = SHARED,
+    default_accelerator: str,
 ) -> tuple[Run, str]:
     """Lease a queued run to ``worker_id``; returns (run, the lease token, shown only here).
 
@@ -51,10 +52,17 @@ async def claim(
     (app.services.fair); 409 if no run is queued. ``sandbox``: the claimer's wall, named
     in the claim's run event and kept for /readyz (app.services.worker_reports).
     ``credential``: what the claimer authenticated with, named in the event and kept on
-    the run, so that revoking it ends this lease.
+    the run, so that revoking it ends this lease. ``default_accelerator``: the accelerator
+    of a run stored without one (app.routing).
     """
     if fair:
-        chosen = await next_queued_run(session)
+        # The message came off the queue of its run's accelerator: the claimer serves that
+        # one, and takes only a run of it.
+        named = (await session.execute(select(Run.accelerator).where(Run.id == run_id))).first()
+        if named is None:
+            # Which queue it came off is unknown: dropped, taking nothing.
+            raise Conflict(f"no run {run_id}: the message names no run here", field="run_id")
+        chosen = await next_queued_run(session, named.accelerator, default_accelerator)
         if chosen is None:
             raise Conflict(
                 f"no run is queued (run {run_id} was taken by another claim, or ended)",

@@ -43,7 +43,7 @@ from rl_core.rollout.jax_engine import JaxEngine
 from rl_core.sessions.broker import SessionBroker
 from rl_core.sessions.sampling import ClientSampling
 from rl_core.sessions.session import SessionConfig
-from rl_core.spec import SESSIONS, JobSpec
+from rl_core.spec import MAX_HOSTS_BUILT, MAX_ROLLOUT_SERVERS_BUILT, SESSIONS, JobSpec
 from rl_core.training.stored import RunArtifacts, StoreTarget, folder_bytes
 from rl_core.training.trainer import Trainer, TrainerConfig
 
@@ -357,6 +357,38 @@ def initial_adapters(spec: JobSpec, model: Model, config: TrainerConfig) -> Any:
     return read_adapters(Path(location).expanduser(), params, config.lora)
 
 
+def check_resources(spec: JobSpec, backend: str | None = None) -> None:
+    """Refuse what ``spec.resources`` asks for and this process cannot give, before any
+    work: more hosts or rollout servers than are built (the API refuses them first), or an
+    accelerator this process's JAX does not run on (``backend``: `jax.default_backend()`),
+    which means a worker serves a queue of another accelerator's. A spec that names no
+    accelerator runs on whatever this process has, as every run did before."""
+    r = spec.resources
+    if r.hosts > MAX_HOSTS_BUILT:
+        raise UnsupportedSpec(
+            "resources.hosts",
+            f"{r.hosts} hosts asked for; a run trains on at most {MAX_HOSTS_BUILT} here "
+            "(a trainer over several hosts is not built yet)",
+        )
+    if r.rollout_servers > MAX_ROLLOUT_SERVERS_BUILT:
+        raise UnsupportedSpec(
+            "resources.rollout_servers",
+            f"{r.rollout_servers} rollout servers asked for; a run has at most "
+            f"{MAX_ROLLOUT_SERVERS_BUILT} here (a fleet of servers is not built yet)",
+        )
+    if r.accelerator is None:
+        return
+    # jax names CUDA and ROCm devices alike "gpu".
+    backend = backend or jax.default_backend()
+    if backend != r.accelerator:
+        raise UnsupportedSpec(
+            "resources.accelerator",
+            f"the run asks for {r.accelerator}, but JAX runs on {backend} here: a worker that "
+            "consumes another accelerator's queue (its RLAAS_QUEUE against the API's "
+            f"RLAAS_QUEUES), or a JAX install without {r.accelerator} support",
+        )
+
+
 def build_pipeline(
     spec: JobSpec,
     *,
@@ -373,6 +405,7 @@ def build_pipeline(
     """The pipeline and a ``close`` to call when it has run (it stops the device thread and,
     with engine vllm, the server rlaas started). ``store``: the artifact store the run's
     checkpoints go to (`rl_core.training.stored`); None: ``artifacts_dir`` alone."""
+    check_resources(spec)
     r = spec.rollout
     clients_play = spec.environment.name == SESSIONS
     env = (

@@ -26,9 +26,9 @@ def test_a_run_is_sent_by_task_name_to_the_cpu_queue_on_redis(redis_url: str) ->
     url = redis_url.rsplit("/", 1)[0] + "/9"  # a database of its own
     client = redis.Redis.from_url(url)
     client.flushdb()
-    dispatcher = CeleryDispatcher(url, "cpu")
+    dispatcher = CeleryDispatcher(url)
     try:
-        dispatcher.dispatch("run_abc")
+        dispatcher.dispatch("run_abc", "cpu")
     finally:
         dispatcher.close()
     messages = client.lrange("cpu", 0, -1)
@@ -40,10 +40,10 @@ def test_a_run_is_sent_by_task_name_to_the_cpu_queue_on_redis(redis_url: str) ->
 
 def test_the_embedded_broker_polls_quickly_and_stores_the_message(tmp_path: Path) -> None:
     broker = tmp_path / "broker.db"
-    dispatcher = CeleryDispatcher(f"sqla+sqlite:///{broker}", "cpu")
+    dispatcher = CeleryDispatcher(f"sqla+sqlite:///{broker}")
     try:
         assert sqla_transport.Transport.polling_interval == 0.25
-        dispatcher.dispatch("run_embedded")
+        dispatcher.dispatch("run_embedded", "cpu")
     finally:
         dispatcher.close()
     with sqlite3.connect(broker) as conn:

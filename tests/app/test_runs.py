@@ -46,7 +46,7 @@ async def test_create_get_and_dispatch_after_commit(api: Api) -> None:
     assert r.status_code == 201, r.text
     run = r.json()
     assert set(run) == {
-        "id", "name", "status", "spec", "attempts", "current_step", "error",
+        "id", "name", "status", "spec", "accelerator", "attempts", "current_step", "error",
         "cancel_requested", "created_at", "updated_at", "started_at", "finished_at",
     }  # fmt: skip
     assert run["id"].startswith("run_") and len(run["id"]) == 4 + 32

@@ -61,10 +61,14 @@ async def test_racing_requests_with_one_key_make_one_run(api: Api) -> None:
     body = RunCreate.model_validate({"spec": spec()})
     sessions = api.state.sessions
     async with sessions() as first, sessions() as second:
-        run, created = await service.create_run(first, tenant_id, body, "race")
+        run, created = await service.create_run(
+            first, tenant_id, body, "race", routes=api.state.routes
+        )
         assert created
         # The second request looked before the first committed, so it inserts and blocks.
-        loser = asyncio.create_task(service.create_run(second, tenant_id, body, "race"))
+        loser = asyncio.create_task(
+            service.create_run(second, tenant_id, body, "race", routes=api.state.routes)
+        )
         await asyncio.sleep(0.3)
         assert not loser.done()
         await first.commit()
@@ -81,8 +85,8 @@ async def test_a_request_that_fails_after_writing_leaves_no_rows_and_sends_nothi
     async def create_then_fail(
         body: RunCreate, session: SessionDep, tenant_id: TenantDep, after: AfterCommitDep
     ) -> None:
-        run, _ = await service.create_run(session, tenant_id, body, None)
-        after.run_ids.append(run.id)
+        run, _ = await service.create_run(session, tenant_id, body, None, routes=api.state.routes)
+        after.runs.append((run.id, run.accelerator))
         raise Conflict("failing on purpose after the run was flushed")
 
     auth = await api.tenant()
@@ -99,7 +103,7 @@ class VisibilityDispatcher:
         self.url = plain(database_url)
         self.seen: list[tuple[str, bool]] = []
 
-    def dispatch(self, run_id: str) -> None:
+    def dispatch(self, run_id: str, queue: str) -> None:
         with psycopg.connect(self.url) as conn:
             row = conn.execute("SELECT 1 FROM runs WHERE id = %s", (run_id,)).fetchone()
         self.seen.append((run_id, row is not None))
@@ -117,7 +121,7 @@ async def test_dispatch_happens_after_commit(app_database: str) -> None:
 
 
 class BrokenDispatcher:
-    def dispatch(self, run_id: str) -> None:
+    def dispatch(self, run_id: str, queue: str) -> None:
         raise ConnectionError("broker down")
 
     def close(self) -> None:

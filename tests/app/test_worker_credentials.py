@@ -148,7 +148,9 @@ async def test_a_revoke_waits_for_a_claim_in_flight_and_ends_its_lease(api: Api)
         revoking = asyncio.create_task(api.db(lambda s: worker_credentials.revoke(s, cred_id)))
         await asyncio.sleep(0.3)  # time enough to finish, were it not waiting on the claim
         assert not revoking.done()
-        await workers.claim(claiming, run_id, "racing-1", 60.0, credential=identity)
+        await workers.claim(
+            claiming, run_id, "racing-1", 60.0, credential=identity, default_accelerator="cpu"
+        )
         await claiming.commit()
     _, ended = await revoking
     assert ended == [run_id]
