@@ -17,6 +17,13 @@ trainer). The driver gives that thread back every ``steps_per_turn`` decode step
 train step queued on a shared executor runs between two decode steps instead of after the
 last request. `update_weights` swaps ``(params, version)`` as one tuple, read once per
 step: a new policy applies from the next step on, without draining anything.
+
+Built with adapter slots (``EngineConfig.adapter_slots`` and ``lora``), the engine holds
+the base once and S LoRA adapters beside it (`rl_core.rollout.adapter_slots`):
+`set_adapter` puts one in a slot, and `generate` takes each request's slot (None: the base
+alone). Requests of different adapters share the batch, each row computed with its own
+adapter unmerged (`rl_core.models.multi_lora`), as it would be with that adapter merged
+into the base alone.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -37,8 +44,11 @@ from flax import nnx
 
 from rl_core.errors import RolloutError
 from rl_core.models import Model
+from rl_core.models.lora import Adapters, LoraConfig
+from rl_core.models.multi_lora import DEFAULT_IMPL
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.rollout import steps
+from rl_core.rollout.adapter_slots import AdapterSlots
 from rl_core.rollout.base import (
     Completion,
     Grammar,
@@ -78,6 +88,14 @@ class EngineConfig:
     # bucket (the pool then takes as much memory as the decode cache at its largest);
     # 0 (the default: on CPU it cost more than it saved, docs/lifecycle.md) turns it off.
     prefix_pool_rows: int | None = 0
+    # LoRA adapters served beside the base (0: none): a request names its slot, and
+    # requests of different adapters share a batch. ``lora`` gives their rank and targets.
+    adapter_slots: int = 0
+    lora: LoraConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.adapter_slots and self.lora is None:
+            raise RolloutError("adapter_slots needs lora: the adapters' rank and targets")
 
 
 class JaxEngine:
@@ -98,7 +116,13 @@ class JaxEngine:
     ) -> None:
         graphdef, state = nnx.split(model)
         self._treedef: Any = jax.tree.structure(state)
-        self._programs = steps.programs(graphdef, self._treedef)
+        self.adapters: AdapterSlots | None = None
+        spec = None
+        if config.adapter_slots:
+            assert config.lora is not None  # EngineConfig checks it
+            self.adapters = AdapterSlots(state, config.lora, config.adapter_slots)
+            spec = steps.AdapterSpec(self.adapters.treedef, config.lora, DEFAULT_IMPL)
+        self._programs = steps.programs(graphdef, self._treedef, spec)
         self._model_config = model.config
         self.config = config
         self.max_cache_len = config.max_cache_len or model.config.max_seq_len
@@ -131,6 +155,21 @@ class JaxEngine:
             )
         self._policy = _Policy(params, version, leaves)  # one assignment: read once per step
 
+    def set_adapter(self, slot: int, adapters: Adapters) -> None:
+        """Slot ``slot`` samples with ``adapters`` (`rl_core.models.lora` layout, the engine's
+        rank and targets) from its next request on; its parked prefixes are forgotten.
+        `RolloutError` while a request of that slot is in flight."""
+        self._slots().set(slot, adapters)
+
+    def clear_adapter(self, slot: int) -> None:
+        """Slot ``slot`` holds no adapter any more (it samples as the base)."""
+        self._slots().clear(slot)
+
+    def _slots(self) -> AdapterSlots:
+        if self.adapters is None:
+            raise RolloutError("this engine has no adapter slots (EngineConfig.adapter_slots)")
+        return self.adapters
+
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[JaxEngine]:
         """Continuously batch `generate` calls from concurrent tasks while the block runs."""
@@ -156,7 +195,10 @@ class JaxEngine:
         seeds: Sequence[int],
         grammars: Sequence[Grammar | None] | None = None,
         top_logprobs: int = 0,
+        adapter_slot: int | Sequence[int | None] | None = None,
     ) -> list[Completion]:
+        """Continue each prompt; ``adapter_slot`` is the adapter slot of every prompt, or of
+        each (None or -1: the base alone)."""
         constraints: list[Constraint | None] | None = None
         if grammars is not None and len(grammars) != len(prompts):
             raise RolloutError(f"{len(grammars)} grammars for {len(prompts)} prompts")
@@ -166,10 +208,11 @@ class JaxEngine:
         requests = self._requests(
             prompts, max_new_tokens, sampling, seeds, constraints, top_logprobs
         )
-        if self._driver is not None:
-            return await self._driver.submit(requests)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self._run_to_end, requests)
+        with self._holding(requests, adapter_slot):
+            if self._driver is not None:
+                return await self._driver.submit(requests)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, self._run_to_end, requests)
 
     def generate_batch(
         self,
@@ -180,12 +223,38 @@ class JaxEngine:
         seeds: Sequence[int],
         grammars: Sequence[Grammar | None] | None = None,
         top_logprobs: int = 0,
+        adapter_slot: int | Sequence[int | None] | None = None,
     ) -> list[Completion]:
         """Synchronous `generate`, on the calling thread (tests, scripts)."""
         constraints = None if grammars is None else self._compile(grammars, len(prompts))
-        return self._run_to_end(
-            self._requests(prompts, max_new_tokens, sampling, seeds, constraints, top_logprobs)
+        requests = self._requests(
+            prompts, max_new_tokens, sampling, seeds, constraints, top_logprobs
         )
+        with self._holding(requests, adapter_slot):
+            return self._run_to_end(requests)
+
+    @contextlib.contextmanager
+    def _holding(
+        self, requests: list[Request], adapter_slot: int | Sequence[int | None] | None
+    ) -> Iterator[None]:
+        """Give each request its adapter slot and hold the slots until the block ends."""
+        if isinstance(adapter_slot, int) or adapter_slot is None:
+            wanted: list[int | None] = [adapter_slot] * len(requests)
+        else:
+            wanted = list(adapter_slot)
+            if len(wanted) != len(requests):
+                raise RolloutError(f"{len(wanted)} adapter slots for {len(requests)} prompts")
+        slots = [None if s is None or s == -1 else int(s) for s in wanted]
+        if all(s is None for s in slots):
+            yield
+            return
+        held = self._slots().claim(slots)
+        for r, (slot, version) in zip(requests, held, strict=True):
+            r.adapter, r.adapter_version = slot, version
+        try:
+            yield
+        finally:
+            self._slots().release(slots)
 
     def _compile(
         self, grammars: Sequence[Grammar | None], n: int
@@ -229,11 +298,18 @@ class JaxEngine:
             prefix_rows=max(c.batch_buckets) if c.prefix_pool_rows is None else c.prefix_pool_rows,
             shrink_after=c.shrink_after_steps,
             stats=self.stats,
+            adapter_slots=c.adapter_slots,
+            adapter_versions=None if self.adapters is None else self._adapter_versions,
         )
 
-    def _current_policy(self) -> tuple[list[Any], int]:
+    def _current_policy(self) -> tuple[steps.Weights, int]:
         policy = self._policy  # read once: update_weights may swap it between two reads
-        return policy.leaves, policy.version
+        adapters = None if self.adapters is None else self.adapters.leaves
+        return steps.Weights(policy.leaves, adapters), policy.version
+
+    def _adapter_versions(self) -> tuple[int, ...]:
+        assert self.adapters is not None
+        return self.adapters.versions
 
     def _run_to_end(self, requests: list[Request]) -> list[Completion]:
         scheduler = self._scheduler()

@@ -17,23 +17,30 @@ the few tokens after it are prefilled again.
 Keys and values belong to the weights that computed them: an entry is used only by the
 policy version that parked it (after a weight update its prompt is prefilled afresh with
 the new weights, as AReaL does on an update). A sequence whose decode spanned an update
-is never parked.
+is never parked. The same holds for an adapter (an engine with adapter slots): an entry
+carries a tag, the adapter's slot and that slot's version (None for the base alone), folded
+into its hashes and checked on a hit, so two adapters never share a prefix, even of the
+same tokens, and a slot's entries are unreachable once it holds another adapter (`retain`
+gives their rows back).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 BLOCK = 16  # tokens per hashed block: a hit reuses a multiple of this
+# Whose weights computed an entry: (adapter slot, that slot's version); None: the base alone.
+Tag = tuple[int, int] | None
 
 
-def block_hashes(tokens: Sequence[int], blocks: int) -> list[int]:
-    """Hashes of the first 1, 2, .. ``blocks`` blocks of ``tokens``, each folding in the last."""
+def block_hashes(tokens: Sequence[int], blocks: int, tag: Tag = None) -> list[int]:
+    """Hashes of the first 1, 2, .. ``blocks`` blocks of ``tokens``, each folding in the last
+    (the first folds in ``tag``: whose weights computed them)."""
     out: list[int] = []
-    h = 0
+    h = 0 if tag is None else hash(tag)
     for b in range(blocks):
         h = hash((h, tuple(tokens[b * BLOCK : (b + 1) * BLOCK])))
         out.append(h)
@@ -46,6 +53,7 @@ class _Entry:
     key: int  # block hash of tokens[:n // BLOCK * BLOCK]
     version: int
     tick: int  # last use, for least-recently-used eviction
+    tag: Tag = None  # the adapter (slot, version) that computed it; None: the base
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,32 +78,34 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def park(self, tokens: Sequence[int], version: int) -> int | None:
+    def park(self, tokens: Sequence[int], version: int, tag: Tag = None) -> int | None:
         """The pool row to copy a finished sequence's keys and values into (None: too short
-        to be worth a row). An older entry for the same prefix gives up its row."""
+        to be worth a row). An older entry for the same prefix (and tag) gives up its row."""
         blocks = len(tokens) // BLOCK
         if blocks == 0 or self.rows == 0:
             return None
-        key = block_hashes(tokens, blocks)[-1]
+        key = block_hashes(tokens, blocks, tag)[-1]
         row = self._by_key.get(key)
         if row is None:
             row = self._free_row(version)
         else:
             self._drop(row)
         self._tick += 1
-        self._entries[row] = _Entry(np.asarray(tokens, np.int32), key, version, self._tick)
+        self._entries[row] = _Entry(np.asarray(tokens, np.int32), key, version, self._tick, tag)
         self._by_key[key] = row
         return row
 
-    def take(self, prompt: Sequence[int], version: int, *, max_new: int) -> Hit | None:
-        """The longest parked prefix of ``prompt`` that leaves at most ``max_new`` tokens to
-        prefill (and at least one: its last position's logits give the first token); the
-        row is handed over, and leaves the index."""
+    def take(
+        self, prompt: Sequence[int], version: int, tag: Tag = None, *, max_new: int
+    ) -> Hit | None:
+        """The longest prefix of ``prompt`` parked under ``tag`` that leaves at most
+        ``max_new`` tokens to prefill (and at least one: its last position's logits give the
+        first token); the row is handed over, and leaves the index."""
         if not self._entries:
             self.misses += 1
             return None
         blocks = (len(prompt) - 1) // BLOCK
-        hashes = block_hashes(prompt, blocks)
+        hashes = block_hashes(prompt, blocks, tag)
         for b in range(blocks, 0, -1):
             start = b * BLOCK
             if len(prompt) - start > max_new:
@@ -107,7 +117,9 @@ class PrefixIndex:
             if entry.version != version:
                 self._drop(row)  # computed by other weights: useless from now on
                 continue
-            if not np.array_equal(entry.tokens[:start], np.asarray(prompt[:start], np.int32)):
+            if entry.tag != tag or not np.array_equal(
+                entry.tokens[:start], np.asarray(prompt[:start], np.int32)
+            ):
                 continue  # a hash collision
             self._drop(row)
             self.hits += 1
@@ -119,6 +131,11 @@ class PrefixIndex:
     def clear(self) -> None:
         self._entries.clear()
         self._by_key.clear()
+
+    def retain(self, keep: Callable[[Tag], bool]) -> None:
+        """Drop every entry whose tag ``keep`` refuses (an adapter slot that was set again)."""
+        for row in [r for r, e in self._entries.items() if not keep(e.tag)]:
+            self._drop(row)
 
     def _drop(self, row: int) -> None:
         entry = self._entries.pop(row)

@@ -21,6 +21,12 @@ A request that finishes leaves its keys and values behind in a row of the prefix
 agent's next turn) is admitted by `_extend`, which prefills only its new tokens, instead
 of the packed prefill of the whole prompt.
 
+With adapter slots, each request names its adapter (`Request.adapter`): every device call
+gets each row's slot (each token's, in the packed prefill), so requests of different
+adapters share the batch. A parked sequence belongs to its adapter's weights as much as
+to the base's: the prefix index keys it by the adapter's slot and that slot's version
+(`Request.adapter_version`), and forgets a slot's entries once it holds another adapter.
+
 Not thread-safe: one thread (the engine's device thread) drives a scheduler.
 """
 
@@ -80,6 +86,13 @@ class Request:
     future: asyncio.Future[Completion] | None = None
     constraint: Constraint | None = None  # the compiled grammar its tokens must follow
     top_logprobs: int = 0  # alternatives to report per token (<= sampling.TOP_LOGPROBS)
+    adapter: int | None = None  # the engine's adapter slot; None: the base alone
+    adapter_version: int = 0  # that slot's version when the request was made
+
+    @property
+    def prefix_tag(self) -> tuple[int, int] | None:
+        """Whose keys and values its prefix is: None for the base's."""
+        return None if self.adapter is None else (self.adapter, self.adapter_version)
 
 
 @dataclasses.dataclass
@@ -120,7 +133,7 @@ class Scheduler:
         programs: steps.Programs,
         model_config: ModelConfig,
         *,
-        policy: Callable[[], tuple[list[jax.Array], int]],  # (flat weights, version)
+        policy: Callable[[], tuple[steps.Weights, int]],  # (flat weights, version)
         stop_ids: tuple[int, ...],
         pad_id: int,
         row_buckets: tuple[int, ...],
@@ -131,6 +144,8 @@ class Scheduler:
         prefix_rows: int = 0,
         shrink_after: int = SHRINK_AFTER,
         stats: SchedulerStats | None = None,
+        adapter_slots: int = 0,  # S; 0: the engine has none (its programs take no slots)
+        adapter_versions: Callable[[], tuple[int, ...]] | None = None,  # each slot's version
     ) -> None:
         self._programs, self._model_config, self._policy = programs, model_config, policy
         self._stop = frozenset(stop_ids)
@@ -153,6 +168,10 @@ class Scheduler:
         self._version_seen = -1  # the newest policy version a device call used
         self._shrink_after = shrink_after
         self._too_big_for = 0  # steps in a row the cache was bigger than its rows need
+        self._adapters = adapter_slots > 0
+        self._base_slot = adapter_slots  # the all-zero slot: the base alone, and padding
+        self._adapter_versions = adapter_versions
+        self._versions_seen: tuple[int, ...] = ()
 
     @property
     def max_rows(self) -> int:
@@ -221,11 +240,12 @@ class Scheduler:
         for _ in joining:
             self.waiting.popleft()
         free = iter([i for i, s in enumerate(self.slots) if s is None])
-        leaves, version = self._policy()
+        weights, version = self._policy()
+        self._forget_replaced_adapters()
         hits: list[tuple[Request, Hit]] = []
         fresh: list[Request] = []
         for r in joining:
-            hit = self.prefixes.take(r.prompt, version, max_new=self._max_packed)
+            hit = self.prefixes.take(r.prompt, version, r.prefix_tag, max_new=self._max_packed)
             if hit is not None and self._pool is not None:
                 hits.append((r, hit))
             else:
@@ -234,7 +254,7 @@ class Scheduler:
         # Hits first: their pool rows are free for reuse once this call is dispatched, and
         # a prefill below may park a sequence that finished at its first token.
         if hits:
-            done += self._extend(hits, [next(free) for _ in hits], leaves, version)
+            done += self._extend(hits, [next(free) for _ in hits], weights, version)
         for chunk in _packs(fresh, self._max_packed):
             done += self._prefill(chunk, [next(free) for _ in chunk])
         return done
@@ -243,7 +263,7 @@ class Scheduler:
         self,
         hits: list[tuple[Request, Hit]],
         free: list[int],
-        leaves: list[jax.Array],
+        weights: steps.Weights,
         version: int,
     ) -> list[tuple[Request, Completion]]:
         """Prefill what follows each hit's parked prefix, then move the rows to slots."""
@@ -269,7 +289,7 @@ class Scheduler:
         requests = [r for r, _ in hits]
         controls, seeds = self._controls(requests, k)
         self.cache, sampled = self._programs.extend(
-            leaves,
+            self._with_rows(weights, [r.adapter for r in requests], k),
             self.cache,
             self._pool,
             rows,
@@ -294,7 +314,7 @@ class Scheduler:
         260 real ones); packed, the row is padded once, to a bucket of the total.
         """
         assert self.cache is not None
-        leaves, version = self._policy()
+        weights, version = self._policy()
         self._version_seen = max(self._version_seen, version)
         k = next_bucket(len(joining), 1)
         n = packed_bucket(sum(len(r.prompt) for r in joining), self._min_prompt)
@@ -315,8 +335,13 @@ class Scheduler:
             last[j], slots[j], lengths[j] = end - 1, free[j], len(r.prompt)
             at = end
         controls, seeds = self._controls(joining, k)
+        if self._adapters:
+            # Each token runs with its request's adapter: a lookup by segment, whose -1
+            # (padding) takes the last entry, the base's.
+            of_segment = [self._slot_of(r.adapter) for r in joining] + [self._base_slot]
+            weights = weights._replace(rows=np.asarray(of_segment, np.int32)[segments])
         packed, sampled = self._programs.prefill(
-            leaves, tokens, positions, segments, last, controls, seeds
+            weights, tokens, positions, segments, last, controls, seeds
         )
         self.cache = steps.insert_packed(
             self.cache, packed, token_slots, positions[0], slots, lengths
@@ -371,12 +396,13 @@ class Scheduler:
             requests[i], decoding[i] = s.request, s
         if not decoding:
             return None
-        leaves, version = self._policy()
+        weights, version = self._policy()
         self._version_seen = max(self._version_seen, version)
         controls, seeds = self._controls(requests, rows)
         assert self.seen is not None
+        adapters = [None if r is None else r.adapter for r in requests]
         self.cache, self.seen, sampled = self._programs.decode(
-            leaves,
+            self._with_rows(weights, adapters, rows),
             self.cache,
             self.seen,
             last,
@@ -449,12 +475,38 @@ class Scheduler:
         held = [*s.request.prompt, *s.tokens[:-1]]
         if len(held) > self.cache.length:
             return
-        row = self.prefixes.park(held, s.version)
+        row = self.prefixes.park(held, s.version, s.request.prefix_tag)
         if row is None:
             return
         if self._pool is None or self._pool.length < self.cache.length:
             self._pool = self._grown_pool(self.cache.length)
         self._pool = steps.stash(self._pool, self.cache, np.int32(slot), np.int32(row))
+
+    # adapters -----------------------------------------------------------------------
+
+    def _slot_of(self, adapter: int | None) -> int:
+        return self._base_slot if adapter is None else adapter
+
+    def _with_rows(
+        self, weights: steps.Weights, adapters: Sequence[int | None], rows: int
+    ) -> steps.Weights:
+        """``weights`` with each of ``rows`` rows' adapter slot (past ``adapters``: padding,
+        the base's); as they are for an engine without adapters."""
+        if not self._adapters:
+            return weights
+        slots = np.full((rows,), self._base_slot, np.int32)
+        slots[: len(adapters)] = [self._slot_of(a) for a in adapters]
+        return weights._replace(rows=slots)
+
+    def _forget_replaced_adapters(self) -> None:
+        """Drop the parked prefixes of slots that hold another adapter since they parked:
+        their tags can never match again, and their pool rows are better given back now."""
+        if self._adapter_versions is None:
+            return
+        versions = self._adapter_versions()
+        if versions != self._versions_seen:
+            self._versions_seen = versions
+            self.prefixes.retain(lambda tag: tag is None or versions[tag[0]] == tag[1])
 
     def _grown_pool(self, length: int) -> KVCache:
         fresh = KVCache.empty(self._model_config, self.prefixes.rows, length)

@@ -10,6 +10,12 @@ keys and values before them copied from the prefix pool; `stash` puts them there
 Programs are cached per model structure (`programs`), so engines of the same structure
 share them: a second run in the process compiles nothing.
 
+An engine with adapter slots (`AdapterSpec`) runs the same programs with two more
+inputs: the stacked adapters ``[S + 1, ...]`` (flat leaves, as the weights) and each row's
+slot (each token's, in the packed prefill), through `rl_core.models.multi_lora`'s grouped
+product. Both are arrays, so setting another adapter into a slot compiles nothing; the
+extra slot S is all zeros and stands for the base alone.
+
 Penalties need the tokens each request sampled so far: the scheduler keeps them on the device
 as counts per slot and token (``seen``, [R, V]), set by `seat` when a request takes a slot and
 updated by `_decode` as it samples, so no host copy crosses per step.
@@ -29,6 +35,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rl_core.models.kv_cache import KVCache
+from rl_core.models.lora import LoraConfig
+from rl_core.models.multi_lora import Impl, with_adapters
 from rl_core.rollout.sampling import Controls, Sampled, sample
 
 
@@ -138,18 +146,36 @@ def resize(
     return moved, jnp.where(valid[:, None], seen[take], 0)
 
 
-class Programs(NamedTuple):
-    """The jitted prefill and decode of one model structure; weights go in as flat leaves."""
+class Weights(NamedTuple):
+    """What a program computes with: the model's flat leaves and, for an engine with
+    adapter slots, the stacked adapters' flat leaves ([S + 1, ...] each) with each row's
+    slot (None and None without adapters)."""
 
-    prefill: Any  # (leaves, tokens, positions, segments, last, controls, seeds) -> (cache, ..)
-    extend: Any  # (leaves, cache, pool, rows, slots, starts, tokens, valid, last, controls,
+    leaves: list[jax.Array]
+    adapters: list[jax.Array] | None = None
+    rows: Any = None  # [B] int32 (decode, extend) or [1, N] (packed prefill): an adapter slot
+
+
+class AdapterSpec(NamedTuple):
+    """The shape of an engine's adapters, a part of its programs' identity."""
+
+    treedef: Any  # of the stacked adapters (`StackedAdapters`)
+    lora: LoraConfig
+    impl: Impl
+
+
+class Programs(NamedTuple):
+    """The jitted prefill and decode of one model structure; weights go in as `Weights`."""
+
+    prefill: Any  # (weights, tokens, positions, segments, last, controls, seeds) -> (cache, ..)
+    extend: Any  # (weights, cache, pool, rows, slots, starts, tokens, valid, last, controls,
     #   seeds) -> (cache, Sampled)
-    decode: Any  # (leaves, cache, seen, last, previous, on_device, active, controls, seeds,
+    decode: Any  # (weights, cache, seen, last, previous, on_device, active, controls, seeds,
     #   counts) -> (cache, seen, Sampled)
 
 
 @functools.lru_cache(maxsize=8)  # a long-lived worker may serve many model structures
-def programs(graphdef: Any, treedef: Any) -> Programs:
+def programs(graphdef: Any, treedef: Any, adapters: AdapterSpec | None = None) -> Programs:
     """Compile-once programs for a model structure, shared by every engine of that structure.
 
     The structure is closed over, not passed per call: hashing an NNX graph definition as a
@@ -157,8 +183,13 @@ def programs(graphdef: Any, treedef: Any) -> Programs:
     tenth of a small model's decode step. The engine flattens its weights once per policy.
     """
 
-    def model_of(leaves: list[jax.Array]) -> Any:
-        return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    def model_of(weights: Weights) -> Any:
+        model = nnx.merge(graphdef, jax.tree.unflatten(treedef, weights.leaves))
+        if adapters is None:
+            return model
+        assert weights.adapters is not None  # the engine passes them with its slots
+        stacked = jax.tree.unflatten(adapters.treedef, weights.adapters)
+        return with_adapters(model, stacked, weights.rows, adapters.lora, impl=adapters.impl)
 
     return Programs(
         prefill=jax.jit(functools.partial(_prefill, model_of)),
@@ -169,7 +200,7 @@ def programs(graphdef: Any, treedef: Any) -> Programs:
 
 def _prefill(
     model_of: Any,
-    leaves: list[jax.Array],
+    weights: Weights,
     tokens: jax.Array,  # [1, N] int32: the prompts packed end to end, then padding
     positions: jax.Array,  # [1, N] int32: each token's position in its own prompt
     segments: jax.Array,  # [1, N] int32: the prompt a token belongs to (-1 for padding)
@@ -177,7 +208,7 @@ def _prefill(
     controls: Controls,  # [K] rows
     seeds: jax.Array,  # [K] uint32
 ) -> tuple[KVCache, Sampled]:  # packed cache [1, N], each prompt's first token [K]
-    model = model_of(leaves)
+    model = model_of(weights)
     n = tokens.shape[1]
     h, cache = model.hidden(tokens, positions, segments=segments, cache=model.init_cache(1, n))
     assert cache is not None
@@ -187,7 +218,7 @@ def _prefill(
 
 def _extend(
     model_of: Any,
-    leaves: list[jax.Array],
+    weights: Weights,
     cache: KVCache,  # [R, S]
     pool: KVCache,  # [P, Sp]: the prefix pool
     rows: jax.Array,  # [K] int32: the pool row holding each prompt's prefix
@@ -202,7 +233,7 @@ def _extend(
     """Prefill only what follows a parked prefix: the prefix's keys and values come from
     the pool row, the new tokens attend to them and to each other, and the whole row goes
     to its slot. Cost per prompt: T new tokens, instead of start + T."""
-    model = model_of(leaves)
+    model = model_of(weights)
     # The rows are held T slots longer than the cache: a row's padding goes on past its
     # last real token, and a write that ran past the end would be moved back over the
     # prefix (dynamic_update_slice clamps). Real tokens end within the cache (it is sized
@@ -239,7 +270,7 @@ def _extend(
 
 def _decode(
     model_of: Any,
-    leaves: list[jax.Array],
+    weights: Weights,
     cache: KVCache,  # [R, S]
     seen: jax.Array,  # [R, V] int32: the tokens each slot's request sampled so far, counted
     last: jax.Array,  # [R] int32: each slot's newest token, not yet in the cache
@@ -252,7 +283,7 @@ def _decode(
 ) -> tuple[KVCache, jax.Array, Sampled]:  # cache, seen, the next token [R]
     """One token for every slot: feed its newest token at the row's own position, sample the
     next. Taking it from ``previous`` lets the host dispatch this step before reading that one."""
-    model = model_of(leaves)
+    model = model_of(weights)
     last = jnp.where(on_device, previous, last)
     logits, cache = model(last[:, None], cache.lengths[:, None], valid=active[:, None], cache=cache)
     assert cache is not None

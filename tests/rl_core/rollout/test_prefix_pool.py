@@ -70,6 +70,25 @@ def test_a_hash_match_with_other_tokens_is_not_a_hit() -> None:
     assert index.take([*_tokens(BLOCK), 1], version=0, max_new=64) is None
 
 
+def test_a_prefix_parked_under_one_tag_is_not_a_hit_under_another() -> None:
+    """Tags are whose weights computed the keys and values (an adapter slot and its
+    version): the same tokens under another adapter, or under the slot's next adapter,
+    do not hit; `retain` gives back the rows of tags that can no longer hit."""
+    index = PrefixIndex(rows=4)
+    tokens = _tokens(2 * BLOCK)
+    for tag in (None, (0, 1), (1, 1)):
+        assert index.park(tokens, version=0, tag=tag) is not None
+    assert len(index) == 3  # the same tokens under three tags: three entries
+    assert index.take([*tokens, 1], version=0, tag=(0, 2), max_new=64) is None
+    index.retain(lambda tag: tag != (1, 1))
+    assert len(index) == 2
+    assert index.take([*tokens, 1], version=0, tag=(1, 1), max_new=64) is None
+    for tag in ((0, 1), None):
+        hit = index.take([*tokens, 1], version=0, tag=tag, max_new=64)
+        assert hit is not None and hit.start == 2 * BLOCK
+    assert len(index) == 0
+
+
 # Through the engine ---------------------------------------------------------------------
 
 

@@ -15,10 +15,12 @@ import pytest
 from flax import nnx
 
 from rl_core.models import Model, ModelConfig
-from rl_core.training.lora import Adapters, LoraConfig, merged_params
-from rl_core.training.multi_lora import (
+from rl_core.models.lora import Adapters, LoraConfig, merged_params
+from rl_core.models.multi_lora import (
     IMPLS,
     StackedAdapters,
+    delta_gather,
+    delta_ragged,
     init_stacked,
     multi_lora_model,
     slot_adapters,
@@ -101,3 +103,21 @@ def test_each_slot_gets_its_own_gradient_and_an_absent_slot_none(
             np.testing.assert_allclose(g, e, atol=1e-5, rtol=1e-4)
     for leaf in jax.tree.leaves(slot_adapters(grads, 1)):
         np.testing.assert_array_equal(leaf, np.zeros_like(leaf))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_slot_per_token_is_each_tokens_own_adapter(impl: Any) -> None:
+    """Per-token slots ([B, T], the engine's packed prefill: one row, several requests)
+    give each token the product of its own slot's adapter."""
+    rng = np.random.default_rng(1)
+    b, t, d_in, r, d_out, n_slots = 2, 5, 8, 3, 6, 3
+    x = jnp.asarray(rng.standard_normal((b, t, d_in)), jnp.float32)
+    a = jnp.asarray(rng.standard_normal((n_slots, d_in, r)), jnp.float32)
+    bb = jnp.asarray(rng.standard_normal((n_slots, r, d_out)), jnp.float32)
+    slots = jnp.asarray([[2, 2, 0, 1, 1], [0, 1, 2, 0, 2]], jnp.int32)
+    delta = {"gather": delta_gather, "ragged": delta_ragged}[impl]
+    got = jax.jit(delta)(x, a, bb, slots)
+    for i in range(b):
+        for j in range(t):
+            s = int(slots[i, j])
+            np.testing.assert_allclose(got[i, j], x[i, j] @ a[s] @ bb[s], atol=1e-5, rtol=1e-5)

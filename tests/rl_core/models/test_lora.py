@@ -10,7 +10,7 @@ from flax import nnx
 
 from rl_core.errors import UnsupportedSpec
 from rl_core.models import Model
-from rl_core.training.lora import LoraConfig, count_adapter_params, init_adapters, merged_params
+from rl_core.models.lora import LoraConfig, count_adapter_params, init_adapters, merged_params
 
 
 def test_fresh_adapters_change_nothing(tiny_model: Model) -> None:
