@@ -3,14 +3,15 @@
 The control plane (``app/api/tinker.py``) owns keys, tenants and futures; it forwards each
 work call here as JSON and stores the answer. This server holds, in memory:
 
-- base models by name (``builtin:tiny``, ``pkg:...``), loaded on first use, each with one
-  `JaxEngine` that samples for every adapter on that base (the weights it samples with are
-  swapped in per call, under the base's lock: the engine's compiled programs are shared);
+- base models by name (``builtin:tiny``, ``pkg:...``), loaded on first use, each with a
+  `JaxEngine` that samples the base alone and one per LoRA config whose adapter slots hold
+  sampler snapshots (`worker/tinker_sampling.py`): concurrent samples of different models
+  run in one batch, each row with its own adapter, on the base's one copy of the weights;
 - LoRA models by id, each a slot of its base's `LoraPool` for its rank (`worker/tinker_pool.py`:
   one `rl_core.training.multi_trainer.MultiLoraTrainer` whose slots are the models'
   adapters): pending forward_backward calls of several models run as one batch;
-- sampler snapshots by path: merged weights frozen at ``save_weights_for_sampler``, so
-  training that goes on never changes what a sampler answers.
+- sampler snapshots by path: the model's adapter frozen at ``save_weights_for_sampler`` (a
+  few MB), so training that goes on never changes what a sampler answers.
 
 Saved training state (``save_weights`` / ``load_weights``: the SDK's save_state, load_state
 and create_training_client_from_state) is not kept here but in the artifact store
@@ -30,6 +31,7 @@ Routes (behind ``Authorization: Bearer <RLAAS_TINKER_TOKEN>``), JSON in and out:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hmac
 import logging
@@ -42,6 +44,7 @@ from rl_core.errors import RlCoreError
 from rl_core.protocol.internal import TinkerWorkerBody, TinkerWorkerRead
 from rl_core.store import ArtifactStore
 from worker.tinker_pool import FIRST_SLOTS, LoraPool, gather_window_s
+from worker.tinker_sampling import SAMPLER_SLOTS, SlotCache, Snapshot, sampling_engine
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +62,10 @@ class Refused(Exception):
 class _Base:
     model: Any
     tokenizer: Any
-    engine: Any
-    lock: asyncio.Lock
-    model_state: Any  # the base's own weights, to sample the base after an adapter's
-    versions: int = 0
+    engine: Any  # samples the base alone
     pools: dict[int, LoraPool] = dataclasses.field(default_factory=dict)  # by LoRA rank
+    # Engines whose adapter slots hold sampler snapshots, by LoRA config (rank, targets).
+    sampling: dict[Any, SlotCache] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -79,15 +81,25 @@ class TinkerWorker:
     """Bases, LoRA models and sampler snapshots of this process."""
 
     def __init__(
-        self, bases: tuple[str, ...], store: ArtifactStore | None = None, *, gather_s: float = 0.0
+        self,
+        bases: tuple[str, ...],
+        store: ArtifactStore | None = None,
+        *,
+        gather_s: float = 0.0,
+        sampler_slots: int = SAMPLER_SLOTS,
     ) -> None:
         self.allowed = bases
         self.store = store  # where saved training state goes (None: save_state is refused)
         self.gather_s = gather_s  # each LoraPool's gathering window (worker/tinker_pool.py)
         self.bases: dict[str, _Base] = {}
         self.models: dict[str, _Trained] = {}
-        self.samplers: dict[str, tuple[str, Any]] = {}  # path -> (base, merged weights)
+        self.samplers: dict[str, Snapshot] = {}  # path -> the adapter saved there
+        self.sampler_slots = sampler_slots
         self._loading = asyncio.Lock()
+        # The engines' serving blocks: entered on the worker's event loop at first use,
+        # left by `close` (a worker lives on one loop: its engines' batches are bound to it).
+        self._serving = contextlib.AsyncExitStack()
+        self._served: set[int] = set()  # ids of the engines serving
 
     async def base(self, name: str) -> _Base:
         if name not in self.allowed:
@@ -245,12 +257,21 @@ class TinkerWorker:
     async def save_for_sampler(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
         path = str(body["path"])
 
-        async def work(t: _Trained) -> Any:
-            return await t.pool.run(lambda trainer: trainer.sampler_weights(t.slot))
+        async def work(t: _Trained) -> Snapshot:
+            # The slot's adapter as it is now (new arrays: later steps leave them alone).
+            adapters = await t.pool.run(lambda trainer: trainer.adapter(t.slot))
+            return Snapshot(base=t.base, lora=t.pool.trainer.lora, adapters=adapters)
 
-        weights = await self.in_turn(model_id, body.get("seq_id"), work)
-        self.samplers[path] = (self.models[model_id].base, weights)
+        snapshot = await self.in_turn(model_id, body.get("seq_id"), work)
+        self._drop_snapshot(path)  # saved again under the same name: the old one is gone
+        self.samplers[path] = snapshot
         return {"path": path}
+
+    def _drop_snapshot(self, path: str) -> None:
+        old = self.samplers.pop(path, None)
+        base = None if old is None else self.bases.get(old.base)
+        if old is not None and base is not None and old.lora in base.sampling:
+            base.sampling[old.lora].forget(old)
 
     async def unload(self, model_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """Drop the model and its sampler snapshots (the control plane's unload_model);
@@ -262,7 +283,7 @@ class TinkerWorker:
             await trained.pool.run(lambda trainer: trainer.remove(slot))
         prefix = f"tinker://{model_id}/"
         for path in [p for p in self.samplers if p.startswith(prefix)]:
-            del self.samplers[path]
+            self._drop_snapshot(path)
         return {"model_id": model_id}
 
     async def sample(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -271,12 +292,14 @@ class TinkerWorker:
 
         scoring = read_scoring(body, len(body["prompt"]))
         path = body.get("model_path")
+        snapshot: Snapshot | None = None
         if path:
             if path not in self.samplers:
                 raise Refused(f"no sampler weights at {path}; save them first", status=404)
-            name, weights = self.samplers[path]
+            snapshot = self.samplers[path]
+            name = snapshot.base
         else:
-            name, weights = str(body["base_model"]), None
+            name = str(body["base_model"])
         base = await self.base(name)
         n = int(body.get("num_samples", 1))
         seed = int(body.get("seed") or 0)
@@ -286,18 +309,21 @@ class TinkerWorker:
             top_p=float(body.get("top_p", 1.0)),
             top_k=max(0, int(body.get("top_k", -1))),
         )
-        async with base.lock:  # the engine samples with one set of weights at a time
-            if weights is not None or base.versions:
-                base.versions += 1
-                base.engine.update_weights(
-                    weights if weights is not None else base.model_state, base.versions
-                )
-            completions = await base.engine.generate(
+        holding: contextlib.AbstractAsyncContextManager[int | None]
+        if snapshot is None:
+            engine, holding = base.engine, contextlib.nullcontext(None)
+        else:
+            cache = await self._slots(base, snapshot.lora)
+            engine, holding = cache.engine, cache.holding(snapshot)
+        await self._serve(engine)
+        async with holding as slot:  # other models' samples share the batch, each its slot
+            completions = await engine.generate(
                 [list(body["prompt"])] * n,
                 max_new_tokens=int(body.get("max_tokens") or 16),
                 sampling=sampling,
                 seeds=[seed + i for i in range(n)],
                 top_logprobs=scoring.topk_sample,
+                adapter_slot=slot,
             )
         sequences = []
         for c in completions:
@@ -312,18 +338,48 @@ class TinkerWorker:
             sequences.append(seq)
         answer: dict[str, Any] = {"sequences": sequences}
         if scoring.scores_prompt:  # under the weights it sampled with
-            answer.update(await _score(base, weights, body["prompt"], scoring))
+            answer.update(await _score(base, snapshot, body["prompt"], scoring))
         return answer
 
+    async def _slots(self, base: _Base, lora: Any) -> SlotCache:
+        """The engine whose adapter slots hold ``lora``'s snapshots on ``base``."""
+        async with self._loading:  # one engine per config, however many calls ask at once
+            if lora not in base.sampling:
+                engine = await asyncio.to_thread(
+                    sampling_engine, base.model, base.tokenizer, lora, self.sampler_slots
+                )
+                base.sampling[lora] = SlotCache(engine, self.sampler_slots)
+        return base.sampling[lora]
 
-async def _score(base: _Base, weights: Any, prompt: list[int], scoring: Any) -> dict[str, Any]:
-    """The prompt's logprobs (and top-k rows) under ``weights`` (None: the base's own), on
-    the engine's device thread (rl_core.training.scoring)."""
+    async def _serve(self, engine: Any) -> None:
+        """Keep ``engine`` batching concurrent calls (its `serving` block) from now on.
+        (Entering it does not suspend: a call right behind this one finds it entered.)"""
+        if id(engine) not in self._served:
+            self._served.add(id(engine))
+            await self._serving.enter_async_context(engine.serving())
+
+    async def close(self) -> None:
+        """Stop the engines' batches and device threads."""
+        await self._serving.aclose()
+        for base in self.bases.values():
+            for engine in [base.engine, *(c.engine for c in base.sampling.values())]:
+                engine.close()
+
+
+async def _score(
+    base: _Base, snapshot: Snapshot | None, prompt: list[int], scoring: Any
+) -> dict[str, Any]:
+    """The prompt's logprobs (and top-k rows) under ``snapshot``'s weights (None: the
+    base's own), on the engine's device thread (rl_core.training.scoring)."""
+    from flax import nnx
+
+    from rl_core.training.lora import merged_params
     from rl_core.training.scoring import score_prompt
 
-    state = weights if weights is not None else base.model_state
-
     def run() -> Any:
+        state = nnx.state(base.model)
+        if snapshot is not None:  # the adapter merged into a copy of the base, for this call
+            state = merged_params(state, snapshot.adapters, snapshot.lora)
         return score_prompt(
             base.model, state, prompt, last_n=scoring.last_n, topk=scoring.topk_prompt
         )
@@ -338,20 +394,11 @@ async def _score(base: _Base, weights: Any, prompt: list[int], scoring: Any) -> 
 
 
 def _load_base(name: str) -> _Base:
-    from flax import nnx
-
     from rl_core.pretrained.sources import load_model
-    from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
     from rl_core.spec import ModelSpec
 
     model, tokenizer = load_model(ModelSpec(source=name), seed=0)
-    config = EngineConfig(
-        stop_ids=(tokenizer.eos_id, tokenizer.end_of_turn_id),
-        pad_id=tokenizer.pad_id,
-        batch_buckets=(8,),
-    )
-    engine = JaxEngine(model, config=config)
-    return _Base(model, tokenizer, engine, asyncio.Lock(), nnx.state(model))
+    return _Base(model, tokenizer, sampling_engine(model, tokenizer, None, 0))
 
 
 def tinker_app(worker: TinkerWorker, *, token: str) -> web.Application:
@@ -420,6 +467,7 @@ async def serve(
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+        await worker.close()
 
 
 class Registration:
