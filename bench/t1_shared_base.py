@@ -9,10 +9,11 @@ in both modes, and would hide the worker's own difference; docs/tinker.md measur
 Each model runs the same hand-written RL loop: sample G completions of one prompt from
 its newest sampler weights, reward 1 for a completion whose first token is even (group
 mean as the baseline), ``importance_sampling`` forward_backward, optim_step,
-save_for_sampler (one path per model, so one merged snapshot each). Modes:
+save_for_sampler (one path per model, so one snapshot each). Modes:
 
 - ``shared``: the K loops in K threads at once; the worker batches their pending
-  forward_backward calls (one program for several models) and samples one at a time;
+  forward_backward calls (one program for several models) and their samples (one engine
+  batch, each row with its model's adapter; before issue #34's item 1, one model at a time);
 - ``sequential``: each loop alone, created, run and unloaded before the next;
 - ``lockstep`` (``--modes shared,lockstep``): as shared, but the K loops wait for each
   other before every forward_backward (a barrier), so their calls are pending together
@@ -21,7 +22,7 @@ save_for_sampler (one path per model, so one merged snapshot each). Modes:
 Each model's first step is timed apart (``first``); the throughput is K * N * G over the
 wall of the N steps after it (in ``shared`` from a barrier all K reach after their first
 step). Before the timed runs a warm-up compiles every program the runs can meet (the
-sampler, optim, merge, forward_backward at G, 2G, 4G rows: the prompt's 17 tokens put
+sampler, optim, snapshot, forward_backward at G, 2G, 4G rows: the prompt's 17 tokens put
 every datum in the 32-token bucket), so no compile lands in a timed step. Memory: the
 process's peak RSS over each run (polled every 20 ms; the client threads are a few MB of
 it) and the bytes of live JAX arrays at its end, before the models are unloaded.
@@ -207,7 +208,7 @@ def datum(completion: list[int], logprobs: list[float], advantage: float) -> dic
 
 def warm_up(worker: InProcessWorker, base: str, plan: Plan) -> float:
     """Compile what the timed runs use: one loop step (sampler, forward_backward at G rows,
-    optim, merge), then forward_backward at 2G, 4G... rows straight on the base's trainer
+    optim, snapshot), then forward_backward at 2G, 4G... rows straight on the base's trainer
     (which rows batch together depends on timing, so the HTTP path cannot be made to).
     Past 4 models the trainer's slots double, a compile inside the first such run."""
     from rl_core.training.multi_trainer import SlotCall

@@ -21,15 +21,30 @@ import contextlib
 import dataclasses
 import itertools
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 SAMPLER_SLOTS = 8  # adapter slots of a sampling engine: snapshots sampled without a reload
+SLOTS_SETTING = "RLAAS_TINKER_SAMPLER_SLOTS"
+MAX_SLOTS = 1024
 # Decode batch sizes of the sampling engines (the engine's default): a call's num_samples
 # rows, with other models' calls beside them.
 SAMPLE_BATCH_BUCKETS = (8, 64)
 
 _ids = itertools.count(1)
+
+
+def sampler_slots(environ: Mapping[str, str]) -> int:
+    """The operator's adapter slots per sampling engine (``RLAAS_TINKER_SAMPLER_SLOTS``)."""
+    raw = environ.get(SLOTS_SETTING, "").strip()
+    if not raw:
+        return SAMPLER_SLOTS
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_SLOTS:
+        raise ValueError(
+            f"{SLOTS_SETTING} must be a whole number of adapter slots from 1 to {MAX_SLOTS} "
+            f"(each holds one sampler snapshot on the device); got {raw!r}"
+        )
+    return int(raw)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -44,7 +44,13 @@ from rl_core.errors import RlCoreError
 from rl_core.protocol.internal import TinkerWorkerBody, TinkerWorkerRead
 from rl_core.store import ArtifactStore
 from worker.tinker_pool import FIRST_SLOTS, LoraPool, gather_window_s
-from worker.tinker_sampling import SAMPLER_SLOTS, SlotCache, Snapshot, sampling_engine
+from worker.tinker_sampling import (
+    SAMPLER_SLOTS,
+    SlotCache,
+    Snapshot,
+    sampler_slots,
+    sampling_engine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -498,7 +504,9 @@ def main() -> None:
     with the control plane at RLAAS_API_URL with RLAAS_WORKER_CREDENTIAL (docs/tinker.md).
     Its secret is RLAAS_TINKER_WORKER_TOKEN, or a fresh one; RLAAS_TINKER_GATHER_MS (0) is
     how long a forward_backward batch may wait for other active models' calls. Saved state
-    goes to RLAAS_ARTIFACT_STORE, else to its artifacts folder (as the API's, on one machine)."""
+    goes to RLAAS_ARTIFACT_STORE, else to its artifacts folder (as the API's, on one machine).
+    RLAAS_TINKER_SAMPLER_SLOTS (8) sampler snapshots per sampling engine are sampled without
+    a reload."""
     import os
     import secrets
 
@@ -513,13 +521,16 @@ def main() -> None:
     port = int(os.environ.get("RLAAS_TINKER_PORT", "8500"))
     public = os.environ.get("RLAAS_TINKER_PUBLIC_URL")  # as the API reaches it, if not host:port
     gather_s = gather_window_s(os.environ)  # a bad value stops it here, naming the setting
+    slots = sampler_slots(os.environ)
     registration = Registration(settings.api_url, settings.resolved_worker_token())
 
     def bound(url: str) -> None:
         worker_id = registration.register(public or url, token, bases)
         log.info("registered with the control plane as %s", worker_id)
 
-    worker = TinkerWorker(bases, store=settings.state_store(), gather_s=gather_s)
+    worker = TinkerWorker(
+        bases, store=settings.state_store(), gather_s=gather_s, sampler_slots=slots
+    )
     try:
         asyncio.run(serve(worker, token=token, host=host, port=port, bound=bound))
     finally:

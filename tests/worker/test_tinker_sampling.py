@@ -10,8 +10,10 @@ from typing import Any
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
+from worker.tinker_sampling import SAMPLER_SLOTS, sampler_slots
 from worker.tinker_server import TinkerWorker
 
 BASE = "builtin:tiny"
@@ -133,3 +135,11 @@ def test_more_snapshots_than_slots_take_turns_and_answer_the_same() -> None:
     assert (loads, own_loads) == (4, 3)
     for got, want in zip(shared, own, strict=True):
         _assert_same(got, want)
+
+
+def test_the_slots_setting_is_read_and_a_bad_one_named() -> None:
+    assert sampler_slots({}) == SAMPLER_SLOTS
+    assert sampler_slots({"RLAAS_TINKER_SAMPLER_SLOTS": " 32 "}) == 32
+    for bad in ("0", "-2", "2.5", "lots", "99999"):
+        with pytest.raises(ValueError, match="RLAAS_TINKER_SAMPLER_SLOTS must be"):
+            sampler_slots({"RLAAS_TINKER_SAMPLER_SLOTS": bad})
