@@ -6,10 +6,11 @@ A targeted kernel ``W [d_in, d_out]`` gets a low-rank update::
 
 so training starts from the base model exactly (B = 0) and only A and B are
 trained. Adapters live outside the model, in a dict keyed by the module's
-dotted path (``"blocks.0.attn.q"``); the trainer merges them into the base
-weights inside its jitted step (one small matmul per target, cheap next to
-the forward pass) and `merged_params` gives the same merged weights for the
-rollout engine and for export, in the base model's own structure.
+dotted path (``"blocks.0.attn.q"``); `merged_params` merges them into the
+base weights (one small matmul per target), in the base model's own
+structure, for a rollout engine that serves one policy and for export;
+`multi_lora` applies many of them unmerged on one base instead (the Tinker
+trainer, and an engine with adapter slots).
 
 Targets are module names: ``q k v o`` (attention) and ``gate up down`` (MLP).
 """

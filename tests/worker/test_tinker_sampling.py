@@ -6,6 +6,7 @@ and answer as each sampled alone, and more snapshots than slots take turns in th
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import jax
@@ -88,7 +89,14 @@ def test_samples_of_several_models_share_one_engine_batch_and_answer_as_alone() 
             await _sample(worker, paths[0])  # the engine's first call: its programs compile
             engine = worker.bases[BASE].sampling[worker.samplers[paths[0]].lora].engine
             before = engine.batches_run
-            answers = await asyncio.gather(*(_sample(worker, p) for p in paths))
+            # The device thread waits while the three calls reach the engine: on a loaded
+            # machine they may otherwise take longer than its 2 ms gathering window.
+            gate = threading.Event()
+            engine.executor.submit(gate.wait, 30)
+            calls = asyncio.gather(*(_sample(worker, p) for p in paths))
+            await asyncio.sleep(0.5)
+            gate.set()
+            answers = await calls
             base = await worker.sample({"base_model": BASE, "prompt": PROMPT, "seed": 3})
             return list(answers), base["sequences"], engine.batches_run - before
         finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -118,11 +119,21 @@ def test_concurrent_calls_of_different_adapters_join_one_batch(
     async def main() -> tuple[list[Completion], int]:
         async with engine.serving():
             before = engine.batches_run
-            calls = [
-                engine.generate([p], max_new_tokens=8, sampling=WARM, seeds=[s], adapter_slot=slot)
-                for p, slot, s in zip(PROMPTS, SLOTS, SEEDS, strict=True)
-            ]
-            answers = await asyncio.gather(*calls)
+            # The device thread waits while the five calls reach the engine: on a loaded
+            # machine they may otherwise take longer than its 2 ms gathering window.
+            gate = threading.Event()
+            engine.executor.submit(gate.wait, 30)
+            calls = asyncio.gather(
+                *(
+                    engine.generate(
+                        [p], max_new_tokens=8, sampling=WARM, seeds=[s], adapter_slot=slot
+                    )
+                    for p, slot, s in zip(PROMPTS, SLOTS, SEEDS, strict=True)
+                )
+            )
+            await asyncio.sleep(0.5)
+            gate.set()
+            answers = await calls
             return [c for (c,) in answers], engine.batches_run - before
 
     got, prefills = asyncio.run(main())
