@@ -42,6 +42,20 @@ async def _sample(worker: TinkerWorker, path: str, seed: int = 3) -> list[dict[s
     return sequences
 
 
+async def _hold_device_thread(engine: Any) -> threading.Event:
+    """Block ``engine``'s device thread until the returned event is set; return once it
+    is blocked (a decode loop still running from an earlier call has ended first)."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        gate.wait(30)
+
+    engine.executor.submit(hold)
+    await asyncio.to_thread(entered.wait, 30)
+    return gate
+
+
 def _assert_same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
     assert [s["tokens"] for s in got] == [s["tokens"] for s in want]
     for g, w in zip(got, want, strict=True):
@@ -91,8 +105,7 @@ def test_samples_of_several_models_share_one_engine_batch_and_answer_as_alone() 
             before = engine.batches_run
             # The device thread waits while the three calls reach the engine: on a loaded
             # machine they may otherwise take longer than its 2 ms gathering window.
-            gate = threading.Event()
-            engine.executor.submit(gate.wait, 30)
+            gate = await _hold_device_thread(engine)
             calls = asyncio.gather(*(_sample(worker, p) for p in paths))
             await asyncio.sleep(0.5)
             gate.set()

@@ -87,6 +87,20 @@ def _alone(
     return out
 
 
+async def _hold_device_thread(engine: Any) -> threading.Event:
+    """Block ``engine``'s device thread until the returned event is set; return once it
+    is blocked (a decode loop still running from an earlier call has ended first)."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        gate.wait(30)
+
+    engine.executor.submit(hold)
+    await asyncio.to_thread(entered.wait, 30)
+    return gate
+
+
 def _assert_same(got: Sequence[Completion], want: Sequence[Completion]) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.tokens == w.tokens
@@ -121,8 +135,7 @@ def test_concurrent_calls_of_different_adapters_join_one_batch(
             before = engine.batches_run
             # The device thread waits while the five calls reach the engine: on a loaded
             # machine they may otherwise take longer than its 2 ms gathering window.
-            gate = threading.Event()
-            engine.executor.submit(gate.wait, 30)
+            gate = await _hold_device_thread(engine)
             calls = asyncio.gather(
                 *(
                     engine.generate(
