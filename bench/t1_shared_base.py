@@ -209,8 +209,9 @@ def datum(completion: list[int], logprobs: list[float], advantage: float) -> dic
 def warm_up(worker: InProcessWorker, base: str, plan: Plan) -> float:
     """Compile what the timed runs use: one loop step (sampler, forward_backward at G rows,
     optim, snapshot), then forward_backward at 2G, 4G... rows straight on the base's trainer
-    (which rows batch together depends on timing, so the HTTP path cannot be made to).
-    Past 4 models the trainer's slots double, a compile inside the first such run."""
+    (which rows batch together depends on timing, so the HTTP path cannot be made to), then
+    K concurrent samples. Past 4 models the trainer's slots double, a compile inside the
+    first such run."""
     from rl_core.training.multi_trainer import SlotCall
     from rl_core.training.primitives import Datum
 
@@ -227,6 +228,14 @@ def warm_up(worker: InProcessWorker, base: str, plan: Plan) -> float:
                 [SlotCall(trained.slot, data)] * calls, "importance_sampling"
             )
         calls *= 2
+    # K samples at once, a few rounds: the shapes a batch of K models' samples meets (where
+    # samples share an engine batch; where they run one at a time this compiles nothing).
+    sample = {"model_path": loop.path, "prompt": PROMPT, "num_samples": plan.group}
+    sample |= {"max_tokens": MAX_TOKENS, "temperature": 1.0}
+    k = max(plan.ks)
+    with ThreadPoolExecutor(k) as threads:
+        for seeds in (range(k), range(k, 2 * k), range(2 * k, 3 * k)):
+            list(threads.map(lambda i: post(loop.http, "/sample", {**sample, "seed": i}), seeds))
     loop.unload()
     return time.perf_counter() - start
 
