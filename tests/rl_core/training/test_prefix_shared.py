@@ -96,7 +96,13 @@ def shared_layout(trainer: Trainer, batch: TrainBatch) -> prefix_layout.Layout:
     return layout
 
 
-def test_logprobs_entropy_and_values_equal_the_unshared_forward(model: Model) -> None:
+@pytest.mark.parametrize("alibi", [False, True], ids=["rope", "rope+alibi"])
+def test_logprobs_entropy_and_values_equal_the_unshared_forward(
+    tiny_config: ModelConfig, alibi: bool
+) -> None:
+    # ALiBi (builtin:tiny-alibi) biases by distance: the suffix's slots must be positions.
+    config = dataclasses.replace(tiny_config, n_layers=2, alibi_slope=1.0 if alibi else 0.0)
+    model = Model(config, rngs=nnx.Rngs(0))
     trainer = Trainer(model, TrainerConfig(share_prefix=True, share_prefix_min=0))
     batch = grpo_batch(0)
     layout = shared_layout(trainer, batch)
