@@ -12,9 +12,10 @@ prompt is then computed once per slice instead of once per member.
 
 Each block's prefix is its rows' common prefix, capped at the first position any of
 them trains on (`rl_core.training.prefix_shared` says why that boundary is exact).
-Shapes are bucketed so compiles stay few: the prefix length P and the suffix length S by
-quarter octaves (a run's prompt length barely moves), the blocks per micro-batch N by
-powers of two. When sharing would save fewer than ``min_saving`` positions per row
+Shapes are bucketed so compiles stay few: the prefix length P by quarter octaves (a
+run's prompt length barely moves, so a finer bucket costs no compiles and pads less);
+the suffix length S, which follows the batch's longest answer, and the blocks per
+micro-batch N by powers of two, as the plain path buckets its length. When sharing would save fewer than ``min_saving`` positions per row
 against the plain path's ``T-1`` (a short prompt, or a group whose members share nothing
 so S is the whole row), the step runs the plain forward over the same rows.
 """
@@ -78,9 +79,12 @@ def row_groups(
     first, _ = trained_spans(mask)
     trained = np.flatnonzero(first < mask.shape[1])
     if groups is not None:
-        named = [r for r in trained if groups[r] >= 0]
-        ids = list(dict.fromkeys(int(groups[r]) for r in named))
-        return [np.asarray([r for r in named if groups[r] == g], np.int64) for g in ids]
+        # A trained row in no group (< 0) is a group of its own: its prompt, once.
+        keys = [int(groups[r]) if groups[r] >= 0 else -1 - int(r) for r in trained]
+        members: dict[int, list[int]] = {}
+        for r, k in zip(trained, keys, strict=True):
+            members.setdefault(k, []).append(int(r))
+        return [np.asarray(rows, np.int64) for rows in members.values()]
     out: list[list[int]] = []
     for r in trained:
         prev = out[-1][-1] if out else None
@@ -141,7 +145,7 @@ def layouts(
     p = min(
         quarter_bucket(max((q for qs in shares for qq in qs for q in qq), default=0), 16), length
     )
-    s = min(quarter_bucket(max(spans, default=0), 16), length)
+    s = min(next_bucket(max(spans, default=0), 16), length)
     n = next_bucket(max((len(bs) for ms in minis for bs in ms), default=1), 1)
     # Positions per row: the plain path's T-1 against a share of the prefixes plus S.
     saving = length - (n * p / rows_per_micro + s)

@@ -8,8 +8,10 @@ One `train_step` is::
 
     score     pi_old (and V_old for PPO) and pi_ref, without gradients, when needed
     advantage GRPO: given per row; PPO: GAE over the masked tokens
-    update    one AdamW update per mini-batch (rows shuffled by the trainer's RNG),
-              each the sum of its micro-batches' gradients; ``epochs`` passes
+    update    one AdamW update per mini-batch (rows shuffled by the trainer's RNG;
+              whole groups with ``share_prefix``, each group's prompt computed once
+              per micro-batch: rl_core.training.prefix_shared), each the sum of its
+              micro-batches' gradients; ``epochs`` passes
 
 Logprobs are recomputed here for every token (the sampler's are only used as
 the behaviour policy of the importance weight), and the gap between the two

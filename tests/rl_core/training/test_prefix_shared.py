@@ -255,6 +255,8 @@ def test_rows_that_train_on_nothing_are_left_out_and_groups_inferred() -> None:
     mask[1] = 0  # a member whose tokens are all masked (stale, or a padding row)
     named = prefix_layout.row_groups(tokens, mask, np.asarray([0, 0, 1, 1]), 64)
     assert [g.tolist() for g in named] == [[0], [2, 3]]
+    unnamed = prefix_layout.row_groups(tokens, mask, np.asarray([0, 0, -1, 1]), 64)
+    assert [g.tolist() for g in unnamed] == [[0], [2], [3]]  # trained, so kept, alone
     inferred = prefix_layout.row_groups(tokens, mask, None, 8)  # consecutive, >= 8 shared
     assert [g.tolist() for g in inferred] == [[0], [2, 3]]
     alone = prefix_layout.row_groups(tokens, mask, None, 10)  # 9 shared < 10: no group
@@ -284,14 +286,14 @@ def test_cuts_run_through_groups_and_each_piece_shares_its_prompt() -> None:
 
 
 def test_sharing_that_saves_too_little_runs_the_plain_forward_over_the_same_rows() -> None:
-    # A 40-token prompt trained from position 39 on, 20 positions each: T-1 = 60 against
-    # a prefix of 40 per 2 rows plus a suffix of 20: 20 positions saved per row.
+    # A 40-token prompt trained from position 39 on, 20 positions each (bucket 32): T-1 = 60
+    # against a prefix of 40 per 2 rows plus a suffix of 32: 8 positions saved per row.
     tokens, mask = rows_of((60, 39), (60, 39), prompt=40)
     minis = prefix_layout.plan([np.arange(2)], None, 1, 1)
-    (layout,), shared = prefix_layout.layouts(tokens, mask, minis, rows_per_micro=2, min_saving=20)
-    assert shared and layout.width == 20
+    (layout,), shared = prefix_layout.layouts(tokens, mask, minis, rows_per_micro=2, min_saving=8)
+    assert shared and layout.width == 32
     assert layout.prefix is not None and layout.prefix.shape == (1, 40)
-    (layout,), shared = prefix_layout.layouts(tokens, mask, minis, rows_per_micro=2, min_saving=21)
+    (layout,), shared = prefix_layout.layouts(tokens, mask, minis, rows_per_micro=2, min_saving=9)
     assert not shared and layout.prefix is None and layout.owner is None
     assert layout.rows.tolist() == [0, 1] and layout.offsets.tolist() == [0, 0]
     assert layout.width == 60  # whole rows: T-1
