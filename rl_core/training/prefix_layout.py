@@ -15,9 +15,10 @@ them trains on (`rl_core.training.prefix_shared` says why that boundary is exact
 Shapes are bucketed so compiles stay few: the prefix length P by quarter octaves (a
 run's prompt length barely moves, so a finer bucket costs no compiles and pads less);
 the suffix length S, which follows the batch's longest answer, and the blocks per
-micro-batch N by powers of two, as the plain path buckets its length. When sharing would save fewer than ``min_saving`` positions per row
-against the plain path's ``T-1`` (a short prompt, or a group whose members share nothing
-so S is the whole row), the step runs the plain forward over the same rows.
+micro-batch N by powers of two, as the plain path buckets its length. When sharing
+would save fewer than ``min_saving`` positions per row against the plain path's ``T-1``
+(a short prompt, or a group whose members share nothing so S is the whole row), the
+step runs the plain forward over the same rows.
 """
 
 from __future__ import annotations
