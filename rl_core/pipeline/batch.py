@@ -76,6 +76,7 @@ def build_batch(
     logprobs: list[list[float]] = []
     advs: list[float | list[float]] = []
     row_rewards: list[float] = []
+    row_groups: list[int] = []  # members of one group share its prompt (share_prefix)
     lags: list[list[int]] | None = (
         [] if all(g.trainer_version is not None for g in ordered) else None
     )
@@ -87,6 +88,7 @@ def build_batch(
                 logprobs.append(sample.logprobs)
                 advs.append(advantage(i, t, sample))
                 row_rewards.append(t.reward)
+                row_groups.append(i)
                 if lags is not None:
                     assert group.trainer_version is not None
                     lags.append(policy_lag(sample, t.turn_versions, group.trainer_version))
@@ -102,6 +104,7 @@ def build_batch(
         max_length=max_length,
         rewards=row_rewards,
         lags=lags,
+        groups=row_groups,
     )
 
 

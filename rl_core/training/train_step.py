@@ -25,6 +25,7 @@ from rl_core.algorithms.ppo import PpoConfig, value_loss
 from rl_core.training.chunked_logits import chunked_token_logprobs
 from rl_core.training.lora import LoraConfig, merged_params
 from rl_core.training.lora_unmerged import lora_model
+from rl_core.training.prefix_shared import SharedPrefix, shared_hidden
 
 Params = Any  # an nnx.State of the model's nnx.Param variables
 LoraApply = Literal["merged", "unmerged"]
@@ -49,7 +50,11 @@ class StepConfig:
 
 
 class MiniBatch(NamedTuple):
-    """One optimiser update's rows. [B, T-1] arrays are aligned with ``tokens[:, 1:]``."""
+    """One optimiser update's rows. [B, T-1] arrays are aligned with ``tokens[:, 1:]``.
+
+    With ``prefix`` (`rl_core.training.prefix_shared`) each row is a suffix: its tokens
+    from its prefix's length on, [B, S+1], and its [B, S] arrays from that position on.
+    """
 
     tokens: jax.Array  # [B, T] int32
     mask: jax.Array  # [B, T-1] float32
@@ -60,6 +65,7 @@ class MiniBatch(NamedTuple):
     ref_logprobs: jax.Array | None  # [B, T-1]; None without a KL term
     old_values: jax.Array | None  # [B, T-1] (PPO)
     returns: jax.Array | None  # [B, T-1] (PPO)
+    prefix: SharedPrefix | None = None  # the prompts the rows continue; None: whole rows
 
 
 def effective_params(trainable: Trainable, frozen: dict[str, Any], lora: LoraConfig | None) -> Any:
@@ -88,6 +94,7 @@ def forward(
     *,
     with_hidden: bool = False,
     logits_chunk: int | None = None,
+    prefix: SharedPrefix | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
     """`forward_model` of the model ``params`` make."""
     return forward_model(
@@ -96,6 +103,7 @@ def forward(
         temperature,
         with_hidden=with_hidden,
         logits_chunk=logits_chunk,
+        prefix=prefix,
     )
 
 
@@ -106,17 +114,22 @@ def forward_model(
     *,
     with_hidden: bool = False,
     logits_chunk: int | None = None,
+    prefix: SharedPrefix | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
     """Logprob and entropy of every next token; right padding needs only the causal mask.
 
     ``logits_chunk``: positions per chunk of the output head (`chunked_token_logprobs`),
     so no [B, T-1, V] logits are ever held; None computes them all at once (the
     reference path). The hidden states (for the value head) are the trunk's output
-    either way, from the same forward pass.
+    either way, from the same forward pass. ``prefix``: ``tokens`` are suffixes of the
+    prefixes it holds, computed once each (`shared_hidden`).
     """
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-    h, _ = model.hidden(inputs, positions)  # [B, T-1, D]
+    if prefix is None:
+        positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+        h, _ = model.hidden(inputs, positions)  # [B, T-1, D]
+    else:
+        h = shared_hidden(model, prefix, inputs)
     if logits_chunk is None:
         lp, entropy = token_logprobs(model.logits(h), targets, temperature)
     else:
@@ -141,6 +154,7 @@ def score(
     rest: Any,
     value_head: dict[str, jax.Array] | None,
     tokens: jax.Array,  # [B, T]
+    prefix: SharedPrefix | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:  # logprobs [B, T-1], values [B, T-1] | None
     lp, _, hidden = forward(
         graphdef,
@@ -150,6 +164,7 @@ def score(
         cfg.temperature,
         with_hidden=value_head is not None,
         logits_chunk=cfg.logits_chunk,
+        prefix=prefix,
     )
     values = None if value_head is None or hidden is None else values_of(value_head, hidden)
     return lp, values
@@ -172,6 +187,7 @@ def micro_loss(
         cfg.temperature,
         with_hidden=ppo is not None,
         logits_chunk=cfg.logits_chunk,
+        prefix=mb.prefix,
     )
     # One update per step: pi_old is the current policy (ratio 1, gradient of the ratio 1).
     old = jax.lax.stop_gradient(lp) if mb.old_logprobs is None else mb.old_logprobs

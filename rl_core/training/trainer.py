@@ -8,8 +8,10 @@ One `train_step` is::
 
     score     pi_old (and V_old for PPO) and pi_ref, without gradients, when needed
     advantage GRPO: given per row; PPO: GAE over the masked tokens
-    update    one AdamW update per mini-batch (rows shuffled by the trainer's RNG),
-              each the sum of its micro-batches' gradients; ``epochs`` passes
+    update    one AdamW update per mini-batch (rows shuffled by the trainer's RNG;
+              whole groups with ``share_prefix``, each group's prompt computed once
+              per micro-batch: rl_core.training.prefix_shared), each the sum of its
+              micro-batches' gradients; ``epochs`` passes
 
 Logprobs are recomputed here for every token (the sampler's are only used as
 the behaviour policy of the importance weight), and the gap between the two
@@ -22,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -35,8 +37,10 @@ from rl_core.algorithms.grpo import GrpoConfig
 from rl_core.algorithms.ppo import PpoConfig, gae, last_token_rewards, whiten
 from rl_core.models import Model
 from rl_core.models.buckets import next_bucket
+from rl_core.training import prefix_layout
 from rl_core.training import train_step as ts
 from rl_core.training.lora import LoraConfig, init_adapters
+from rl_core.training.prefix_shared import scatter
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -61,6 +65,13 @@ class TrainerConfig:
     # LoRA applied beside the frozen kernels in the loss's forward ("unmerged"), or merged
     # into them ("merged"): rl_core.training.lora_unmerged says why and what it saves.
     lora_apply: ts.LoraApply = "unmerged"
+    # Prefix-shared training (rl_core.training.prefix_shared): per micro-batch, each
+    # group's prompt computed once and its members' suffixes attending to its keys and
+    # values; mini-batches shuffle whole groups, not rows. Off until measured
+    # (bench/p1_prefix_shared.py). A step whose layout saves fewer than
+    # ``share_prefix_min`` positions per row (of T-1) runs the plain forward instead.
+    share_prefix: bool = False
+    share_prefix_min: int = 64
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
     ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
     lora: LoraConfig | None = None  # set: train adapters only, base frozen
@@ -73,6 +84,8 @@ class TrainerConfig:
             raise ValueError("mini_batches, micro_batches and epochs must be >= 1")
         if self.logits_chunk is not None and self.logits_chunk < 1:
             raise ValueError("logits_chunk must be >= 1 position, or None for no chunks")
+        if self.share_prefix_min < 0:
+            raise ValueError("share_prefix_min must be >= 0 positions per row")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +100,9 @@ class TrainBatch:
     # [B, T] float32: per token, the policy versions between the weights that sampled it
     # and the trainer's (0: the same); None: unknown. Splits the mismatch metrics.
     lag: np.ndarray | None = None
+    # [B] int: the GRPO group of each row (-1: padding), for prefix-shared training
+    # (TrainerConfig.share_prefix); None: groups are inferred from shared prefixes.
+    groups: np.ndarray | None = None
 
     @classmethod
     def pack(
@@ -102,6 +118,7 @@ class TrainBatch:
         pad_id: int = 0,
         rewards: Sequence[float] | None = None,
         lags: Sequence[Sequence[int]] | None = None,
+        groups: Sequence[int] | None = None,
     ) -> TrainBatch:
         """``max_length``: no row is longer (the run's context), so no bucket need be:
         a 96-token context trains at 96, not at the bucket of 128 (a quarter of a train
@@ -133,7 +150,11 @@ class TrainBatch:
             lag = np.zeros((rows, length), np.float32)
             for i, row in enumerate(lags):
                 lag[i, : len(row)] = row
-        return cls(tok, mask, lp, adv, rew, lag)
+        group = None
+        if groups is not None:
+            group = np.full((rows,), -1, np.int32)
+            group[: len(groups)] = groups
+        return cls(tok, mask, lp, adv, rew, lag, group)
 
 
 def learning_rate_schedule(config: TrainerConfig) -> optax.Schedule:
@@ -250,18 +271,22 @@ class Trainer:
                 f"{rows} rows do not split into {cfg.mini_batches} mini-batches of "
                 f"{cfg.micro_batches} equal micro-batches; change the batch size or the split"
             )
-        full = self._prepare(batch)
+        groups = None
+        if cfg.share_prefix:
+            groups = prefix_layout.row_groups(
+                batch.tokens, batch.loss_mask[:, 1:], batch.groups, cfg.share_prefix_min
+            )
+        full = self._prepare(batch, groups)
         totals: dict[str, float] = {}
         seen: dict[str, int] = {}  # mini-batches that gave each mean (a NaN is none)
         worst: dict[str, float] = {}
         for _ in range(cfg.epochs):
             self.rng, key = jax.random.split(self.rng)
-            order = np.asarray(jax.random.permutation(key, rows)) if cfg.mini_batches > 1 else None
-            for i in range(cfg.mini_batches):
-                mb = full
-                if order is not None:
-                    idx = jnp.asarray(order[i * size : (i + 1) * size])
-                    mb = jax.tree.map(lambda x, idx=idx: x[idx], full)
+            if groups is not None:
+                minis = self._shared_minis(batch, full, groups, key)
+            else:
+                minis = self._row_minis(full, key)
+            for mb in minis:
                 lr = float(self.schedule(self.updates))
                 self.trainable, self.opt_state, metrics = self._update(
                     self.trainable, self.opt_state, self._frozen, self._rest, mb
@@ -290,8 +315,50 @@ class Trainer:
     def _policy(self) -> Any:
         return self._merged(self.trainable, self._frozen)
 
-    def _prepare(self, batch: TrainBatch) -> ts.MiniBatch:
-        """Device arrays of the whole batch, with pi_old / pi_ref / GAE where they are needed."""
+    def _row_minis(self, full: ts.MiniBatch, key: jax.Array) -> Iterator[ts.MiniBatch]:
+        """The plain path's mini-batches: equal slices of the rows, shuffled by ``key``."""
+        m = self.config.mini_batches
+        if m == 1:
+            yield full
+            return
+        rows = full.tokens.shape[0]
+        size = rows // m
+        order = np.asarray(jax.random.permutation(key, rows))
+        for i in range(m):
+            idx = jnp.asarray(order[i * size : (i + 1) * size])
+            yield jax.tree.map(lambda x, idx=idx: x[idx], full)
+
+    def _layouts(
+        self, batch: TrainBatch, groups: list[np.ndarray], order: np.ndarray | None, parts: int
+    ) -> list[prefix_layout.Layout]:
+        """``groups``' rows (in ``order``) in ``parts`` mini-batches of the micro-batches'
+        size; shared, or plain when sharing would save too little."""
+        cfg = self.config
+        rows_per_micro = batch.tokens.shape[0] // (cfg.mini_batches * cfg.micro_batches)
+        minis = prefix_layout.plan(
+            groups, order, parts, cfg.mini_batches * cfg.micro_batches // parts
+        )
+        layouts, _ = prefix_layout.layouts(
+            batch.tokens,
+            batch.loss_mask[:, 1:],
+            minis,
+            rows_per_micro=rows_per_micro,
+            min_saving=cfg.share_prefix_min,
+        )
+        return layouts
+
+    def _shared_minis(
+        self, batch: TrainBatch, full: ts.MiniBatch, groups: list[np.ndarray], key: jax.Array
+    ) -> Iterator[ts.MiniBatch]:
+        """Mini-batches of whole groups (shuffled by ``key``), each group's rows together."""
+        m = self.config.mini_batches
+        order = np.asarray(jax.random.permutation(key, len(groups))) if m > 1 else None
+        for layout in self._layouts(batch, groups, order, m):
+            yield prefix_layout.mini_batch(full, layout)
+
+    def _prepare(self, batch: TrainBatch, groups: list[np.ndarray] | None = None) -> ts.MiniBatch:
+        """Device arrays of the whole batch, with pi_old / pi_ref / GAE where they are needed.
+        ``groups`` (prefix-shared training): pi_old and pi_ref are scored prefix-shared too."""
         cfg = self.config
         tokens = jnp.asarray(batch.tokens)
         mask = jnp.asarray(batch.loss_mask[:, 1:])
@@ -300,16 +367,20 @@ class Trainer:
         if advantages.ndim == 2:  # per token: aligned with tokens[:, 1:], as the mask is
             advantages = advantages[:, 1:]
         needs_old = cfg.mini_batches > 1 or cfg.epochs > 1 or cfg.ppo is not None
+        scoring = None
+        if groups is not None and (needs_old or cfg.grpo.kl_coef > 0):
+            # One pass in the group order, micro-batch by micro-batch (as _score_chunked).
+            (scoring,) = self._layouts(batch, groups, None, 1)
         if needs_old:
-            old, old_values = self._score_chunked(
-                self._policy(), self.trainable.get("value"), tokens
+            old, old_values = self._scores(
+                self._policy(), self.trainable.get("value"), tokens, scoring
             )
         if cfg.grpo.kl_coef > 0:
             if "ref_adapters" in self._frozen:  # started from an adapter: that policy
                 ref_params = self._merged({"policy": self._frozen["ref_adapters"]}, self._frozen)
             else:
                 ref_params = self._frozen["base" if cfg.lora is not None else "ref"]
-            ref, _ = self._score_chunked(ref_params, None, tokens)
+            ref, _ = self._scores(ref_params, None, tokens, scoring)
         if cfg.ppo is not None:
             if batch.rewards is None:
                 raise ValueError("PPO needs TrainBatch.rewards (one episode reward per row)")
@@ -329,6 +400,29 @@ class Trainer:
             old_values=old_values,
             returns=returns,
         )
+
+    def _scores(
+        self,
+        params: Any,
+        value_head: Any,
+        tokens: jax.Array,  # [B, T]
+        layout: prefix_layout.Layout | None,
+    ) -> tuple[jax.Array, jax.Array | None]:  # logprobs [B, T-1], values [B, T-1] | None
+        if layout is None or layout.prefix is None:
+            return self._score_chunked(params, value_head, tokens)
+        # Positions the layout leaves out (prompts, untrained rows) are 0: off every mask.
+        shape = (tokens.shape[0], tokens.shape[1] - 1)
+        lp = jnp.zeros(shape, jnp.float32)
+        values = None if value_head is None else jnp.zeros(shape, jnp.float32)
+        parts = self.config.mini_batches * self.config.micro_batches
+        for part in prefix_layout.micro_layouts(layout, parts):
+            suffixes, prefix = prefix_layout.suffixes(tokens, part)
+            rows, offsets = jnp.asarray(part.rows), jnp.asarray(part.offsets)
+            got, got_values = self._score(params, self._rest, value_head, suffixes, prefix)
+            lp = scatter(got, rows, offsets, shape[1], lp)
+            if values is not None and got_values is not None:
+                values = scatter(got_values, rows, offsets, shape[1], values)
+        return lp, values
 
     def _score_chunked(
         self, params: Any, value_head: Any, tokens: jax.Array

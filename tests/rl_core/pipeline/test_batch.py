@@ -43,6 +43,13 @@ def test_episode_credit_gives_every_token_of_a_row_its_episode_advantage() -> No
     np.testing.assert_allclose(batch.advantages[:3], [1 / 3, 1 / 3, -2 / 3], atol=1e-6)
 
 
+def test_rows_carry_their_group_for_prefix_sharing() -> None:
+    second = Group(task=GroupTask(1, 0), trajectories=[episode(0, [1.0]), episode(1, [0.0])])
+    batch = build_batch([second, group()], group_size=3, rows=8, pad_id=0, scale_rewards=False)
+    assert batch.groups is not None  # groups by task, padding rows in none
+    assert batch.groups.tolist() == [0, 0, 0, 1, 1, -1, -1, -1]
+
+
 def test_turn_credit_gives_each_turns_tokens_that_turns_advantage() -> None:
     batch = build_batch(
         [group()], group_size=3, rows=4, pad_id=0, scale_rewards=False, credit="turn"
