@@ -21,7 +21,9 @@ token whose hidden state predicts the first trained token, is the suffix's first
 each row computes that one hidden state itself: no hidden state crosses the boundary, only
 keys and values, and no trained position's logprob comes from the prefix pass. A row's
 ``[R, S]`` arrays are its ``[T-1]`` ones from position ``p`` on (`take`); a prefix of
-length 0 makes the row's suffix its whole sequence, the plain forward.
+length 0 makes the row's suffix its whole sequence, the plain forward. (Dynamic NTK
+RoPE rescales by the largest position in a call, padding included, on either path; past
+the model's ``max_seq_len`` the two paths' padded positions differ, and so may they.)
 """
 
 from __future__ import annotations
