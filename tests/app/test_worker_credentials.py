@@ -13,6 +13,7 @@ import pytest
 
 from app.db.models import Run, WorkerCredential
 from app.main import reap_once
+from app.security import WORKER_CREDENTIAL_PREFIX
 from app.services import worker_credentials, workers
 from tests.app.conftest import WORKER_TOKEN, Api, lease, plain, running_api
 
@@ -52,7 +53,11 @@ async def test_an_issued_credential_claims_and_the_database_keeps_only_its_hash(
             (run_id,),
         ).fetchone()
     assert stored is not None and stored[0] == hashlib.sha256(secret.encode()).hexdigest()
-    assert secret not in everything and secret.rpartition("_")[2] not in everything
+    # The random part is what follows "rlaas_worker_<prefix>_" (it may hold "_" itself: a
+    # split on the last "_" left one letter, found in the row's timestamps, once).
+    random_part = secret.removeprefix(WORKER_CREDENTIAL_PREFIX).partition("_")[2]
+    assert len(random_part) >= 40
+    assert secret not in everything and random_part not in everything
     assert reason == (f"claimed by gpu-1-123, with worker credential {cred_id} (gpu-1)",)
     # last_used_at moved at the claim, and not again by a call within the minute.
     first_use = stored[1]

@@ -118,6 +118,9 @@ class FaultyEnv:
         self._seen: Counter[tuple[str, str, int]] = Counter()
         self._forced = 0
         self._may_succeed = 0  # requests being answered with something the breaker calls up
+        # 5xx the game's own server answered (or uvicorn for it, when it raised before
+        # answering): not injected, but the worker meets and counts them all the same.
+        self.unplanned_5xx = 0
         self._lock = threading.Lock()  # uvicorn runs this in its own thread; tests read it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -127,11 +130,26 @@ class FaultyEnv:
         body = await _read_body(receive)
         fault = self._decide(scope["path"], body)
         replay = _replaying(body, receive)
+        started: list[int] = []
+
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                started.append(int(message["status"]))
+                if fault is None and message["status"] >= 500:
+                    with self._lock:
+                        self.unplanned_5xx += 1
+            await send(message)
+
         try:
             if fault is None:
-                await self.inner(scope, replay, send)
+                await self.inner(scope, replay, watched)
             else:
-                await self._inject(fault, scope, replay, send, body)
+                await self._inject(fault, scope, replay, watched, body)
+        except Exception:
+            if not started:  # uvicorn answers 500 for an app that raised before answering
+                with self._lock:
+                    self.unplanned_5xx += 1
+            raise
         finally:
             with self._lock:
                 self._may_succeed -= fault in MAY_SUCCEED
