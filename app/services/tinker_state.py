@@ -134,10 +134,14 @@ def check_same_store(answer: dict[str, Any], store: ArtifactStore) -> None:
     RLAAS_ARTIFACT_STORE differ): recorded, it could never be loaded nor deleted here."""
     written = answer.get("store")
     if written != store.url:
+        # The stores' addresses are the deployment's (buckets, paths): the log has them,
+        # the tenant is told what is wrong and who mends it.
+        log.error("tinker save_weights: worker wrote to %s, this API keeps %s", written, store.url)
         raise WorkerRefusal(
-            f"the model worker wrote the state to {written} but this API keeps saved state "
-            f"in {store.url}: set RLAAS_ARTIFACT_STORE (and RLAAS_S3_ENDPOINT) the same on "
-            "the API and its Tinker workers (docs/tinker.md); nothing was recorded",
+            "the model worker wrote the state to another artifact store than this API "
+            "keeps saved state in, so it could never be loaded nor deleted here; the "
+            "operator sets RLAAS_ARTIFACT_STORE (and RLAAS_S3_ENDPOINT) the same on the API "
+            "and its Tinker workers (docs/tinker.md); nothing was recorded",
             "server",
         )
 

@@ -6,7 +6,6 @@ and answer as each sampled alone, and more snapshots than slots take turns in th
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import jax
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.rl_core.rollout.test_adapter_slots import hold_device_thread
 from worker.tinker_sampling import SAMPLER_SLOTS, sampler_slots
 from worker.tinker_server import TinkerWorker
 
@@ -40,20 +40,6 @@ async def _sample(worker: TinkerWorker, path: str, seed: int = 3) -> list[dict[s
     answer = await worker.sample({**body, "temperature": 1.0, "seed": seed})
     sequences: list[dict[str, Any]] = answer["sequences"]
     return sequences
-
-
-async def _hold_device_thread(engine: Any) -> threading.Event:
-    """Block ``engine``'s device thread until the returned event is set; return once it
-    is blocked (a decode loop still running from an earlier call has ended first)."""
-    entered, gate = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        entered.set()
-        gate.wait(30)
-
-    engine.executor.submit(hold)
-    await asyncio.to_thread(entered.wait, 30)
-    return gate
 
 
 def _assert_same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
@@ -105,7 +91,7 @@ def test_samples_of_several_models_share_one_engine_batch_and_answer_as_alone() 
             before = engine.batches_run
             # The device thread waits while the three calls reach the engine: on a loaded
             # machine they may otherwise take longer than its 2 ms gathering window.
-            gate = await _hold_device_thread(engine)
+            gate = await hold_device_thread(engine)
             calls = asyncio.gather(*(_sample(worker, p) for p in paths))
             await asyncio.sleep(0.5)
             gate.set()

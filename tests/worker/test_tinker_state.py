@@ -113,3 +113,18 @@ def test_without_a_store_the_api_and_a_worker_on_one_data_folder_use_the_same_on
     api = state_store(Settings(data_dir=tmp_path, artifact_store=None))
     worker = WorkerSettings(data_dir=tmp_path, artifact_store=None).state_store()
     assert api.url == worker.url == f"file://{tmp_path / 'artifacts'}"
+
+
+def test_a_save_in_another_store_is_refused_without_naming_either(tmp_path: Path) -> None:
+    """The stores' addresses are the deployment's: the tenant reads what is wrong, not where."""
+    from app.services.tinker import WorkerRefusal
+    from app.services.tinker_state import check_same_store
+    from rl_core.store import open_store
+
+    api = open_store(f"file://{tmp_path / 'api'}")
+    elsewhere = open_store(f"file://{tmp_path / 'worker'}")
+    check_same_store({"store": api.url}, api)  # the same store: recorded
+    with pytest.raises(WorkerRefusal) as refused:
+        check_same_store({"store": elsewhere.url}, api)
+    assert "RLAAS_ARTIFACT_STORE" in str(refused.value)
+    assert str(tmp_path) not in str(refused.value)

@@ -87,7 +87,7 @@ def _alone(
     return out
 
 
-async def _hold_device_thread(engine: Any) -> threading.Event:
+async def hold_device_thread(engine: Any) -> threading.Event:
     """Block ``engine``'s device thread until the returned event is set; return once it
     is blocked (a decode loop still running from an earlier call has ended first)."""
     entered, gate = threading.Event(), threading.Event()
@@ -135,7 +135,7 @@ def test_concurrent_calls_of_different_adapters_join_one_batch(
             before = engine.batches_run
             # The device thread waits while the five calls reach the engine: on a loaded
             # machine they may otherwise take longer than its 2 ms gathering window.
-            gate = await _hold_device_thread(engine)
+            gate = await hold_device_thread(engine)
             calls = asyncio.gather(
                 *(
                     engine.generate(
