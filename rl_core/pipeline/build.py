@@ -32,12 +32,14 @@ from rl_core.models.tokenizer import Tokenizer
 from rl_core.pipeline import configs
 from rl_core.pipeline.batch import StragglerRewards, build_batch
 from rl_core.pipeline.collector import Collector, EpisodePlayer
+from rl_core.pipeline.colocation import Colocation, shares_base
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.evaluate import Evaluator
 from rl_core.pipeline.pipeline import Pipeline
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
 from rl_core.pretrained.sources import load_model
 from rl_core.records import CheckpointRecord
+from rl_core.rollout.adapter_policy import AdapterPolicyEngine
 from rl_core.rollout.base import RolloutEngine
 from rl_core.rollout.jax_engine import JaxEngine
 from rl_core.sessions.broker import SessionBroker
@@ -149,10 +151,13 @@ def build_engine(
     *,
     log_dir: Path | None = None,
     recorder: SpanRecorder | None = None,
+    shared_base: bool = False,
 ) -> RolloutEngine:
     """The rollout engine the spec names: the JAX engine, running its device work on
     ``device``, or vLLM (`build_vllm_engine`). What must be undone when the run ends
-    (a server, its files) is pushed on ``cleanup``."""
+    (a server, its files) is pushed on ``cleanup``. ``shared_base``: ``model`` is a base
+    other runs of this process hold too; the engine samples with the run's adapters in
+    a slot beside it (`AdapterPolicyEngine`), never with weights merged into a copy."""
     if spec.rollout.engine == "vllm":
         if model.config.alibi_slope:
             raise UnsupportedSpec(
@@ -163,9 +168,13 @@ def build_engine(
         return build_vllm_engine(
             spec, model, tokenizer, cleanup, log_dir=log_dir, recorder=recorder
         )
-    return JaxEngine(
-        model, config=configs.engine_config(spec, tokenizer), executor=device, tokenizer=tokenizer
-    )
+    config = configs.engine_config(spec, tokenizer)
+    if shared_base:
+        lora = configs.trainer_config(spec).lora
+        config = dataclasses.replace(config, adapter_slots=1, lora=lora)
+        engine = JaxEngine(model, config=config, executor=device, tokenizer=tokenizer)
+        return AdapterPolicyEngine(engine, slot=0)
+    return JaxEngine(model, config=config, executor=device, tokenizer=tokenizer)
 
 
 def build_vllm_engine(
@@ -389,6 +398,27 @@ def check_resources(spec: JobSpec, backend: str | None = None) -> None:
         )
 
 
+def base_model(
+    spec: JobSpec,
+    colocation: Colocation | None,
+    cleanup: contextlib.ExitStack,
+    *,
+    name: str,
+) -> tuple[Model, Tokenizer, bool]:
+    """The run's model and tokenizer, and whether other runs of the process share them:
+    leased from the colocation's bases (released by ``cleanup``) when the run can share
+    its base, else loaded for the run alone."""
+    why_not = shares_base(spec)
+    if colocation is None or why_not is not None:
+        if colocation is not None:
+            log.info("%s: loads its own %s: %s", name, spec.model.source, why_not)
+        model, tokenizer = load_model(spec.model, seed=spec.train.seed)
+        return model, tokenizer, False
+    lease = cleanup.enter_context(colocation.bases.lease(spec.model, seed=spec.train.seed))
+    log.info("%s: shares %s, held by %d run(s)", name, spec.model.source, lease.sharers)
+    return lease.model, lease.tokenizer, True
+
+
 def build_pipeline(
     spec: JobSpec,
     *,
@@ -401,10 +431,13 @@ def build_pipeline(
     callbacks: Any,
     walls: WallPolicy | None = None,
     store: StoreTarget | None = None,
+    colocation: Colocation | None = None,
 ) -> tuple[Pipeline, Callable[[], None]]:
     """The pipeline and a ``close`` to call when it has run (it stops the device thread and,
     with engine vllm, the server rlaas started). ``store``: the artifact store the run's
-    checkpoints go to (`rl_core.training.stored`); None: ``artifacts_dir`` alone."""
+    checkpoints go to (`rl_core.training.stored`); None: ``artifacts_dir`` alone.
+    ``colocation``: what the runs of this process share when it hosts several
+    (`rl_core.pipeline.colocation`); None: the run is the process's only one."""
     check_resources(spec)
     r = spec.rollout
     clients_play = spec.environment.name == SESSIONS
@@ -415,11 +448,16 @@ def build_pipeline(
             spec.environment, webhooks=webhooks or {}, callbacks=callbacks, walls=walls
         )
     )
-    model, tokenizer = load_model(spec.model, seed=spec.train.seed)
-    recorder = SpanRecorder()
-    device = DeviceThread(recorder)
     # Undone by `close`, or here if building fails half-way (a vLLM server may be running).
     cleanup = contextlib.ExitStack()
+    try:
+        model, tokenizer, shared = base_model(spec, colocation, cleanup, name=episode_prefix)
+    except BaseException:
+        cleanup.close()
+        raise
+    recorder = SpanRecorder()
+    owner = episode_prefix or f"run-{id(recorder):x}"
+    device = DeviceThread(recorder, (colocation.device, owner) if colocation else None)
 
     def close() -> None:
         # The device thread first: a weight update it is running still needs the engine.
@@ -430,7 +468,14 @@ def build_pipeline(
 
     try:
         engine = build_engine(
-            spec, model, tokenizer, device, cleanup, log_dir=artifacts_dir, recorder=recorder
+            spec,
+            model,
+            tokenizer,
+            device,
+            cleanup,
+            log_dir=artifacts_dir,
+            recorder=recorder,
+            shared_base=shared,
         )
         stored = (
             RunArtifacts(artifacts_dir, store, keep=spec.train.keep_checkpoints)
@@ -510,6 +555,7 @@ def build_pipeline(
             evaluator=evaluator,
             start_step=start_step,
             sessions=broker,
+            policy_weights=trainer.adapters if shared else None,
         )
     except BaseException:
         close()

@@ -117,12 +117,16 @@ class Pipeline:
         evaluator: EvaluatorLike | None = None,
         start_step: int = 0,
         sessions: Any = None,
+        policy_weights: Callable[[], Any] | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.trainer = trainer
         self.build_batch = build_batch
         self.snapshot = snapshot
+        # What the engine is given after each update: the trainer's weights, snapshotted;
+        # on a shared base, the trainer's adapters alone (rl_core.rollout.adapter_policy).
+        self.policy_weights = policy_weights or (lambda: self.snapshot(self.trainer.params()))
         self.tokenizer = tokenizer
         self.device = device
         self.recorder = recorder
@@ -174,7 +178,7 @@ class Pipeline:
 
     async def run(self) -> TrainResult:
         self.engine.update_weights(
-            await self.device.run_trainer(lambda: self.snapshot(self.trainer.params())),
+            await self.device.run_trainer(self.policy_weights),
             version=self.start_step,
         )
         serving = getattr(self.engine, "serving", None)
@@ -358,8 +362,7 @@ class Pipeline:
                 metrics = self.trainer.train_step(self.build_batch(groups))
             self._set_trainer("syncing_weights")
             with self.recorder.span("weight_sync", track="trainer", step=step, annotate=True):
-                params = self.snapshot(self.trainer.params())
-                self.engine.update_weights(params, version=step)
+                self.engine.update_weights(self.policy_weights(), version=step)
             # An engine with figures of its own per update (vLLM: pause, probe check).
             engine_metrics = getattr(self.engine, "update_metrics", None)
             if engine_metrics is not None:

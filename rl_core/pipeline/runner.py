@@ -26,6 +26,7 @@ from rl_core.spec import SESSIONS, JobSpec
 
 if TYPE_CHECKING:
     from rl_core.envs.walls import WallPolicy
+    from rl_core.pipeline.colocation import Colocation
     from rl_core.host.trackers.base import Outcome
     from rl_core.training.stored import StoreTarget
 
@@ -45,6 +46,7 @@ def train(
     gateway: Callable[[Any], contextlib.AbstractAsyncContextManager[Any]] | None = None,
     walls: WallPolicy | None = None,
     store: StoreTarget | None = None,
+    colocation: Colocation | None = None,
 ) -> TrainResult:
     """Train ``spec`` to ``train.steps`` steps, reporting to ``sink``; see the module docstring.
 
@@ -62,6 +64,8 @@ def train(
     policy, a warning; a deployed worker passes its own). ``store``: the artifact store
     (`rl_core.training.stored.StoreTarget`) the checkpoints and exports are uploaded to,
     ``artifacts_dir`` then being a cache; a ``resume_from`` missing there is downloaded.
+    ``colocation``: what the runs of a process that hosts several share (their base
+    model, turns on the device; `rl_core.pipeline.colocation`), the same object for each.
 
     Must be called from synchronous code (it runs its own event loop).
     """
@@ -81,6 +85,7 @@ def train(
         callbacks=callbacks,
         walls=walls,
         store=store,
+        colocation=colocation,
     )
 
     async def run() -> TrainResult:

@@ -10,7 +10,10 @@ slot's version, which the scheduler's prefix index keys parked sequences by.
 A request holds its slot from `claim` to `release`: a slot in use cannot be set or
 cleared (`RolloutError`), so no request ever changes adapter half-way. Whoever shares
 slots between more adapters than there are slots (the Tinker worker's least recently
-used cache) waits for a slot's requests to end before reusing it.
+used cache) waits for a slot's requests to end before reusing it. The one exception is
+`swap`, for a slot that serves one live policy (a job run on a shared base,
+`rl_core.rollout.adapter_policy`): as with the base's weights in `JaxEngine.update_weights`,
+the new adapter applies from the next decode step, requests in flight included.
 """
 
 from __future__ import annotations
@@ -51,10 +54,18 @@ class AdapterSlots:
 
     def set(self, slot: int, adapters: Adapters) -> None:
         """Slot ``slot`` holds ``adapters`` (a copy, in the engine's dtype) from now on."""
+        self._replace(slot, adapters, in_flight=False)
+
+    def swap(self, slot: int, adapters: Adapters) -> None:
+        """`set`, even while requests of ``slot`` are in flight: they continue with
+        ``adapters`` from their next decode step."""
+        self._replace(slot, adapters, in_flight=True)
+
+    def _replace(self, slot: int, adapters: Adapters, *, in_flight: bool) -> None:
         self._check(slot)
         one = self._checked(adapters)
         with self._lock:
-            if self._in_use[slot]:
+            if self._in_use[slot] and not in_flight:
                 raise RolloutError(
                     f"adapter slot {slot} has {self._in_use[slot]} requests in flight; set it "
                     "once they are done"

@@ -127,6 +127,7 @@ class JaxEngine:
         self.config = config
         self.max_cache_len = config.max_cache_len or model.config.max_seq_len
         self._policy = _Policy(state, policy_version, jax.tree.leaves(state))
+        self._swap_lock = threading.Lock()  # `update_adapter` against `_current_policy`
         self._own_executor = executor is None
         self.executor: Executor = executor or ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="rl-device"
@@ -160,6 +161,16 @@ class JaxEngine:
         rank and targets) from its next request on; its parked prefixes are forgotten.
         `RolloutError` while a request of that slot is in flight."""
         self._slots().set(slot, adapters)
+
+    def update_adapter(self, slot: int, adapters: Adapters, version: int) -> None:
+        """The live policy is the base with ``adapters`` in ``slot``, as ``version``: like
+        `update_weights`, it applies from the next decode step, to requests in flight too,
+        and the adapter and the version change together (one device call never reads the
+        new adapter under the old version, or the reverse)."""
+        with self._swap_lock:
+            self._slots().swap(slot, adapters)
+            policy = self._policy
+            self._policy = _Policy(policy.params, version, policy.leaves)
 
     def clear_adapter(self, slot: int) -> None:
         """Slot ``slot`` holds no adapter any more (it samples as the base)."""
@@ -303,8 +314,11 @@ class JaxEngine:
         )
 
     def _current_policy(self) -> tuple[steps.Weights, int]:
-        policy = self._policy  # read once: update_weights may swap it between two reads
-        adapters = None if self.adapters is None else self.adapters.leaves
+        if self.adapters is None:
+            policy = self._policy  # read once: update_weights may swap it between two reads
+            return steps.Weights(policy.leaves, None), policy.version
+        with self._swap_lock:
+            policy, adapters = self._policy, self.adapters.leaves
         return steps.Weights(policy.leaves, adapters), policy.version
 
     def _adapter_versions(self) -> tuple[int, ...]:

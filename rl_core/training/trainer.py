@@ -247,6 +247,13 @@ class Trainer:
             self._params_cache = (self.updates, nnx.merge_state(policy, self._rest))
         return self._params_cache[1]
 
+    def adapters(self) -> Any:
+        """The current policy's LoRA adapters (`rl_core.models.lora` layout), unmerged: what
+        an engine on a shared base samples with (`rl_core.rollout.adapter_policy`)."""
+        if self.config.lora is None:
+            raise ValueError("adapters() is for LoRA runs; this trainer trains every weight")
+        return self.trainable["policy"]
+
     def policy_model(self) -> Model:
         """A `Model` holding the current policy (LoRA merged).
 

@@ -21,6 +21,7 @@ from flax import nnx
 from rl_core.errors import RolloutError
 from rl_core.models import Model, ModelConfig
 from rl_core.models.lora import Adapters, LoraConfig, init_adapters, merged_params
+from rl_core.rollout.adapter_policy import AdapterPolicyEngine
 from rl_core.rollout.base import Completion, SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
 
@@ -249,3 +250,53 @@ def test_a_slot_in_use_and_adapters_of_another_layout_are_refused(
         EngineConfig(stop_ids=(1,), adapter_slots=2)
     assert held == [(2, engine.adapters.versions[2])]
     assert engine.adapters.in_use(2) == 0
+
+
+def test_a_run_on_a_shared_base_samples_with_its_adapters_swapped_in_flight(
+    tiny_config: ModelConfig,
+) -> None:
+    """`AdapterPolicyEngine` (a job run on a base other runs share): its weight updates are
+    adapters, sampled as if merged into the base, and an update made while a request
+    holds the slot is taken (as `update_weights` is), not refused as `set_adapter` is;
+    the requests after it run under the new adapter and version."""
+    model = Model(tiny_config, rngs=nnx.Rngs(0))
+    config = EngineConfig(stop_ids=(1,), batch_buckets=(8,))
+    slotted = dataclasses.replace(config, adapter_slots=1, lora=LORA)
+    run = AdapterPolicyEngine(JaxEngine(model, config=slotted), slot=0)
+    plain = JaxEngine(Model(tiny_config, rngs=nnx.Rngs(0)), config=config)
+    base = plain.policy
+    first, second = _adapter(base, 21), _adapter(base, 22)
+
+    def merged_sampling(adapters: Adapters, version: int) -> list[Completion]:
+        plain.update_weights(merged_params(base, adapters, LORA), version)
+        return plain.generate_batch(PROMPTS, max_new_tokens=8, sampling=WARM, seeds=SEEDS)
+
+    async def play() -> tuple[list[Completion], Completion, list[Completion]]:
+        run.update_weights(first, version=3)
+        async with run.serving():
+            before = await run.generate(PROMPTS, max_new_tokens=8, sampling=WARM, seeds=SEEDS)
+            gate = await hold_device_thread(run.engine)
+            held = asyncio.create_task(
+                run.generate([PROMPTS[0]], max_new_tokens=8, sampling=WARM, seeds=[9])
+            )
+            adapters = run.engine.adapters
+            assert adapters is not None
+            while not adapters.in_use(0):
+                await asyncio.sleep(0.001)
+            with pytest.raises(RolloutError, match="in flight"):
+                run.engine.set_adapter(0, second)  # what a Tinker sampler slot does
+            run.update_weights(second, version=4)  # what a run's weight sync does
+            gate.set()
+            (during,) = await held
+            after = await run.generate(PROMPTS, max_new_tokens=8, sampling=WARM, seeds=SEEDS)
+        return before, during, after
+
+    try:
+        before, during, after = asyncio.run(play())
+        assert run.policy_version == 4
+        _assert_same(before, merged_sampling(first, 3))
+        _assert_same(after, merged_sampling(second, 4))
+        assert during.policy_version == 4 and all(c.policy_version == 4 for c in after)
+    finally:
+        run.close()
+        plain.close()
