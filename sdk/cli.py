@@ -102,16 +102,21 @@ def worker(
         ),
     ] = False,
 ) -> None:
-    """Run a Celery worker that executes runs (solo pool: JAX must not be forked)."""
+    """Run a Celery worker that executes runs: one at a time on a solo pool (JAX must not
+    be forked), or RLAAS_RUNS_PER_WORKER at once on threads (docs/shared-base.md)."""
     from rl_core.host.memory import limit_malloc_arenas
     from worker.celery_app import app as celery_app
+    from worker.settings import WorkerSettings
+
+    runs = WorkerSettings().runs_per_worker
+    pool = ["--pool", "solo", "--concurrency", "1"]
+    if runs > 1:
+        pool = ["--pool", "threads", "--concurrency", str(runs)]
 
     limit_malloc_arenas()  # before any thread starts: see rl_core.host.memory
     _use_compilation_cache()
     queues = f"{queue},{os.environ.get('RLAAS_SERVE_QUEUE', 'serve')}" if serve else queue
-    celery_app.worker_main(
-        ["worker", "--pool", "solo", "--concurrency", "1", "-Q", queues, "--loglevel", loglevel]
-    )
+    celery_app.worker_main(["worker", *pool, "-Q", queues, "--loglevel", loglevel])
 
 
 @cli.command()

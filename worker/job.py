@@ -34,7 +34,9 @@ Outcome = Literal["succeeded", "failed", "cancelled", "not_claimed", "lease_lost
 SEQ_BLOCK = 1_000_000_000
 
 
-def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
+def execute_run(run_id: str, settings: WorkerSettings, *, colocation: Any = None) -> Outcome:
+    """``colocation``: what the runs this worker hosts at once share (worker.hosting);
+    None when it hosts one at a time."""
     # The shared worker token opens the claim only; the claim answers the lease token that
     # every later call about this run is made with (worker.api_client).
     claimer = ControlPlane(
@@ -75,7 +77,7 @@ def execute_run(run_id: str, settings: WorkerSettings) -> Outcome:
             with Heartbeater(
                 claimer.for_lease(claim), run_id, settings.heartbeat_seconds, control
             ) as beats:
-                return _train_claimed(api, claim, beats, sink, settings)
+                return _train_claimed(api, claim, beats, sink, settings, colocation)
         finally:
             sink.close()
     finally:
@@ -88,6 +90,7 @@ def _train_claimed(
     beats: Heartbeater,
     sink: HttpRunSink,
     settings: WorkerSettings,
+    colocation: Any,
 ) -> Outcome:
     from rl_core.pipeline.runner import train
     from rl_core.spec import confine_model_source, parse_spec
@@ -131,6 +134,7 @@ def _train_claimed(
                 gateway=session_gateway(api, run_id, settings),
                 walls=settings.sandbox_walls(),  # deployed: bubblewrap or no tenant code
                 store=store,
+                colocation=colocation,
             )
         except BaseException:
             trackers.close("failed")

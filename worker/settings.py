@@ -100,6 +100,12 @@ class WorkerSettings(BaseSettings):
     # told so. False (the default): it refuses such runs.
     unsafe_sandbox_without_bwrap: bool = False
 
+    # Runs this worker process hosts at once (docs/shared-base.md). 1 (the default): one
+    # run a worker, on a solo pool. More: a thread pool of that many; LoRA runs of one
+    # base on the JAX engine then share the base's weights, and all take fair turns on
+    # the device.
+    runs_per_worker: int = Field(default=1, ge=1, le=64)
+
     @field_validator("env_url_allowlist")
     @classmethod
     def _allowlist_parses(cls, value: str | None) -> str | None:

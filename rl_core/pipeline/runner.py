@@ -26,8 +26,8 @@ from rl_core.spec import SESSIONS, JobSpec
 
 if TYPE_CHECKING:
     from rl_core.envs.walls import WallPolicy
-    from rl_core.pipeline.colocation import Colocation
     from rl_core.host.trackers.base import Outcome
+    from rl_core.pipeline.colocation import Colocation
     from rl_core.training.stored import StoreTarget
 
 log = logging.getLogger(__name__)

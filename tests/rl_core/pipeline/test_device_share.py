@@ -127,6 +127,5 @@ def test_two_busy_runs_split_the_device_evenly() -> None:
 
 def test_a_run_that_has_not_joined_is_refused() -> None:
     share = DeviceShare()
-    with pytest.raises(KeyError, match="not joined"):
-        with share.turn("x"):
-            pass
+    with pytest.raises(KeyError, match="not joined"), share.turn("x"):
+        pass
