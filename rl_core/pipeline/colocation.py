@@ -17,10 +17,20 @@ from rl_core.pretrained.shared_bases import SharedBases
 from rl_core.spec import JobSpec
 
 
+def device_share() -> DeviceShare:
+    """One call at a time on an accelerator; on the CPU backend one per core."""
+    import os
+
+    import jax
+
+    cpu = jax.default_backend() == "cpu"
+    return DeviceShare(capacity=(os.cpu_count() or 1) if cpu else 1)
+
+
 @dataclass(frozen=True)
 class Colocation:
     bases: SharedBases = field(default_factory=SharedBases)
-    device: DeviceShare = field(default_factory=DeviceShare)
+    device: DeviceShare = field(default_factory=device_share)
 
 
 def shares_base(spec: JobSpec) -> str | None:

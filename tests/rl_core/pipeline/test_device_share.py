@@ -129,3 +129,26 @@ def test_a_run_that_has_not_joined_is_refused() -> None:
     share = DeviceShare()
     with pytest.raises(KeyError, match="not joined"), share.turn("x"):
         pass
+
+
+def test_a_share_of_capacity_two_runs_two_calls_at_once_and_queues_the_third() -> None:
+    share = DeviceShare(capacity=2)
+    for run in ("a", "b", "c"):
+        share.join(run)
+    first, second = share.turn("a"), share.turn("b")
+    first.__enter__()
+    second.__enter__()  # both hold the device: no wait
+    ran = threading.Event()
+
+    def third() -> None:
+        with share.turn("c"):
+            ran.set()
+
+    t = threading.Thread(target=third)
+    t.start()
+    _wait_until_waiting(share, 1)
+    assert not ran.is_set()
+    first.__exit__(None, None, None)
+    t.join(10)
+    assert ran.is_set()
+    second.__exit__(None, None, None)
