@@ -144,10 +144,19 @@ class ControlPlane:
         body = _body(WorkerReportBody, worker_id=self.worker_id, queue=queue, sandbox=wall)
         self._post("/internal/workers/report", body, refused_on=())
 
-    def heartbeat(self, run_id: str, inflight: Mapping[str, Any] | None = None) -> Heartbeat:
+    def heartbeat(
+        self,
+        run_id: str,
+        inflight: Mapping[str, Any] | None = None,
+        lease_seconds: float | None = None,
+    ) -> Heartbeat:
+        """Push the lease ``lease_seconds`` ahead (the claim's length, RLAAS_LEASE_SECONDS:
+        without it, the control plane's default of 60 s would replace the worker's own)."""
         fields: dict[str, Any] = {"worker_id": self.worker_id}
         if inflight is not None:
             fields["inflight"] = inflight
+        if lease_seconds is not None:
+            fields["lease_seconds"] = lease_seconds
         body = _body(HeartbeatBody, **fields)
         data = self._post(f"/internal/runs/{run_id}/heartbeat", body)
         return _answer(HeartbeatRead, data, "heartbeat")

@@ -19,11 +19,19 @@ log = logging.getLogger(__name__)
 
 class Heartbeater:
     def __init__(
-        self, api: ControlPlane, run_id: str, interval_s: float, control: RunControl | None = None
+        self,
+        api: ControlPlane,
+        run_id: str,
+        interval_s: float,
+        control: RunControl | None = None,
+        lease_s: float | None = None,
     ) -> None:
         self._api = api
         self._run_id = run_id
         self._interval_s = interval_s
+        # Each beat pushes the lease this far ahead: the worker's RLAAS_LEASE_SECONDS, as
+        # its claim did (None: the control plane's default).
+        self._lease_s = lease_s
         self.control = control or RunControl()
         self._stop = threading.Event()
         self.cancel_requested = threading.Event()
@@ -44,7 +52,9 @@ class Heartbeater:
             try:
                 snapshot = self.control.inflight()
                 beat = self._api.heartbeat(
-                    self._run_id, snapshot.to_json() if snapshot is not None else None
+                    self._run_id,
+                    snapshot.to_json() if snapshot is not None else None,
+                    lease_seconds=self._lease_s,
                 )
             except LeaseLost as exc:
                 # Another worker holds the run: stop at once, and write nothing (a checkpoint

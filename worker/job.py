@@ -75,7 +75,11 @@ def execute_run(run_id: str, settings: WorkerSettings, *, colocation: Any = None
         )
         try:
             with Heartbeater(
-                claimer.for_lease(claim), run_id, settings.heartbeat_seconds, control
+                claimer.for_lease(claim),
+                run_id,
+                settings.heartbeat_seconds,
+                control,
+                lease_s=settings.lease_seconds,
             ) as beats:
                 return _train_claimed(api, claim, beats, sink, settings, colocation)
         finally:

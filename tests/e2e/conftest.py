@@ -51,5 +51,4 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
     try:
         yield s
     finally:
-        for name in list(s.procs):
-            s.stop(name)
+        s.stop_all()

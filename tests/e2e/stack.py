@@ -59,6 +59,13 @@ class Stack:
             proc.kill()
             proc.wait()
 
+    def stop_all(self) -> None:
+        """Every process, the API last, as a deployment is taken down: a worker whose API
+        is gone retries its calls (RLAAS_API_RETRY_SECONDS, 120 s) and its warm shutdown
+        waits for them, so stopped after the API it outlived the 20 s wait and was killed."""
+        for name in sorted(self.procs, key=lambda name: name == "api"):
+            self.stop(name)
+
     def dump_logs(self) -> str:
         return "\n".join(
             f"----- {log.name} -----\n{log.read_text(errors='replace')[-6000:]}"

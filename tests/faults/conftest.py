@@ -88,7 +88,6 @@ def private_stack(tmp_path: Path) -> Iterator[tuple[Stack, str]]:
     try:
         yield stack, folder
     finally:
-        for name in list(stack.procs):
-            stack.stop(name)
+        stack.stop_all()
         subprocess.run([SERVICES, "stop", folder], check=False, capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)

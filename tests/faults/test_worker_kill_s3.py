@@ -50,7 +50,10 @@ def test_a_killed_workers_run_resumes_on_another_disk_through_the_store(
             **CREDENTIALS,
             "RLAAS_ARTIFACT_STORE": s3_store_url,
             "RLAAS_S3_ENDPOINT": endpoint,
-            "RLAAS_LEASE_SECONDS": "5",
+            # A killed worker's run is queued again about 10 s after its last beat (each
+            # beat renews the lease for 10 s); ten beats to a lease, so a busy machine's
+            # slow beat does not lose a live worker its run.
+            "RLAAS_LEASE_SECONDS": "10",
             "RLAAS_HEARTBEAT_SECONDS": "1",
             "RLAAS_QUOTA_REQUESTS_PER_MINUTE": "100000",
         }

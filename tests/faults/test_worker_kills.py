@@ -43,7 +43,10 @@ def test_a_worker_killed_three_times_trains_each_step_into_the_policy_once(
     stack, _ = private_stack
     stack.env.update(
         {
-            "RLAAS_LEASE_SECONDS": "5",
+            # A killed worker's run is queued again about 10 s after its last beat (each
+            # beat renews the lease for 10 s); ten beats to a lease, so a busy machine's
+            # slow beat does not lose a live worker its run.
+            "RLAAS_LEASE_SECONDS": "10",
             "RLAAS_HEARTBEAT_SECONDS": "1",
             # The test polls the run every 100 ms to kill inside a phase; not a tenant to limit.
             "RLAAS_QUOTA_REQUESTS_PER_MINUTE": "100000",

@@ -4,8 +4,10 @@ and stops cleanly when its lease is taken over."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import closing
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -72,6 +74,27 @@ def test_a_worker_whose_lease_was_taken_over_stops(live: LiveApi) -> None:
     assert beats.control.stop_requested
     with closing(second.for_lease(theirs)) as api:
         assert api.heartbeat(run_id).cancel_requested is False  # the new holder goes on
+
+
+def test_each_beat_pushes_the_lease_by_the_workers_own_lease_seconds(live: LiveApi) -> None:
+    """RLAAS_LEASE_SECONDS holds after the claim: the heartbeat thread asks for the worker's
+    lease length (here 5 s against a 60 s claim), not the control plane's default of 60 s,
+    so a killed worker's run is queued again that soon after its last beat."""
+    _, run_id = queued_run(live)
+    claimer = worker(live, "w-short-lease")
+    claim = claimer.claim(run_id, lease_seconds=60)
+    claimer.close()
+    with closing(claimer.for_lease(claim)) as api:
+        api.report_status(run_id, "running")
+        before = datetime.now(UTC)
+        ahead = api.heartbeat(run_id, lease_seconds=5).lease_expires_at - before
+        assert timedelta(seconds=4) < ahead <= timedelta(seconds=6), ahead
+    beats = Heartbeater(claimer.for_lease(claim), run_id, interval_s=0.05, lease_s=5)
+    with beats:
+        time.sleep(1)  # some twenty beats
+    assert not beats.lease_lost.is_set()
+    # The 60 s claim was cut to 5 s by the beats: 30 s on, the reaper takes the run back.
+    assert run_id in reap_at(live, 30)
 
 
 @pytest.fixture
