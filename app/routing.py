@@ -81,8 +81,8 @@ class Routes:
         if resources.rollout_servers > offer.max_rollout_servers:
             raise Unprocessable(
                 f"resources.rollout_servers: {resources.rollout_servers} rollout servers asked "
-                f"for, but this deployment gives a run at most {offer.max_rollout_servers} "
-                "(a fleet of rollout servers is not offered yet); ask for 1",
+                f"for, but this deployment gives a run at most {offer.max_rollout_servers}; "
+                f"ask for at most {offer.max_rollout_servers}",
                 field="spec.resources.rollout_servers",
             )
         return offer.accelerator

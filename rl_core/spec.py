@@ -543,7 +543,7 @@ Accelerator = Literal["cpu", "gpu", "tpu"]
 # on less: by the API (a 422 naming the field) and by `rl_core.pipeline.build` (a spec run
 # without the API). Issue 36 (a rollout fleet, a multi-host trainer) raises these.
 MAX_HOSTS_BUILT = 1
-MAX_ROLLOUT_SERVERS_BUILT = 1
+MAX_ROLLOUT_SERVERS_BUILT = 8  # a run's vLLM fleet (rl_core.rollout.fleet)
 
 
 class ResourcesSpec(_Section):

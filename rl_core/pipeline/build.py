@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +188,8 @@ def build_vllm_engine(
     log_dir: Path | None = None,
     recorder: SpanRecorder | None = None,
 ) -> RolloutEngine:
-    """`VllmEngine` over ``rollout.vllm_url``, or over a server started here for the run.
+    """`VllmEngine` over ``rollout.vllm_url``, or over a server started here for the run, or
+    with ``resources.rollout_servers`` R > 1 a `RolloutFleet` over R servers started here.
 
     The started server serves ``model`` exported as an untied HF folder (vLLM's in-place
     reload skips a tied LM head; see docs/vllm.md), with the checkpoint's tokenizer when it
@@ -197,6 +200,7 @@ def build_vllm_engine(
     from rl_core.pretrained.chat_tokenizer import ChatTokenizer
     from rl_core.pretrained.export import export_hf, logprob_scorer, weights_writer
     from rl_core.pretrained.tokenizers_io import CheckpointTokenizer
+    from rl_core.rollout.fleet import RolloutFleet
     from rl_core.rollout.vllm_engine import VllmEngine, WeightCheck
     from rl_core.rollout.vllm_server import VllmServer
 
@@ -216,30 +220,53 @@ def build_vllm_engine(
         max_in_flight=spec.rollout.concurrency,
     )
     if spec.rollout.vllm_url is not None:
-        engine = VllmEngine(spec.rollout.vllm_url, **engine_args)
-        engine.connect(max_context=spec.agent.max_context)
-    else:
-        folder = Path(tempfile.mkdtemp(prefix="rlaas-vllm-model-"))
-        cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
-        # With a checkpoint's tokenizer in the folder the server loads it, which its
-        # structured outputs need to compile a session's grammar (rl_core.rollout.vllm_server);
-        # the builtin tokenizer has no such file, and its runs are served token ids only.
-        served_tokenizer = (
-            tokenizer if isinstance(tokenizer, ChatTokenizer | CheckpointTokenizer) else None
-        )
-        export_hf(model, folder, untie=True, tokenizer=served_tokenizer)
+        user_server = VllmEngine(spec.rollout.vllm_url, **engine_args)
+        user_server.connect(max_context=spec.agent.max_context)
+        cleanup.callback(user_server.close)
+        return user_server
+    folder = Path(tempfile.mkdtemp(prefix="rlaas-vllm-model-"))
+    cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
+    # With a checkpoint's tokenizer in the folder the server loads it, which its
+    # structured outputs need to compile a session's grammar (rl_core.rollout.vllm_server);
+    # the builtin tokenizer has no such file, and its runs are served token ids only.
+    served_tokenizer = (
+        tokenizer if isinstance(tokenizer, ChatTokenizer | CheckpointTokenizer) else None
+    )
+    export_hf(model, folder, untie=True, tokenizer=served_tokenizer)
+    servers = spec.resources.rollout_servers
+    config = configs.vllm_server_config(spec, model.config.max_seq_len)
+    cores = os.cpu_count() or 1
+    share = max(1, cores // servers)
+    started = []
+    for i in range(servers):
+        if servers > 1:  # a fleet: each server on cores of its own where there are enough
+            pinned = f"{i * share}-{(i + 1) * share - 1}" if servers <= cores else None
+            config = dataclasses.replace(config, threads=share, cpus=pinned)
+        name = SERVER_LOG if servers == 1 else SERVER_LOG.replace(".log", f"-{i}.log")
         # Kept after the run (outside the folder removed at the end): a crash is read there.
-        log_path = log_dir / SERVER_LOG if log_dir else folder.with_suffix(".log")
+        log_path = log_dir / name if log_dir else folder.with_name(folder.name + f"-{i}.log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        server = VllmServer(
-            folder, configs.vllm_server_config(spec, model.config.max_seq_len), log_path=log_path
-        )
+        server = VllmServer(folder, config, log_path=log_path)
         cleanup.callback(server.stop)
-        server.start()
-        log.info("vLLM server on %s ready in %.1f s (log %s)", server.url, server.start_s, log_path)
-        # Errors name the log by its file name: it sits in the run's artifacts folder, and
-        # a tenant reads the reason, not this machine's paths.
-        engine = VllmEngine(server.url, server=server, server_log=SERVER_LOG, **engine_args)
+        started.append((server, name))
+    # Started together: each takes tens of seconds to load.
+    with ThreadPoolExecutor(max_workers=servers) as pool:
+        list(pool.map(lambda pair: pair[0].start(), started))
+    for server, _ in started:
+        log.info("vLLM server on %s ready in %.1f s", server.url, server.start_s)
+    # Errors name the log by its file name: it sits in the run's artifacts folder, and
+    # a tenant reads the reason, not this machine's paths.
+    members = [
+        VllmEngine(
+            server.url,
+            server=server,
+            server_log=name,
+            recover_in_place=servers == 1,  # a fleet recovers its members itself
+            **engine_args,
+        )
+        for server, name in started
+    ]
+    engine: VllmEngine | RolloutFleet = members[0] if servers == 1 else RolloutFleet(members)
     cleanup.callback(engine.close)
     return engine
 

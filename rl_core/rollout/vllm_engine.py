@@ -39,6 +39,12 @@ way the current weights are pushed again and checked, then the failed requests a
 again. An owned server that exits more than ``max_restarts`` times, a request that fails
 ``max_request_recoveries`` times, or a server that stays away longer than
 ``reconnect_timeout_s`` fails the run with the reason.
+
+In a fleet of servers (`rl_core.rollout.fleet`) an engine does not recover in place
+(``recover_in_place=False``): a request or an update that finds its server gone raises
+`EngineUnavailable` at once, the fleet sends the request to another server, and brings
+this one back with `recover` (restart, push the current weights, check them) off the
+run's path.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ from rl_core.rollout.base import (
 )
 from rl_core.rollout.vllm_server import VllmServer
 
-__all__ = ["VllmEngine", "WeightCheck", "WeightUpdate"]
+__all__ = ["EngineUnavailable", "VllmEngine", "WeightCheck", "WeightUpdate"]
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +145,9 @@ class VllmEngine:
         server_log: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,  # tests: an in-memory server
         admin_transport: httpx.BaseTransport | None = None,  # the same, for blocking calls
+        recover_in_place: bool = True,  # False in a fleet: raise EngineUnavailable instead
     ) -> None:
+        self.recover_in_place = recover_in_place
         self._transport = transport
         self._admin_transport = admin_transport
         self.base_url = (server.url if server is not None else base_url).rstrip("/")
@@ -349,6 +357,8 @@ class VllmEngine:
     async def _recover_for(self, recovered: int, epoch: int, why: str) -> int:
         """One more recovery for a request that has had ``recovered``; raises past the cap
         (a server that answers /health but fails every request would loop forever)."""
+        if not self.recover_in_place:
+            raise EngineUnavailable(f"vLLM at {self.base_url} {why}" + self._log_hint())
         if recovered >= self.max_request_recoveries:
             raise RolloutError(
                 f"vLLM at {self.base_url} {why}, again after {recovered} recoveries; giving up"
@@ -463,6 +473,11 @@ class VllmEngine:
                 return  # another request recovered it meanwhile
             await asyncio.to_thread(self._recover_blocking, why)
 
+    def recover(self, why: str) -> None:
+        """Bring the server back and onto the current weights, checked (blocking; a
+        fleet calls it on a thread of its own). Raises `RolloutError` when it cannot."""
+        self._recover_blocking(why)
+
     def _recover_blocking(self, why: str) -> None:
         """Restart an owned server that exited, or wait for one that went away; then push
         the current weights again and check them. Any thread; raises `RolloutError`."""
@@ -527,6 +542,8 @@ class VllmEngine:
                 try:
                     pause_s = self._push(admin, folder, version)
                 except _ServerDown as down:
+                    if not self.recover_in_place:
+                        raise EngineUnavailable(f"vLLM at {self.base_url} {down}") from down
                     self._recover_blocking(str(down))  # pushes the previous weights back
                     admin.base_url = httpx.URL(self.base_url)
                     pause_s = self._push(admin, folder, version)
@@ -644,6 +661,11 @@ class VllmEngine:
             root, self._weights_root = self._weights_root, None
             if root is not None:
                 shutil.rmtree(root, ignore_errors=True)
+
+
+class EngineUnavailable(RolloutError):
+    """The server is gone and this engine does not recover it in place (a fleet's member):
+    the request was not served, and may be sent elsewhere."""
 
 
 class _ServerDown(Exception):

@@ -93,8 +93,8 @@ async def test_each_run_is_sent_to_its_accelerators_queue(mixed: Api, broker: Br
     limits = (await mixed.client.get("/v1/limits", headers=auth)).json()["resources"]
     assert limits == {
         "accelerators": [
-            {"accelerator": "cpu", "max_hosts": 1, "max_rollout_servers": 1},
-            {"accelerator": "gpu", "max_hosts": 1, "max_rollout_servers": 1},
+            {"accelerator": "cpu", "max_hosts": 1, "max_rollout_servers": 8},
+            {"accelerator": "gpu", "max_hosts": 1, "max_rollout_servers": 8},
         ],
         "default_accelerator": "cpu",
     }
@@ -114,9 +114,9 @@ async def test_each_run_is_sent_to_its_accelerators_queue(mixed: Api, broker: Br
             "at most 1 cpu host (a trainer over several hosts is not offered yet)",
         ),
         (
-            {"resources": {"rollout_servers": 2}, "rollout": {"engine": "vllm"}},
+            {"resources": {"rollout_servers": 9}, "rollout": {"engine": "vllm"}},
             "spec.resources.rollout_servers",
-            "at most 1 (a fleet of rollout servers is not offered yet)",
+            "gives a run at most 8; ask for at most 8",
         ),
         (
             {"resources": {"rollout_servers": 2}},  # the spec's own rule, across sections
