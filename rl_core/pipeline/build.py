@@ -410,7 +410,7 @@ def check_resources(spec: JobSpec, backend: str | None = None) -> None:
         raise UnsupportedSpec(
             "resources.rollout_servers",
             f"{r.rollout_servers} rollout servers asked for; a run has at most "
-            f"{MAX_ROLLOUT_SERVERS_BUILT} here (a fleet of servers is not built yet)",
+            f"{MAX_ROLLOUT_SERVERS_BUILT} vLLM servers here",
         )
     if r.accelerator is None:
         return
