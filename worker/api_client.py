@@ -123,15 +123,19 @@ class ControlPlane:
         *,
         fair: bool = False,
         sandbox: WallReport | None = None,
+        bases: Sequence[str] = (),
     ) -> Claim:
         """Lease ``run_id``, or with ``fair`` the queued run fair order puts first (the
         answer's ``run_id``): what the worker's task does. ``sandbox``: this worker's wall,
-        which the claim's run event names."""
+        which the claim's run event names. ``bases``: the model sources this worker holds
+        (hosting several runs): the tenant's run on one of them goes first."""
         fields: dict[str, Any] = {"worker_id": self.worker_id, "lease_seconds": lease_seconds}
         if fair:  # only when asked, so a server of the release before still reads the body
             fields["fair"] = True
         if sandbox is not None:
             fields["sandbox"] = {"wall": sandbox.wall, "tenant_code": sandbox.tenant_code}
+        if bases:  # only when there are some, so a server of the release before reads it
+            fields["bases"] = list(bases)
         body = _body(ClaimBody, **fields)
         data = self._post(
             f"/internal/runs/{run_id}/claim", body, refused=ClaimRefused, refused_on=(409,)

@@ -49,7 +49,11 @@ def execute_run(run_id: str, settings: WorkerSettings, *, colocation: Any = None
         # The message names a run, but the fair claim takes the queued run fair order puts
         # first (app.services.fair): one tenant's many runs cannot starve another's one.
         claim = claimer.claim(
-            run_id, settings.lease_seconds, fair=True, sandbox=sandbox_wall(settings)
+            run_id,
+            settings.lease_seconds,
+            fair=True,
+            sandbox=sandbox_wall(settings),
+            bases=held_bases(colocation),
         )
     except ClaimRefused as exc:
         log.info("run %s not claimed: %s", run_id, exc)
@@ -168,6 +172,14 @@ def _train_claimed(
         return "cancelled"
     api.report_status(run_id, "succeeded")
     return "succeeded"
+
+
+def held_bases(colocation: Any) -> list[str]:
+    """The model sources of the bases this worker's runs hold now (none when it hosts one
+    run at a time): the claim prefers a run on one of them (docs/shared-base.md)."""
+    if colocation is None:
+        return []
+    return sorted({source for source, _, _ in colocation.bases.holders()})
 
 
 def refused(control: RunControl, run_id: str, exc: Exception) -> None:

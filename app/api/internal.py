@@ -61,6 +61,7 @@ async def claim(
         fair=body.fair,
         sandbox=body.sandbox,
         credential=worker,
+        bases=body.bases,
         default_accelerator=app_state.routes.default,
     )
     assert run.lease_expires_at is not None

@@ -6,7 +6,10 @@ run this order puts first, so a tenant with many queued runs cannot starve anoth
 1. the tenant with the fewest runs ``starting`` or ``running`` (a share of the workers);
 2. then the tenant whose last claim is oldest (never claimed first): round-robin, which
    decides it when one worker serves everyone and every count is zero;
-3. then, within the tenant, its oldest run (a re-queued run goes again before later ones).
+3. then, within the tenant, a run on a base model the claiming worker holds (a worker
+   hosting several runs says which it holds: docs/shared-base.md), so runs of one base
+   meet on one worker without one tenant passing another;
+4. then its oldest run (a re-queued run goes again before later ones).
 
 The choice and the lease are one transaction: the row is locked ``FOR UPDATE SKIP
 LOCKED``, so two workers claiming at once take two different runs, and the lease still
@@ -24,7 +27,10 @@ queued runs queue by queue.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db.models import Run, Tenant
@@ -32,12 +38,19 @@ from app.services import run_states
 
 
 async def next_queued_run(
-    session: AsyncSession, accelerator: str | None, default_accelerator: str
+    session: AsyncSession,
+    accelerator: str | None,
+    default_accelerator: str,
+    prefer_bases: Sequence[str] = (),
 ) -> Run | None:
     """The queued run of ``accelerator`` that fair order puts first, locked; None if no
     such run is queued (or all are being claimed by others right now). A run with no
     accelerator (stored before runs had one) is of ``default_accelerator``, as is
-    ``accelerator`` None."""
+    ``accelerator`` None. ``prefer_bases``: model sources the claimer holds (rule 3)."""
+    within_tenant: list[Any] = [Run.created_at, Run.id]
+    if prefer_bases:
+        source = Run.spec["model"]["source"].as_string()
+        within_tenant.insert(0, case((source.in_(list(prefer_bases)), 0), else_=1))
     wanted = accelerator or default_accelerator
     active = (
         select(Run.tenant_id, func.count().label("n"))
@@ -56,8 +69,7 @@ async def next_queued_run(
         .order_by(
             func.coalesce(active.c.n, 0),
             Tenant.last_claim_at.asc().nulls_first(),
-            Run.created_at,
-            Run.id,
+            *within_tenant,
         )
         .limit(1)
         .with_for_update(of=Run, skip_locked=True)

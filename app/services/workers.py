@@ -45,6 +45,7 @@ async def claim(
     sandbox: SandboxIn | None = None,
     credential: WorkerIdentity = SHARED,
     default_accelerator: str,
+    bases: Sequence[str] = (),
 ) -> tuple[Run, str]:
     """Lease a queued run to ``worker_id``; returns (run, the lease token, shown only here).
 
@@ -53,7 +54,9 @@ async def claim(
     in the claim's run event and kept for /readyz (app.services.worker_reports).
     ``credential``: what the claimer authenticated with, named in the event and kept on
     the run, so that revoking it ends this lease. ``default_accelerator``: the accelerator
-    of a run stored without one (app.routing).
+    of a run stored without one (app.routing). ``bases``: with ``fair``, the model sources
+    the claimer holds (a worker hosting several runs); within the tenant fair order picks,
+    a run on one of them goes first.
     """
     if fair:
         # The message came off the queue of its run's accelerator: the claimer serves that
@@ -62,7 +65,9 @@ async def claim(
         if named is None:
             # Which queue it came off is unknown: dropped, taking nothing.
             raise Conflict(f"no run {run_id}: the message names no run here", field="run_id")
-        chosen = await next_queued_run(session, named.accelerator, default_accelerator)
+        chosen = await next_queued_run(
+            session, named.accelerator, default_accelerator, prefer_bases=bases
+        )
         if chosen is None:
             raise Conflict(
                 f"no run is queued (run {run_id} was taken by another claim, or ended)",

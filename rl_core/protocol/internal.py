@@ -98,6 +98,10 @@ class ClaimBody(Sent):
     # The claimer's sandbox wall, written into the claim's run event (the tenant reads
     # which wall ran their code) and into the worker's row on /readyz.
     sandbox: SandboxIn | None = None
+    # With fair: the model sources (model.source) of the bases the claimer holds now (a
+    # worker hosting several runs, docs/shared-base.md). Among the runs of the tenant fair
+    # order picks, one on such a base goes first; the order between tenants is unchanged.
+    bases: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = []
 
 
 class EnvironmentGrant(Answer):

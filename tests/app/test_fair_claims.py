@@ -78,3 +78,29 @@ async def test_a_message_whose_run_was_taken_takes_the_next_or_finds_nothing(api
     r = await api.internal(fourth, "claim", worker_id="w4")
     assert r.status_code == 200 and r.json()["run_id"] == fourth
     assert (await fair_claim(api, fourth, "w5")).json()["run_id"] == third
+
+
+async def test_a_worker_holding_a_base_takes_its_tenants_run_on_that_base_first(
+    api: Api,
+) -> None:
+    """A worker hosting several runs names the bases it holds (docs/shared-base.md): among
+    the runs of the tenant fair order picks, one on such a base goes first; the tenants'
+    order is kept, and a claim naming none takes the oldest."""
+    a, b = await api.tenant("a"), await api.tenant("b")
+    tiny = await api.submit(a)  # builtin:tiny, the default
+    small = await api.submit(a, model={"source": "builtin:small"})
+    b_run = await api.submit(b, model={"source": "builtin:small"})
+    r = await api.internal(tiny, "claim", worker_id="w1", fair=True, bases=["builtin:small"])
+    assert r.json()["run_id"] == small  # A's newer run, on the held base
+    # B has none going and A one: B's run is next whatever the worker holds.
+    r = await api.internal(tiny, "claim", worker_id="w1", fair=True, bases=["builtin:tiny"])
+    assert r.json()["run_id"] == b_run
+    r = await api.internal(tiny, "claim", worker_id="w2", fair=True)
+    assert r.json()["run_id"] == tiny
+
+
+async def test_a_claim_naming_too_many_bases_is_refused_with_the_field(api: Api) -> None:
+    a = await api.tenant("a")
+    run = await api.submit(a)
+    r = await api.internal(run, "claim", worker_id="w1", fair=True, bases=["builtin:tiny"] * 65)
+    assert r.status_code == 422 and "bases" in r.text, r.text
