@@ -10,13 +10,14 @@ vLLM server, started with ``recover_in_place=False``). Each prompt goes to one m
   has ``slack`` more requests outstanding than the least loaded one (then the least loaded
   takes it: a cache hit is worth less than waiting behind a queue). A prompt no member has
   seen goes to the least loaded member.
-- **A weight update reaches every member**, in parallel, each checked by its own probe
-  (`VllmEngine.update_weights`); the update returns once all are on the new version.
+- **A weight update reaches every member**, in parallel, from one copy of the weight
+  files (written once, `VllmEngine.prepare`), each checked by its own probe
+  (`VllmEngine.publish`); the update returns once all are on the new version.
 - **A member whose server dies is taken out**: its requests in flight fail with
   `EngineUnavailable`, and are sent again to the other members (a request's seed goes
   with it, so nothing is lost and nothing is counted twice: a failed request returned
-  nothing). On a thread of its own the member is restarted (`VllmEngine.recover`),
-  brought to the newest weights, checked, and put back. The run stops only when no
+  nothing). On a thread of its own the member is restarted onto the newest weights
+  (`VllmEngine.recover`), checked, and put back. The run stops only when no
   member is left and none comes back within ``recovery_timeout_s``, or one has been
   recovered more than ``max_recoveries`` times.
 
@@ -31,16 +32,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any, Protocol
 
 from rl_core.errors import RolloutError
 from rl_core.rollout.base import Completion, Grammar, SamplingParams, token_limits
-from rl_core.rollout.vllm_engine import EngineUnavailable
+from rl_core.rollout.vllm_engine import EngineUnavailable, PreparedWeights
 
 __all__ = ["FleetMember", "PrefixRoutes", "RolloutFleet"]
 
@@ -55,6 +58,12 @@ class FleetMember(Protocol):
     @property
     def policy_version(self) -> int: ...
 
+    def prepare(self, params: Any, version: int) -> PreparedWeights: ...
+
+    def publish(self, prepared: PreparedWeights, *, owned: bool) -> None: ...
+
+    def recover(self, why: str, weights: PreparedWeights | None = None) -> None: ...
+
     async def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -65,10 +74,6 @@ class FleetMember(Protocol):
         grammars: Sequence[Grammar | None] | None = None,
         top_logprobs: int = 0,
     ) -> list[Completion]: ...
-
-    def update_weights(self, params: Any, version: int) -> None: ...
-
-    def recover(self, why: str) -> None: ...
 
 
 class PrefixRoutes:
@@ -141,9 +146,10 @@ class RolloutFleet:
         self.resent = 0  # requests sent again after their member went down
         self._lock = threading.Lock()  # up, outstanding, routes: event loop and threads
         self._update_s = 0.0
-        self._latest: tuple[Any, int] | None = None  # the newest (params, version)
+        self._latest: PreparedWeights | None = None  # the newest weights, written once
         self._failure: BaseException | None = None  # a member that could not come back
         self._recovering: set[int] = set()
+        self._stale: list[Path] = []  # folders of replaced versions, deleted by _drop_stale
         self._threads = ThreadPoolExecutor(max_workers=n, thread_name_prefix="rl-fleet")
 
     @property
@@ -262,16 +268,20 @@ class RolloutFleet:
                         f"rollout server {member} went down again after "
                         f"{self.max_recoveries} recoveries this run ({why}); giving up"
                     )
-            engine.recover("taken out of its fleet")  # restarted, on its weights, checked
-            while True:  # an update that went on without it: it catches up before it is back
+            with self._lock:
+                latest = self._latest
+            # Restarted, onto the newest weights (not those it had), checked.
+            engine.recover("taken out of its fleet", latest)
+            while True:  # an update that went on meanwhile: it catches up before it is back
                 with self._lock:  # checked and put back at once: no update slips between
                     latest = self._latest
-                    if latest is None or engine.policy_version == latest[1]:
+                    if latest is None or engine.policy_version == latest.version:
                         self.routes.forget(member)
                         self.up[member] = True
                         self._recovering.discard(member)
                         break
-                engine.update_weights(*latest)
+                engine.publish(latest, owned=False)
+            self._drop_stale()
             log.warning("rollout server %d is back (%s)", member, why)
         except BaseException as exc:
             log.exception("rollout server %d could not be recovered", member)
@@ -282,23 +292,40 @@ class RolloutFleet:
     # --- weights ------------------------------------------------------------------
 
     def update_weights(self, params: Any, version: int) -> None:
-        """Every member up takes ``version`` (in parallel); a member that goes down during
-        the update is taken out and catches up when it comes back."""
+        """Every member up takes ``version`` (in parallel), from one copy of the weight
+        files; a member that goes down during the update is taken out and catches up when
+        it comes back. The files of the version before are deleted once all have moved."""
         started = time.perf_counter()
         with self._lock:
-            self._latest = (params, version)
             if self._failure is not None:
                 raise RolloutError(str(self._failure)) from self._failure
+        prepared = self.members[0].prepare(params, version)  # writes files only
+        with self._lock:
+            previous, self._latest = self._latest, prepared
             live = [i for i, up in enumerate(self.up) if up]
         futures = {
-            i: self._threads.submit(self.members[i].update_weights, params, version) for i in live
+            i: self._threads.submit(self.members[i].publish, prepared, owned=False) for i in live
         }
         for i, future in futures.items():
             try:
                 future.result()
             except EngineUnavailable as exc:
                 self._down(i, str(exc))
+        if previous is not None:
+            with self._lock:
+                self._stale.append(previous.folder)
+            self._drop_stale()
         self._update_s = time.perf_counter() - started
+
+    def _drop_stale(self) -> None:
+        """Delete the files of replaced versions, unless a member is being recovered (it
+        may be loading the version it read before the newest arrived)."""
+        with self._lock:
+            if self._recovering:
+                return
+            stale, self._stale = self._stale, []
+        for folder in stale:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def update_metrics(self) -> dict[str, float]:
         with self._lock:
@@ -335,6 +362,7 @@ class RolloutFleet:
 
     def close(self) -> None:
         self._threads.shutdown(wait=True, cancel_futures=True)
+        self._drop_stale()
         for member in self.members:
             closing = getattr(member, "close", None)
             if closing is not None:

@@ -75,7 +75,7 @@ from rl_core.rollout.base import (
 )
 from rl_core.rollout.vllm_server import VllmServer
 
-__all__ = ["EngineUnavailable", "VllmEngine", "WeightCheck", "WeightUpdate"]
+__all__ = ["EngineUnavailable", "PreparedWeights", "VllmEngine", "WeightCheck", "WeightUpdate"]
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,8 @@ class VllmEngine:
         self._weights_dir = weights_dir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
         self._weights_root: Path | None = None
         self._current_weights: Path | None = None
+        self._owned_current = True  # whether `_current_weights` is this engine's to delete
+        self._root_lock = threading.Lock()
         # Held by an update and by a recovery (which may push weights): one at a time.
         self._update_lock = threading.RLock()
         self.updates: list[WeightUpdate] = []
@@ -473,12 +475,13 @@ class VllmEngine:
                 return  # another request recovered it meanwhile
             await asyncio.to_thread(self._recover_blocking, why)
 
-    def recover(self, why: str) -> None:
-        """Bring the server back and onto the current weights, checked (blocking; a
-        fleet calls it on a thread of its own). Raises `RolloutError` when it cannot."""
-        self._recover_blocking(why)
+    def recover(self, why: str, weights: PreparedWeights | None = None) -> None:
+        """Bring the server back and onto ``weights`` (a fleet's newest, which this engine
+        does not own) or else its current weights, checked (blocking; a fleet calls it on
+        a thread of its own). Raises `RolloutError` when it cannot."""
+        self._recover_blocking(why, weights)
 
-    def _recover_blocking(self, why: str) -> None:
+    def _recover_blocking(self, why: str, weights: PreparedWeights | None = None) -> None:
         """Restart an owned server that exited, or wait for one that went away; then push
         the current weights again and check them. Any thread; raises `RolloutError`."""
         with self._update_lock:
@@ -508,6 +511,9 @@ class VllmEngine:
                         )
                     time.sleep(0.5)
             self.recoveries.append(why)
+            if weights is not None:
+                self._current_weights, self._owned_current = weights.folder, False
+                self._version, self._expected = weights.version, weights.expected
             if self._current_weights is not None:
                 # A restarted server holds the weights it started with: ours again.
                 with self._admin_client() as admin:
@@ -523,21 +529,37 @@ class VllmEngine:
         Called from the trainer's thread, not the event loop: the requests in flight
         are drained by the server while this waits.
         """
+        self.publish(self.prepare(params, version), owned=True)
+
+    def prepare(self, params: Any, version: int) -> PreparedWeights:
+        """``params`` written as the files a server loads, and the probe's logprobs under
+        them: what `publish` gives one server, or a fleet each of its servers (one write
+        for all; `rl_core.rollout.fleet`)."""
         if self._write_weights is None:
             raise RolloutError(
                 "this VllmEngine has no write_weights; give it one to update the served weights"
             )
-        with self._update_lock:
-            started = time.perf_counter()
-            start_us = now_us()
+        started = time.perf_counter()
+        with self._root_lock:  # not the update lock: a recovery may hold that for minutes
             if self._weights_root is None:
                 self._weights_root = Path(
                     tempfile.mkdtemp(prefix="rlaas-vllm-weights-", dir=self._weights_dir)
                 )
-            folder = self._weights_root / f"v{version}-{uuid.uuid4().hex[:8]}"
-            self._write_weights(params, folder)
-            written = time.perf_counter()
-            expected = list(self._check.scorer(params, self._check.tokens)) if self._check else None
+            root = self._weights_root
+        folder = root / f"v{version}-{uuid.uuid4().hex[:8]}"
+        self._write_weights(params, folder)
+        written = time.perf_counter()
+        expected = list(self._check.scorer(params, self._check.tokens)) if self._check else None
+        return PreparedWeights(folder, version, expected, write_s=written - started)
+
+    def publish(self, prepared: PreparedWeights, *, owned: bool) -> None:
+        """The server samples with ``prepared`` from now on, checked by the probe.
+        ``owned``: this engine deletes the folder once a later version replaces it (a
+        fleet's folders are the fleet's to delete)."""
+        with self._update_lock:
+            started = time.perf_counter()
+            start_us = now_us()
+            folder, version = prepared.folder, prepared.version
             with self._admin_client() as admin:
                 try:
                     pause_s = self._push(admin, folder, version)
@@ -549,15 +571,16 @@ class VllmEngine:
                     pause_s = self._push(admin, folder, version)
                 finished = time.perf_counter()
                 previous, self._current_weights = self._current_weights, folder
-                self._version, self._expected = version, expected
+                self._version, self._expected = version, prepared.expected
                 worst = self._verify(admin, version)
-            if previous is not None:
+            if previous is not None and self._owned_current and previous != folder:
                 shutil.rmtree(previous, ignore_errors=True)
+            self._owned_current = owned
             update = WeightUpdate(
                 version=version,
-                write_s=written - started,
+                write_s=prepared.write_s,
                 pause_s=pause_s,
-                total_s=finished - started,
+                total_s=prepared.write_s + finished - started,
                 check_max_dlogprob=worst,
             )
             self.updates.append(update)
@@ -661,6 +684,17 @@ class VllmEngine:
             root, self._weights_root = self._weights_root, None
             if root is not None:
                 shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedWeights:
+    """Weights written for vLLM to load (`VllmEngine.prepare`), with the probe's expected
+    logprobs under them."""
+
+    folder: Path
+    version: int
+    expected: list[float] | None
+    write_s: float
 
 
 class EngineUnavailable(RolloutError):

@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from rl_core.errors import RolloutError
 from rl_core.rollout.base import Completion, Grammar, SamplingParams
 from rl_core.rollout.fleet import BLOCK, PrefixRoutes, RolloutFleet
-from rl_core.rollout.vllm_engine import EngineUnavailable
+from rl_core.rollout.vllm_engine import EngineUnavailable, PreparedWeights
 
 SAMPLING = SamplingParams(temperature=1.0)
 
@@ -32,6 +33,7 @@ class FakeMember:
         self.alive = True
         self.served: list[list[int]] = []
         self.updates: list[int] = []
+        self.written: list[int] = []
         self.recoveries = 0
         self.fail_recovery = False
         self.hold: asyncio.Event | None = None  # requests wait here while it is set
@@ -61,18 +63,24 @@ class FakeMember:
             for seed in seeds
         ]
 
-    def update_weights(self, params: Any, version: int) -> None:
+    def prepare(self, params: Any, version: int) -> PreparedWeights:
+        self.written.append(version)
+        return PreparedWeights(Path(f"/nonexistent/v{version}"), version, None, 0.0)
+
+    def publish(self, prepared: PreparedWeights, *, owned: bool) -> None:
         if not self.alive:
             raise EngineUnavailable("the server exited")
-        self.policy_version = version
-        self.updates.append(version)
+        self.policy_version = prepared.version
+        self.updates.append(prepared.version)
 
-    def recover(self, why: str) -> None:
+    def recover(self, why: str, weights: PreparedWeights | None = None) -> None:
         if self.fail_recovery:
             raise RolloutError("the server exited again at start")
         time.sleep(0.05)
         self.alive = True
         self.recoveries += 1
+        if weights is not None:  # restarted onto the fleet's newest weights
+            self.policy_version = weights.version
 
 
 def prompt(task: int, length: int = 3 * BLOCK) -> list[int]:
@@ -183,21 +191,23 @@ def test_an_update_reaches_every_member_up_at_once() -> None:
     barrier = threading.Barrier(3, timeout=5)
 
     def together(member: FakeMember, name: str) -> Any:
-        original = member.update_weights
+        original = member.publish
 
-        def update(params: Any, version: int) -> None:
+        def update(prepared: PreparedWeights, *, owned: bool) -> None:
             barrier.wait()  # all three are updating at the same time, or this times out
             seen.append(name)
-            original(params, version)
+            original(prepared, owned=owned)
 
         return update
 
     for i, m in enumerate(members):
-        m.update_weights = together(m, str(i))  # type: ignore[method-assign]
+        m.publish = together(m, str(i))  # type: ignore[method-assign]
     fleet = RolloutFleet(members)
     fleet.update_weights(params=None, version=5)
     assert sorted(seen) == ["0", "1", "2"]
     assert [m.policy_version for m in members] == [5, 5, 5]
+    # The weights were written once, for all three.
+    assert [m.written for m in members] == [[5], [], []]
 
 
 def test_a_member_that_cannot_come_back_fails_the_run_with_the_reason() -> None:
