@@ -134,6 +134,12 @@ class VllmServer:
             VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib),
             # Binding OpenMP threads to cores assumes the machine is vLLM's alone.
             VLLM_CPU_OMP_THREADS_BIND="nobind",
+            # The model runs in the engine core's process (vLLM's one-process executor, as
+            # on one GPU), not in a third process of its own: each process imports torch
+            # and vLLM again, and that was a third of the start (~110 s -> ~50-85 s on
+            # two busy cores). vLLM's CPU platform asks for the executor process only to
+            # bind OpenMP threads to cores, which is off here.
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
             # Idle HTTP connections live 60 s (default 5): the engine's pool keeps them 2 s,
             # so the server never closes one the engine is about to send on.
             VLLM_HTTP_TIMEOUT_KEEP_ALIVE="60",

@@ -42,6 +42,10 @@ from rl_core.rollout.vllm_server import VllmServer, VllmServerConfig
 from tests.rl_core.models.hf_reference import our_logits
 from tests.rl_core.rollout.vllm_venv import ensure_vllm_venv
 
+# Three vLLM starts (the shared server, its restart, the grammar test's own): about five
+# minutes of a whole-suite run, so the file is handed out among the first.
+pytestmark = pytest.mark.minutes(5)
+
 CONFIG = ModelConfig.tiny(vocab_size=96, n_heads=2, n_kv_heads=1, head_dim=32)
 STOP = 3
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17], [20]]
