@@ -380,7 +380,7 @@ def print_report(rlaas: dict, trl: dict, args: argparse.Namespace) -> None:
     print(table(["", "rlaas", "TRL", "rlaas advantage"], rows))
     print(f"whole runs: rlaas {rlaas['wall_s']:.0f} s (train_to_folder: load, compile, steps), "
           f"TRL {trl['process_wall_s']:.0f} s (process: imports, load, steps)")  # fmt: skip
-    print(f"versions: {trl['versions']}")
+    print(f"versions: {trl['versions']}; rlaas XLA_FLAGS {os.environ.get('XLA_FLAGS', '')!r}")
     target = b["step_s"] / a["step_s"]
     print(f"target rlaas >= 1.5x TRL on step time: {target:.2f}x "
           f"{'PASS' if target >= 1.5 else 'MISS'}")  # fmt: skip
@@ -400,6 +400,9 @@ def main() -> int:
     # threads made generate and the backward 7-10x slower than one (bench/README.md, P3).
     parser.add_argument("--trl-threads", type=int, default=1, help="torch threads for TRL")
     parser.add_argument("--trl-pkgs", type=Path, default=ROOT / ".trl-pkgs")
+    # XLA's CPU matmuls on one thread (set before JAX starts): on this loaded machine a
+    # 1024^2 matmul took 17 ms so, 24 ms on XLA's default two threads.
+    parser.add_argument("--rlaas-one-thread", action="store_true")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--trl-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -407,6 +410,9 @@ def main() -> int:
         trl_child(args.trl_child)
         return 0
 
+    if args.rlaas_one_thread:
+        flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
     work = args.work or Path(tempfile.mkdtemp(prefix="rlaas-p3-"))
     work.mkdir(parents=True, exist_ok=True)
     problems = work / "problems.jsonl"
