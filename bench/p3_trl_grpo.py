@@ -397,7 +397,7 @@ def main() -> int:
     parser.add_argument("--rlaas-mode", choices=("async", "sync"), default="async")
     parser.add_argument("--order", default="rlaas,trl")
     # One thread by default: on this shared 2-core machine under load, torch's two OpenMP
-    # threads made generate and the backward 7-10x slower than one (bench/README.md, P3).
+    # threads made generate and the backward 3-10x slower than one (bench/README.md, P3).
     parser.add_argument("--trl-threads", type=int, default=1, help="torch threads for TRL")
     parser.add_argument("--trl-pkgs", type=Path, default=ROOT / ".trl-pkgs")
     # XLA's CPU matmuls on one thread (set before JAX starts): on this loaded machine a
