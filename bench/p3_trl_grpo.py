@@ -1,6 +1,6 @@
 """P3: rlaas's single-turn GRPO step against TRL's `GRPOTrainer`, same work, one invocation.
 
-    nice -n 10 .venv/bin/python bench/p3_trl_grpo.py [--steps 5] [--prompts 8] [--group 4]
+    nice -n 10 .venv/bin/python bench/p3_trl_grpo.py [--steps 4] [--prompts 8] [--group 4]
         [--completion 64] [--order rlaas,trl] [--trl-pkgs .trl-pkgs]
 
 TRL is not a dependency of the project: install it beside the checkout, outside both
@@ -388,7 +388,7 @@ def print_report(rlaas: dict, trl: dict, args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=8, help="prompts per optimizer step")
     parser.add_argument("--group", type=int, default=4, help="completions per prompt")
     parser.add_argument("--completion", type=int, default=64, help="max new tokens")
