@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rl_core.errors import RolloutError
-from rl_core.rollout.base import Completion, Grammar, SamplingParams, token_limits
+from rl_core.rollout.base import (
+    Completion,
+    Grammar,
+    RolloutEngine,
+    SamplingParams,
+    token_limits,
+)
 from rl_core.rollout.vllm_engine import EngineUnavailable, PreparedWeights
 
 __all__ = ["FleetMember", "PrefixRoutes", "RolloutFleet"]
@@ -52,28 +58,16 @@ log = logging.getLogger(__name__)
 BLOCK = 16  # tokens per hashed block of a routed prefix (vLLM's prefix cache block size)
 
 
-class FleetMember(Protocol):
-    """What the fleet needs of a member engine (`VllmEngine` has it)."""
-
-    @property
-    def policy_version(self) -> int: ...
+class FleetMember(RolloutEngine, Protocol):
+    """What the fleet needs of a member engine beside sampling (`VllmEngine` has it): the
+    weights written once for all (`prepare`), loaded by each (`publish`), and a restart
+    onto the newest (`recover`)."""
 
     def prepare(self, params: Any, version: int) -> PreparedWeights: ...
 
     def publish(self, prepared: PreparedWeights, *, owned: bool) -> None: ...
 
     def recover(self, why: str, weights: PreparedWeights | None = None) -> None: ...
-
-    async def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int | Sequence[int],
-        sampling: SamplingParams,
-        seeds: Sequence[int],
-        grammars: Sequence[Grammar | None] | None = None,
-        top_logprobs: int = 0,
-    ) -> list[Completion]: ...
 
 
 class PrefixRoutes:

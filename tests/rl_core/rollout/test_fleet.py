@@ -63,6 +63,9 @@ class FakeMember:
             for seed in seeds
         ]
 
+    def update_weights(self, params: Any, version: int) -> None:  # alone, not in a fleet
+        self.publish(self.prepare(params, version), owned=True)
+
     def prepare(self, params: Any, version: int) -> PreparedWeights:
         self.written.append(version)
         return PreparedWeights(Path(f"/nonexistent/v{version}"), version, None, 0.0)
