@@ -45,10 +45,6 @@ class Hosting:
             if last:
                 release_compiled_programs()
 
-    @property
-    def active(self) -> int:
-        return self._active
-
 
 def release_compiled_programs() -> None:
     """Drop the programs JAX compiled for the runs that ended.

@@ -262,7 +262,6 @@ class RolloutFleet:
                         f"rollout server {member} went down again after "
                         f"{self.max_recoveries} recoveries this run ({why}); giving up"
                     )
-            with self._lock:
                 latest = self._latest
             # Restarted, onto the newest weights (not those it had), checked.
             engine.recover("taken out of its fleet", latest)

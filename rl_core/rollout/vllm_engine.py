@@ -43,8 +43,9 @@ again. An owned server that exits more than ``max_restarts`` times, a request th
 In a fleet of servers (`rl_core.rollout.fleet`) an engine does not recover in place
 (``recover_in_place=False``): a request or an update that finds its server gone raises
 `EngineUnavailable` at once, the fleet sends the request to another server, and brings
-this one back with `recover` (restart, push the current weights, check them) off the
-run's path.
+this one back with `recover` (restart, push the fleet's newest weights, check them) off
+the run's path. A fleet writes each update's weights once (`prepare`) and has every
+server load them (`publish`).
 """
 
 from __future__ import annotations

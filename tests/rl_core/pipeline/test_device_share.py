@@ -89,12 +89,20 @@ def test_a_run_kept_waiting_by_a_long_call_keeps_what_it_is_due() -> None:
     share.join("b")
     with share.turn("b"):
         clock.t += 0.1
-    with share.turn("a"):  # a's 8 s train step; b asked right away, and waited
-        clock.t += 8.0
-    # b asked 0 s after its last call ended (it was queued); it keeps its whole deficit.
-    share._accounts["b"].last_end = clock.t
-    with share.turn("b"):
-        clock.t += 0.1
+    hold = share.turn("a")  # a's 8 s train step ...
+    hold.__enter__()
+
+    def b_again() -> None:
+        with share.turn("b"):
+            clock.t += 0.1
+
+    waiting = threading.Thread(target=b_again)
+    waiting.start()  # ... with b asking at once, queued behind it
+    _wait_until_waiting(share, 1)
+    clock.t += 8.0
+    hold.__exit__(None, None, None)
+    waiting.join(10)
+    # b asked 0 s after its last call ended: no pause, so it keeps its whole deficit.
     assert share.used() == pytest.approx({"a": 8.0, "b": 0.2})
 
 
