@@ -161,7 +161,8 @@ def user_spec(
     staleness bound, 32 turns of 8 tokens in a 512-token context: the example's 96 would
     cut its episodes short); everything else (sampling temperature, learning rate and its
     schedule, mini-batches and epochs, clipping, entropy floor, the advantage's scaling)
-    is the example's. N = 16 keeps the example's group of 16: one group a step.
+    is the example's. N = 16 is B12's 4 groups of 4: the example's mini-batches (2) must
+    divide the groups of a step, so its group of 16 cannot make one group a step.
     """
     spec = yaml.safe_load((REPO / "examples" / "tiny-game.yaml").read_text())
     spec["name"] = f"b12-{staleness_mode}-user-C{c}-seed{seed}"
@@ -169,7 +170,8 @@ def user_spec(
     spec["agent"] = {"max_turns": 32, "max_new_tokens": 8, "max_context": 512,
                      "tool_call_format": "none"}  # fmt: skip
     spec["rollout"]["concurrency"] = c
-    spec["algorithm"]["batch_groups"] = N // spec["rollout"]["group_size"]
+    spec["rollout"]["group_size"] = G
+    spec["algorithm"]["batch_groups"] = B
     spec["staleness"] = {"mode": staleness_mode, "max_staleness": m}
     spec["train"] = {"steps": steps, "seed": seed}
     return spec  # type: ignore[no-any-return]
