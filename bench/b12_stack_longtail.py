@@ -61,6 +61,7 @@ from typing import Any
 
 import httpx
 import psutil
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._deployment import Deployment, deployment
@@ -129,8 +130,10 @@ class Run:
 
 def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> dict[str, Any]:
     # "async-reuse": the engine's prefix pool on (rollout.prefix_reuse, off by default),
-    # for a comparison in one invocation.
+    # for a comparison in one invocation. "async-user": B12u, the shipped example's settings.
     staleness_mode, _, variant = mode.partition("-")
+    if variant == "user":
+        return user_spec(env_id, staleness_mode, c, steps, m, seed)
     return {
         "name": f"b12-{mode}-C{c}-seed{seed}",
         "model": {"source": "builtin:tiny"},
@@ -147,6 +150,31 @@ def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> 
         "staleness": {"mode": staleness_mode, "max_staleness": m},
         "train": {"steps": steps, "seed": seed},
     }  # fmt: skip
+
+
+def user_spec(
+    env_id: str, staleness_mode: str, c: int, steps: int, m: int, seed: int
+) -> dict[str, Any]:
+    """B12u: the workload as a user runs it, on examples/tiny-game.yaml's settings.
+
+    What defines the workload is B12's (the environment, C, N = 16 episodes a step, the
+    staleness bound, 32 turns of 8 tokens in a 512-token context: the example's 96 would
+    cut its episodes short); everything else (sampling temperature, learning rate and its
+    schedule, mini-batches and epochs, clipping, entropy floor, the advantage's scaling)
+    is the example's. N = 16 is B12's 4 groups of 4: the example's mini-batches (2) must
+    divide the groups of a step, so its group of 16 cannot make one group a step.
+    """
+    spec = yaml.safe_load((REPO / "examples" / "tiny-game.yaml").read_text())
+    spec["name"] = f"b12-{staleness_mode}-user-C{c}-seed{seed}"
+    spec["environment"] = {"name": env_id}
+    spec["agent"] = {"max_turns": 32, "max_new_tokens": 8, "max_context": 512,
+                     "tool_call_format": "none"}  # fmt: skip
+    spec["rollout"]["concurrency"] = c
+    spec["rollout"]["group_size"] = G
+    spec["algorithm"]["batch_groups"] = B
+    spec["staleness"] = {"mode": staleness_mode, "max_staleness": m}
+    spec["train"] = {"steps": steps, "seed": seed}
+    return spec  # type: ignore[no-any-return]
 
 
 def train_spans(client: Client, run_id: str) -> list[tuple[float, float]]:
@@ -434,7 +462,8 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="sync,async",
-        help="of sync, async, sync-reuse, async-reuse (the engine with its prefix pool)",
+        help="of sync, async, sync-reuse, async-reuse (the engine with its prefix pool), "
+        "sync-user, async-user (B12u: examples/tiny-game.yaml's settings)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "figures")
     parser.add_argument("--dump", type=Path, help="a folder for each run's raw data (JSON)")

@@ -36,7 +36,7 @@ class RunFiles:
         self._tids: dict[str, int] = {}  # track -> its row in the appended trace
         self._appended = 0  # events in the appended trace
         if append and (self.directory / "timeline.json").is_file():
-            self._spans = _read_timeline(self.directory / "timeline.json")
+            self._spans = read_timeline(self.directory / "timeline.json")
         for name in ("metrics.jsonl", "trajectories.jsonl", "checkpoints.jsonl"):
             path = self.directory / name
             if not append or not path.exists():
@@ -101,7 +101,7 @@ class RunFiles:
             f.write(json.dumps(row) + "\n")
 
 
-def _read_timeline(path: Path) -> list[Span]:
+def read_timeline(path: Path) -> list[Span]:
     """The spans of a timeline.json in either form: the object a finished run leaves, or
     the array a killed one does (its closing bracket missing, a comma after its last)."""
     text = path.read_text(encoding="utf-8").strip()

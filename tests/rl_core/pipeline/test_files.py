@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rl_core.pipeline.files import RunFiles, _read_timeline
+from rl_core.pipeline.files import RunFiles, read_timeline
 from rl_core.records import CheckpointRecord, Span
 
 
@@ -55,7 +55,7 @@ def test_a_killed_runs_trace_is_read_back_and_continued_by_the_next_attempt(
     files = RunFiles(tmp_path)
     files.on_spans(_spans(1) + _spans(2))
     del files  # killed: never closed, the file is the array without its bracket
-    assert len(_read_timeline(tmp_path / "timeline.json")) == 4
+    assert len(read_timeline(tmp_path / "timeline.json")) == 4
 
     resumed = RunFiles(tmp_path, append=True)
     resumed.on_spans(_spans(3))
