@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from rl_core.training.trainer_group import TrainerHostLost
+from rl_core.errors import TrainerHostLost
 
 # (mesh) -> Trainer, picklable (a module-level function or a partial of one).
 TrainerFactory = Callable[[Any], Any]
@@ -93,10 +93,11 @@ class LocalHosts:
                     f"{method}: {self.count - len(answers)} of {self.count} trainer processes "
                     f"did not answer within {self.timeout_s:g} s; all are stopped"
                 )
-            for conn in ready:
-                index = self._conns.index(conn)  # type: ignore[arg-type]
+            for ready_conn in ready:
+                index = self._conns.index(ready_conn)  # type: ignore[arg-type]
+                conn = self._conns[index]
                 try:
-                    status, value = conn.recv()  # type: ignore[union-attr]
+                    status, value = conn.recv()
                 except (EOFError, OSError):
                     self.close()
                     raise TrainerHostLost(

@@ -17,10 +17,12 @@ the calls travel (Ray actors, spawned processes) is the transport's business.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
@@ -37,7 +39,7 @@ def init_distributed(
     without it a CPU computation spanning processes fails to compile. GPU collectives
     are NCCL whatever this says, so it is set unconditionally.
     """
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
     jax.distributed.initialize(
         coordinator_address=coordinator,
         num_processes=num_processes,
@@ -61,11 +63,11 @@ def replicated(tree: Any, mesh: Mesh) -> Any:
     sharding = NamedSharding(mesh, P())
 
     def place(leaf: Any) -> Any:
-        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             data = place(jax.random.key_data(leaf))
             return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
         host = np.asarray(leaf)
-        return jax.make_array_from_process_local_data(sharding, host, host.shape)
+        return jax.make_array_from_process_local_data(sharding, host, host.shape)  # type: ignore[no-untyped-call]
 
     return jax.tree.map(place, tree)
 
@@ -85,8 +87,10 @@ def split_rows(rows: int, processes: int) -> list[slice]:
 
 def local_batch(batch: TrainBatch, part: slice) -> TrainBatch:
     """The rows ``part`` of every per-row field of ``batch``."""
-    fields = {name: None if value is None else value[part] for name, value in vars(batch).items()}
-    return TrainBatch(**fields)
+    fields: dict[str, Any] = {
+        name: None if value is None else value[part] for name, value in vars(batch).items()
+    }
+    return dataclasses.replace(batch, **fields)
 
 
 def global_batch(local: TrainBatch, mesh: Mesh, processes: int) -> TrainBatch:
@@ -97,11 +101,12 @@ def global_batch(local: TrainBatch, mesh: Mesh, processes: int) -> TrainBatch:
         if value is None:
             return None
         shape = (value.shape[0] * processes, *value.shape[1:])
-        return jax.make_array_from_process_local_data(
+        return jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call]
             batch_sharding(mesh, value.ndim), np.asarray(value), shape
         )
 
     fields = {name: place(value) for name, value in vars(local).items()}
+    # Global jax.Arrays where the dataclass says host arrays: Trainer.train_step reads both.
     return TrainBatch(**fields)
 
 

@@ -8,7 +8,7 @@ with what process 0 returns. The transport starts, reaches and stops the process
 (Ray actors: worker/trainer_hosts.py; spawned children: rl_core.training.local_hosts);
 this module knows none of them.
 
-Errors::
+Errors (`rl_core.errors`)::
 
     RlCoreError
     └── TrainerHostLost    a trainer process died, or a call to the K passed its timeout:
@@ -19,18 +19,12 @@ Errors::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rl_core.errors import RlCoreError
-from rl_core.training.trainer import TrainBatch, TrainerConfig
+from rl_core.errors import TrainerHostLost
 
-
-class TrainerHostLost(RlCoreError):
-    """A trainer process of a multi-host run is gone (or stopped answering); every one of
-    the run's trainer processes has been stopped. Retryable: the run's next attempt
-    resumes from its last checkpoint, on the same number of processes or another."""
-
-    retryable = True
+if TYPE_CHECKING:  # no JAX at import: the worker imports the error from here
+    from rl_core.training.trainer import TrainBatch, TrainerConfig
 
 
 class TrainerAPI(Protocol):
