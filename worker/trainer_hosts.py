@@ -19,6 +19,7 @@ Ray is imported here only (rl_core never imports it), and started on first use:
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -67,13 +68,20 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
 
     if ray.is_initialized():
         return
-    ray.init(
-        address=address,
-        num_cpus=None if address else num_cpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    # Celery replaces sys.stderr with a logging proxy that has no file descriptor, and
+    # ray.init enables faulthandler on sys.stderr: it gets the process's real one.
+    stderr = sys.stderr
+    sys.stderr = sys.__stderr__
+    try:
+        ray.init(
+            address=address,
+            num_cpus=None if address else num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    finally:
+        sys.stderr = stderr
 
 
 class RayHosts:
