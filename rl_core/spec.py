@@ -732,6 +732,18 @@ class JobSpec(_Section):
         return self
 
     @model_validator(mode="after")
+    def _rows_split_over_hosts(self) -> JobSpec:
+        # Each trainer process takes an equal share of the batch's rows (docs/multi-host.md).
+        hosts = self.resources.hosts
+        if self.batch_size % hosts:
+            raise ValueError(
+                f"resources.hosts: the batch's {self.batch_size} rows (algorithm.batch_groups "
+                f"x rollout.group_size) do not split evenly over {hosts} trainer processes; "
+                "make the batch a multiple of the hosts"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _servers_are_vllm(self) -> JobSpec:
         servers = self.resources.rollout_servers
         if servers > 1 and self.rollout.engine != "vllm":

@@ -44,7 +44,8 @@ def spec_trainer(spec_json: str, mesh: Any) -> Trainer:
 
 
 def check_hosts(spec: JobSpec, start: StartHosts | None) -> None:
-    """What a multi-host run needs and may lack, refused before any work."""
+    """A multi-host run needs a way to start its processes: refused before any work
+    without one. (The spec itself checks that its rows split over them.)"""
     hosts = spec.resources.hosts
     if start is None:
         raise UnsupportedSpec(
@@ -52,13 +53,6 @@ def check_hosts(spec: JobSpec, start: StartHosts | None) -> None:
             f"{hosts} trainer processes asked for, and this process has no way to start "
             "them: run it on an rlaas worker (Ray starts them) or with `rlaas train`, or "
             "set resources.hosts to 1",
-        )
-    if spec.batch_size % hosts:
-        raise UnsupportedSpec(
-            "resources.hosts",
-            f"the batch's {spec.batch_size} rows do not split evenly over {hosts} trainer "
-            "processes; choose a batch size (algorithm.batch_groups x rollout.group_size) "
-            "that is a multiple of resources.hosts",
         )
 
 

@@ -109,7 +109,7 @@ async def test_each_run_is_sent_to_its_accelerators_queue(mixed: Api, broker: Br
             "this deployment offers cpu, gpu, not tpu",
         ),
         (
-            {"resources": {"hosts": 9}},
+            {"resources": {"hosts": 9}, "algorithm": {"batch_groups": 9}},  # 9 x 8 rows
             "spec.resources.hosts",
             "at most 8 cpu trainer processes; ask for at most 8",
         ),
