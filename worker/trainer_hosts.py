@@ -19,12 +19,14 @@ Ray is imported here only (rl_core never imports it), and started on first use:
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rl_core.errors import TrainerHostLost
+from rl_core.spec import MAX_HOSTS_BUILT
 
 if TYPE_CHECKING:
     from worker.settings import WorkerSettings
@@ -238,7 +240,11 @@ def ray_starter(settings: WorkerSettings) -> Callable[[int, Callable[[Any], Any]
     """``start(K, factory)`` for `rl_core.pipeline.hosted`: K actors as ``settings`` say."""
 
     def start(count: int, factory: Callable[[Any], Any]) -> RayHosts:
-        ensure_ray(settings.ray_address, num_cpus=max(count, 1))
+        # A local cluster (no RLAAS_RAY_ADDRESS) is this machine alone, started once for
+        # every later run: sized for the largest run, as Ray's CPUs are only counters.
+        ensure_ray(
+            settings.ray_address, num_cpus=math.ceil(MAX_HOSTS_BUILT * settings.trainer_host_cpus)
+        )
         bundle = {"CPU": settings.trainer_host_cpus}
         if settings.trainer_host_gpus:
             bundle["GPU"] = settings.trainer_host_gpus

@@ -21,7 +21,7 @@ import pytest
 
 from tests.e2e.stack import Stack, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.minutes(4)]
+pytestmark = [pytest.mark.e2e, pytest.mark.minutes(3)]
 
 STEPS = 6
 WEIGHT_TOL = 2e-5
