@@ -74,8 +74,8 @@ class Routes:
         if resources.hosts > offer.max_hosts:
             raise Unprocessable(
                 f"resources.hosts: {resources.hosts} hosts asked for, but this deployment "
-                f"runs a run on at most {offer.max_hosts} {offer.accelerator} host "
-                "(a trainer over several hosts is not offered yet); ask for 1",
+                f"trains a run on at most {offer.max_hosts} {offer.accelerator} trainer "
+                f"processes; ask for at most {offer.max_hosts}",
                 field="spec.resources.hosts",
             )
         if resources.rollout_servers > offer.max_rollout_servers:

@@ -14,7 +14,8 @@ failure, so the class names are part of what a user reads.
     ├── SandboxRefused           this host has no wall strong enough for tenant code: the run fails
     ├── RolloutError             the rollout engine was asked for something it cannot do
     ├── NoTrajectories           a whole step produced nothing to train on
-    └── ClientFaults             a sessions run's clients failed past rollout.client_fault_budget
+    ├── ClientFaults             a sessions run's clients failed past rollout.client_fault_budget
+    └── TrainerHostLost          a trainer process of a multi-host run died or stopped answering
 """
 
 from __future__ import annotations
@@ -70,3 +71,12 @@ class NoTrajectories(RlCoreError):
 class ClientFaults(RlCoreError):
     """``rollout.client_fault_budget`` sessions in a row ended without a reward (cancelled
     or timed out by their clients): the clients are broken, not the run."""
+
+
+class TrainerHostLost(RlCoreError):
+    """A trainer process of a multi-host run is gone (or stopped answering); every one of
+    the run's trainer processes has been stopped (rl_core.training.trainer_group).
+    Retryable: the attempt ends as a lost worker's, and the run's next attempt resumes
+    from its last checkpoint, on the same number of processes or another."""
+
+    retryable = True

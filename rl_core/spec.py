@@ -538,11 +538,11 @@ class StalenessSpec(_Section):
 # Celery queue of its own (the API's RLAAS_QUEUES, docs/accelerators.md).
 ACCELERATORS = ("cpu", "gpu", "tpu")
 Accelerator = Literal["cpu", "gpu", "tpu"]
-# What this version trains on: one host, and one rollout engine (the built-in JAX engine in
-# the trainer's process, or one vLLM server). A spec asking for more is refused, never run
-# on less: by the API (a 422 naming the field) and by `rl_core.pipeline.build` (a spec run
-# without the API). Issue 36 (a rollout fleet, a multi-host trainer) raises these.
-MAX_HOSTS_BUILT = 1
+# What this version builds: a trainer over up to 8 processes (rl_core.pipeline.hosted,
+# one SPMD program with jax.distributed) and up to 8 vLLM servers. A spec asking for more
+# is refused, never run on less: by the API (a 422 naming the field) and by
+# `rl_core.pipeline.build` (a spec run without the API).
+MAX_HOSTS_BUILT = 8  # a run's trainer processes (docs/multi-host.md)
 MAX_ROLLOUT_SERVERS_BUILT = 8  # a run's vLLM fleet (rl_core.rollout.fleet)
 
 
@@ -728,6 +728,18 @@ class JobSpec(_Section):
             raise ValueError(
                 f"rollout.engine: vLLM cannot serve {self.model.source} (ALiBi on RoPE is no "
                 "vLLM model); use engine: jax"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _rows_split_over_hosts(self) -> JobSpec:
+        # Each trainer process takes an equal share of the batch's rows (docs/multi-host.md).
+        hosts = self.resources.hosts
+        if self.batch_size % hosts:
+            raise ValueError(
+                f"resources.hosts: the batch's {self.batch_size} rows (algorithm.batch_groups "
+                f"x rollout.group_size) do not split evenly over {hosts} trainer processes; "
+                "make the batch a multiple of the hosts"
             )
         return self
 

@@ -11,6 +11,7 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
+from rl_core.errors import TrainerHostLost
 from rl_core.host.control import RunControl
 from worker.api_client import ApiUnavailable, Claim, ClaimRefused, ControlPlane, LeaseLost
 from worker.callbacks import HttpCallbackSource
@@ -21,13 +22,14 @@ from worker.settings import WorkerSettings
 from worker.sinks import HttpRunSink
 from worker.startup import sandbox_wall
 from worker.trackers import RunTrackers
+from worker.trainer_hosts import ray_starter
 
 if TYPE_CHECKING:
     from rl_core.envs.webhook import WebhookTarget
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["succeeded", "failed", "cancelled", "not_claimed", "lease_lost"]
+Outcome = Literal["succeeded", "failed", "cancelled", "not_claimed", "lease_lost", "host_lost"]
 
 # Sequence numbers of metric batches restart at a new block on every attempt,
 # so a resumed run's batches never collide with those of the attempt before.
@@ -143,6 +145,7 @@ def _train_claimed(
                 walls=settings.sandbox_walls(),  # deployed: bubblewrap or no tenant code
                 store=store,
                 colocation=colocation,
+                trainer_hosts=ray_starter(settings),
             )
         except BaseException:
             trackers.close("failed")
@@ -161,6 +164,11 @@ def _train_claimed(
     except ApiUnavailable:
         log.exception("run %s: control plane unavailable; the lease reaper will retry it", run_id)
         return "failed"
+    except TrainerHostLost:
+        # As a worker that dies: no failure reported, the lease lapses, and the reaper
+        # queues the run again to resume from its last checkpoint (docs/multi-host.md).
+        log.exception("run %s: a trainer process was lost; the attempt ends", run_id)
+        return "host_lost"
     except Exception as exc:
         log.exception("run %s failed", run_id)  # the traceback stays in the worker's log
         _report_failure(api, run_id, failure_reason(exc))

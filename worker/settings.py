@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -105,6 +105,20 @@ class WorkerSettings(BaseSettings):
     # base on the JAX engine then share the base's weights, and all take fair turns on
     # the device.
     runs_per_worker: int = Field(default=1, ge=1, le=64)
+
+    # A run's trainer over resources.hosts > 1 processes (docs/multi-host.md): Ray actors.
+    # ray_address: a running Ray cluster to join ("auto", "ray://head:10001"); unset, the
+    # worker starts a local one. Each trainer process reserves trainer_host_cpus CPUs and
+    # trainer_host_gpus GPUs, placed by trainer_placement (PACK: on as few nodes as fit;
+    # STRICT_SPREAD: one per node). A gang start that Ray cannot place within
+    # trainer_start_timeout_s, or a call unanswered within trainer_call_timeout_s, ends
+    # the attempt as a lost trainer process does.
+    ray_address: str | None = None
+    trainer_host_cpus: float = Field(default=1.0, ge=0)
+    trainer_host_gpus: float = Field(default=0.0, ge=0)
+    trainer_placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    trainer_start_timeout_s: float = Field(default=300.0, gt=0)
+    trainer_call_timeout_s: float = Field(default=1800.0, gt=0)
 
     @field_validator("env_url_allowlist")
     @classmethod

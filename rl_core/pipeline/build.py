@@ -37,6 +37,8 @@ from rl_core.pipeline.collector import Collector, EpisodePlayer
 from rl_core.pipeline.colocation import Colocation, shares_base
 from rl_core.pipeline.device import DeviceThread
 from rl_core.pipeline.evaluate import Evaluator
+from rl_core.pipeline.hosted import StartHosts
+from rl_core.pipeline.initial import initial_adapters
 from rl_core.pipeline.pipeline import Pipeline
 from rl_core.pipeline.queue import Admission, Group, GroupQueue
 from rl_core.pretrained.sources import load_model
@@ -49,7 +51,8 @@ from rl_core.sessions.sampling import ClientSampling
 from rl_core.sessions.session import SessionConfig
 from rl_core.spec import MAX_HOSTS_BUILT, MAX_ROLLOUT_SERVERS_BUILT, SESSIONS, JobSpec
 from rl_core.training.stored import RunArtifacts, StoreTarget, folder_bytes
-from rl_core.training.trainer import Trainer, TrainerConfig
+from rl_core.training.trainer import Trainer
+from rl_core.training.trainer_group import TrainerAPI
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ class OrbaxCheckpointer:
     def __init__(
         self,
         artifacts_dir: Path,
-        trainer: Trainer,
+        trainer: TrainerAPI,
         exports: Callable[[Path, int], object] | None = None,
         stored: RunArtifacts | None = None,
     ) -> None:
@@ -346,15 +349,31 @@ def build_evaluator(
 
 
 def build_trainer(
-    spec: JobSpec, model: Model, resume_from: str | None
-) -> tuple[Trainer, int, Mapping[str, Any] | None]:
+    spec: JobSpec,
+    model: Model,
+    resume_from: str | None,
+    trainer_hosts: StartHosts | None = None,
+    cleanup: contextlib.ExitStack | None = None,
+) -> tuple[TrainerAPI, int, Mapping[str, Any] | None]:
     """The trainer, the step it starts after and the collector's saved position.
 
     ``resume_from`` is a checkpoint of an earlier attempt; without it the run
-    starts at step 0 with a fresh collector.
+    starts at step 0 with a fresh collector. With ``resources.hosts`` > 1 the trainer is
+    a `TrainerGroup` over processes ``trainer_hosts`` starts (`rl_core.pipeline.hosted`),
+    stopped by ``cleanup``; a checkpoint of any number of processes resumes on any other
+    (it holds whole arrays).
     """
     config = configs.trainer_config(spec)
-    trainer = Trainer(model, config, initial_adapters=initial_adapters(spec, model, config))
+    trainer: TrainerAPI
+    if spec.resources.hosts > 1:
+        from rl_core.pipeline.hosted import trainer_group
+
+        group = trainer_group(spec, config, trainer_hosts)
+        if cleanup is not None:
+            cleanup.callback(group.close)
+        trainer = group
+    else:
+        trainer = Trainer(model, config, initial_adapters=initial_adapters(spec, model, config))
     if resume_from is None:
         return trainer, 0, None
     from rl_core.training.checkpointing import restore_checkpoint
@@ -362,35 +381,6 @@ def build_trainer(
     start_step, extra = restore_checkpoint(resume_from, trainer=trainer)
     log.info("resumed from %s at step %d", resume_from, start_step)
     return trainer, start_step, extra.get("collector")
-
-
-def initial_adapters(spec: JobSpec, model: Model, config: TrainerConfig) -> Any:
-    """The adapters ``model.lora.init_from`` names, checked against the base; None without.
-
-    rl_core reads a folder (``file:``) only: a service resolves ``run:`` to the folder of
-    that checkpoint's PEFT export before the run reaches here (worker/init_from.py). On a
-    resumed attempt they are read again: the checkpoint's adapters replace them as the
-    policy, and they stay its KL reference.
-    """
-    lora = spec.model.lora
-    if lora is None or lora.init_from is None:
-        return None
-    from rl_core.spec import parse_init_from
-    from rl_core.training.adapter_init import AdapterMismatch
-    from rl_core.training.adapter_init import initial_adapters as read_adapters
-
-    kind, location, _ = parse_init_from(lora.init_from)
-    if kind != "file":
-        raise AdapterMismatch(
-            f"{lora.init_from!r} names a run or an upload of the rlaas service; with rlaas "
-            "train on your machine give the adapter's folder (file:<dir>: a run's "
-            "exports/step-N/peft, or a folder PEFT saved)"
-        )
-    from flax import nnx
-
-    assert config.lora is not None  # the spec's model.lora
-    params = nnx.state(model, nnx.Param)
-    return read_adapters(Path(location).expanduser(), params, config.lora)
 
 
 def check_resources(spec: JobSpec, backend: str | None = None) -> None:
@@ -403,8 +393,8 @@ def check_resources(spec: JobSpec, backend: str | None = None) -> None:
     if r.hosts > MAX_HOSTS_BUILT:
         raise UnsupportedSpec(
             "resources.hosts",
-            f"{r.hosts} hosts asked for; a run trains on at most {MAX_HOSTS_BUILT} here "
-            "(a trainer over several hosts is not built yet)",
+            f"{r.hosts} hosts asked for; a run's trainer spans at most {MAX_HOSTS_BUILT} "
+            "processes here",
         )
     if r.rollout_servers > MAX_ROLLOUT_SERVERS_BUILT:
         raise UnsupportedSpec(
@@ -459,13 +449,19 @@ def build_pipeline(
     walls: WallPolicy | None = None,
     store: StoreTarget | None = None,
     colocation: Colocation | None = None,
+    trainer_hosts: StartHosts | None = None,
 ) -> tuple[Pipeline, Callable[[], None]]:
     """The pipeline and a ``close`` to call when it has run (it stops the device thread and,
     with engine vllm, the server rlaas started). ``store``: the artifact store the run's
     checkpoints go to (`rl_core.training.stored`); None: ``artifacts_dir`` alone.
     ``colocation``: what the runs of this process share when it hosts several
-    (`rl_core.pipeline.colocation`); None: the run is the process's only one."""
+    (`rl_core.pipeline.colocation`); None: the run is the process's only one.
+    ``trainer_hosts``: starts the trainer processes of a ``resources.hosts`` > 1 run."""
     check_resources(spec)
+    if spec.resources.hosts > 1:
+        from rl_core.pipeline.hosted import check_hosts
+
+        check_hosts(spec, trainer_hosts)
     r = spec.rollout
     clients_play = spec.environment.name == SESSIONS
     env = (
@@ -511,7 +507,9 @@ def build_pipeline(
         )
         if stored is not None and resume_from is not None:
             resume_from = stored.resolve(resume_from)  # downloaded when this disk lacks it
-        trainer, start_step, position = build_trainer(spec, model, resume_from)
+        trainer, start_step, position = build_trainer(
+            spec, model, resume_from, trainer_hosts, cleanup
+        )
         broker = build_sessions(spec, engine, tokenizer, recorder) if clients_play else None
         agent: EpisodePlayer = broker or build_agent(spec, engine, tokenizer, recorder)
         evaluator = (

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from rl_core.envs.walls import WallPolicy
     from rl_core.host.trackers.base import Outcome
     from rl_core.pipeline.colocation import Colocation
+    from rl_core.pipeline.hosted import StartHosts
     from rl_core.training.stored import StoreTarget
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ def train(
     walls: WallPolicy | None = None,
     store: StoreTarget | None = None,
     colocation: Colocation | None = None,
+    trainer_hosts: StartHosts | None = None,
 ) -> TrainResult:
     """Train ``spec`` to ``train.steps`` steps, reporting to ``sink``; see the module docstring.
 
@@ -66,6 +68,8 @@ def train(
     ``artifacts_dir`` then being a cache; a ``resume_from`` missing there is downloaded.
     ``colocation``: what the runs of a process that hosts several share (their base
     model, turns on the device; `rl_core.pipeline.colocation`), the same object for each.
+    ``trainer_hosts`` starts the trainer processes of a run with ``resources.hosts`` > 1
+    (`rl_core.pipeline.hosted`; a worker's are Ray actors); None: such a run is refused.
 
     Must be called from synchronous code (it runs its own event loop).
     """
@@ -86,6 +90,7 @@ def train(
         walls=walls,
         store=store,
         colocation=colocation,
+        trainer_hosts=trainer_hosts,
     )
 
     async def run() -> TrainResult:
@@ -149,6 +154,9 @@ def train_to_folder(
             artifacts_dir=out,
             resume_from=resume_from,
             gateway=gateway,
+            # On one's own machine a multi-host spec's trainer processes are children of
+            # this one (no cluster engine): rl_core.training.local_hosts.
+            trainer_hosts=start_local_hosts,
         )
         outcome = "cancelled" if result.stopped_early else "succeeded"
         return result
@@ -158,6 +166,13 @@ def train_to_folder(
         if any(final.values()):
             log.warning("trackers: %s", final)
         files.close()
+
+
+def start_local_hosts(count: int, factory: Callable[[Any], Any]) -> Any:
+    """K trainer processes spawned by this one (`rl_core.training.local_hosts`)."""
+    from rl_core.training.local_hosts import LocalHosts
+
+    return LocalHosts(count, factory)
 
 
 def _check_supported(spec: JobSpec, gateway: object) -> None:

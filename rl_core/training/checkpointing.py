@@ -36,7 +36,7 @@ import jax
 from rl_core.errors import RlCoreError
 from rl_core.records import CheckpointRecord
 from rl_core.store.folders import publish_dir, staging_dir
-from rl_core.training.trainer import Trainer
+from rl_core.training.trainer_group import TrainerAPI
 
 FORMAT = 1
 MARKER = "rlaas_checkpoint.json"
@@ -51,7 +51,7 @@ def checkpoint_dir(artifacts_dir: Path, step: int) -> Path:
     return Path(artifacts_dir) / "checkpoints" / f"{_PREFIX}{step:08d}"
 
 
-def _layout(trainer: Trainer) -> dict[str, Any]:
+def _layout(trainer: TrainerAPI) -> dict[str, Any]:
     cfg = trainer.config
     return {
         "lora": None
@@ -82,7 +82,7 @@ def _size(path: Path) -> int:
 
 
 def save_checkpoint(
-    directory: Path, *, step: int, trainer: Trainer, extra: Mapping[str, Any]
+    directory: Path, *, step: int, trainer: TrainerAPI, extra: Mapping[str, Any]
 ) -> CheckpointRecord:
     """Write the trainer's state and ``extra`` to ``directory`` atomically; return its record."""
     import orbax.checkpoint as ocp
@@ -138,7 +138,7 @@ def read_marker(path: Path) -> dict[str, Any]:
     return data
 
 
-def restore_checkpoint(uri: str, *, trainer: Trainer) -> tuple[int, dict[str, Any]]:
+def restore_checkpoint(uri: str, *, trainer: TrainerAPI) -> tuple[int, dict[str, Any]]:
     """Load the state saved at ``uri`` into ``trainer``; return (step, extra)."""
     import orbax.checkpoint as ocp
 

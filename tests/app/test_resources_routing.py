@@ -93,8 +93,8 @@ async def test_each_run_is_sent_to_its_accelerators_queue(mixed: Api, broker: Br
     limits = (await mixed.client.get("/v1/limits", headers=auth)).json()["resources"]
     assert limits == {
         "accelerators": [
-            {"accelerator": "cpu", "max_hosts": 1, "max_rollout_servers": 8},
-            {"accelerator": "gpu", "max_hosts": 1, "max_rollout_servers": 8},
+            {"accelerator": "cpu", "max_hosts": 8, "max_rollout_servers": 8},
+            {"accelerator": "gpu", "max_hosts": 8, "max_rollout_servers": 8},
         ],
         "default_accelerator": "cpu",
     }
@@ -109,9 +109,9 @@ async def test_each_run_is_sent_to_its_accelerators_queue(mixed: Api, broker: Br
             "this deployment offers cpu, gpu, not tpu",
         ),
         (
-            {"resources": {"hosts": 2}},
+            {"resources": {"hosts": 9}, "algorithm": {"batch_groups": 9}},  # 9 x 8 rows
             "spec.resources.hosts",
-            "at most 1 cpu host (a trainer over several hosts is not offered yet)",
+            "at most 8 cpu trainer processes; ask for at most 8",
         ),
         (
             {"resources": {"rollout_servers": 9}, "rollout": {"engine": "vllm"}},

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from app.errors import Unprocessable
 from app.routing import Offer, Routes
 from app.settings import Settings
-from rl_core.spec import MAX_ROLLOUT_SERVERS_BUILT, ResourcesSpec
+from rl_core.spec import MAX_HOSTS_BUILT, MAX_ROLLOUT_SERVERS_BUILT, ResourcesSpec
 
 
 def routes(**env: str) -> Routes:
@@ -80,10 +80,11 @@ def test_admit_names_what_the_deployment_lacks() -> None:
         mixed.admit(ResourcesSpec(accelerator="tpu"))
     assert info.value.field == "spec.resources.accelerator"
     assert "offers cpu, gpu, not tpu" in info.value.message
+    assert mixed.admit(ResourcesSpec(hosts=2)) == "cpu"
     with pytest.raises(Unprocessable) as info:
-        mixed.admit(ResourcesSpec(hosts=2))
+        mixed.admit(ResourcesSpec(hosts=MAX_HOSTS_BUILT + 1))
     assert info.value.field == "spec.resources.hosts"
-    assert "not offered yet" in info.value.message and "ask for 1" in info.value.message
+    assert f"ask for at most {MAX_HOSTS_BUILT}" in info.value.message
     over = MAX_ROLLOUT_SERVERS_BUILT + 1
     with pytest.raises(Unprocessable) as info:
         mixed.admit(ResourcesSpec(rollout_servers=over))

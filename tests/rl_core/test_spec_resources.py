@@ -79,11 +79,21 @@ def test_several_rollout_servers_need_vllm_servers() -> None:
     assert "resources.rollout_servers: 2 servers, but rollout.vllm_url names one" in problem
 
 
+def test_the_batch_splits_evenly_over_the_trainer_processes() -> None:
+    rows = {"algorithm": {"batch_groups": 3}, "rollout": {"group_size": 2}}  # 6 rows
+    (problem,) = problems_of(spec_with({"hosts": 4}, **rows))
+    assert "resources.hosts: the batch's 6 rows" in problem, problem
+    assert "do not split evenly over 4 trainer processes" in problem
+    assert parse_spec(spec_with({"hosts": 3}, **rows)).resources.hosts == 3
+
+
 def test_the_run_refuses_more_hosts_or_servers_than_are_built() -> None:
-    hosts = parse_spec(spec_with({"hosts": MAX_HOSTS_BUILT + 1}))
+    over = MAX_HOSTS_BUILT + 1
+    hosts = parse_spec(spec_with({"hosts": over}, algorithm={"batch_groups": over}))
     with pytest.raises(UnsupportedSpec) as info:
         check_resources(hosts, backend="cpu")
-    assert info.value.field == "resources.hosts" and "not built yet" in str(info.value)
+    assert info.value.field == "resources.hosts"
+    assert f"spans at most {MAX_HOSTS_BUILT} processes" in str(info.value)
     servers = parse_spec(
         spec_with({"rollout_servers": MAX_ROLLOUT_SERVERS_BUILT + 1}, rollout={"engine": "vllm"})
     )
