@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import jax
@@ -128,14 +128,16 @@ class TrainBatch:
         rewards: Sequence[float] | None = None,
         lags: Sequence[Sequence[int]] | None = None,
         groups: Sequence[int] | None = None,
+        bucket: Callable[[int, int], int] = next_bucket,
     ) -> TrainBatch:
         """``max_length``: no row is longer (the run's context), so no bucket need be:
         a 96-token context trains at 96, not at the bucket of 128 (a quarter of a train
-        step's work was padding). A longer row still gets its own length, never cut."""
+        step's work was padding). A longer row still gets its own length, never cut.
+        ``bucket(longest, min_length)``: the padded length (`rl_core.models.buckets`)."""
         if len(tokens) > rows:
             raise ValueError(f"{len(tokens)} trajectories do not fit in {rows} rows")
         longest = max((len(t) for t in tokens), default=1)
-        length = next_bucket(longest, min_length)
+        length = bucket(longest, min_length)
         if max_length is not None:
             length = min(length, max(max_length, longest))
         tok = np.full((rows, length), pad_id, np.int32)
