@@ -1,8 +1,10 @@
 """The trainer: the one stateful object. Holds the policy and its optimiser; takes steps.
 
 A batch is padded to fixed shapes before it reaches the jitted step: a fixed
-number of rows (the run's batch size) and a length rounded up to a power of
-two, so a run compiles one step per length bucket and never per batch.
+number of rows (the run's batch size) and a length bucket (`TrainBatch.pack`'s
+``bucket``: powers of two, or the pipeline's quarter octaves), so a run compiles one
+step per length bucket and never per batch. The loss's output head runs at each row's
+trained positions only (``head_positions``), their count bucketed too.
 
 One `train_step` is::
 
