@@ -3,9 +3,9 @@
 The loss reads log pi(target) and the entropy only where the loss mask is set (the model's
 own tokens); the prompt, the environment's observations and the padding contribute
 nothing, yet the head's [D, V] matmul (49k columns for SmolLM2, about a fifth of a
-small model's FLOPs per position) ran at all of them. Here the host lists, per row, the
-positions whose mask is set (`trained_positions`), left-packed and padded with -1 to a
-bucketed width K, so a run compiles a few widths, not one per batch. Inside the jit the
+small model's FLOPs per position) ran at all of them. Here, before the jitted step, each
+row's positions whose mask is set are listed (`trained_positions`), left-packed and padded
+with -1 to a bucketed width K, so a run compiles a few widths, not one per batch. Inside the jit the
 trunk still runs over every position (attention needs them), then `gathered_token_logprobs`
 takes the K hidden states of each row, runs the head on those only (in chunks, as
 `rl_core.training.chunked_logits` does, when asked) and writes the two numbers back to
@@ -20,6 +20,8 @@ The price is the spread of trained counts between rows (K is the longest row's, 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,18 +35,31 @@ MIN_POSITIONS = 16
 
 
 def trained_positions(
-    mask: np.ndarray,  # [B, L] the loss mask, aligned with the targets
+    mask: jax.Array | np.ndarray,  # [B, L] the loss mask, aligned with the targets
     minimum: int = MIN_POSITIONS,
-) -> np.ndarray:  # [B, K] int32: each row's trained positions in order, then -1
+) -> jax.Array:  # [B, K] int32: each row's trained positions in order, then -1
     """K is the most trained positions of any row, rounded up to a power of two (at least
-    ``minimum``) and at most L: a row of L trained positions is indexed whole."""
-    trained = np.asarray(mask) > 0
-    length = trained.shape[1]
-    counts = trained.sum(axis=1)
-    k = min(next_bucket(int(counts.max(initial=0)), minimum), length)
+    ``minimum``) and at most L: a row of L trained positions is indexed whole.
+
+    Computed where the mask is: a batch whose rows are spread over a multi-process
+    trainer's processes (`rl_core.training.spmd`) is never gathered on one host. Its K,
+    a replicated scalar, is the same in every process, so they all run one program."""
+    most = int(_most_trained(mask))
+    return _packed(mask, min(next_bucket(most, minimum), mask.shape[1]))
+
+
+@jax.jit
+def _most_trained(mask: jax.Array) -> jax.Array:  # [B, L] -> []
+    return (mask > 0).sum(axis=1).max()
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _packed(mask: jax.Array, k: int) -> jax.Array:  # [B, L] -> [B, K]
+    trained = mask > 0
     # A stable sort on "not trained" puts each row's trained positions first, in order.
-    order = np.argsort(~trained, axis=1, kind="stable")[:, :k]
-    return np.where(np.arange(k)[None, :] < counts[:, None], order, -1).astype(np.int32)
+    order = jnp.argsort((~trained).astype(jnp.int32), axis=1, stable=True)[:, :k]
+    counts = trained.sum(axis=1)
+    return jnp.where(jnp.arange(k)[None, :] < counts[:, None], order, -1).astype(jnp.int32)
 
 
 def gathered_token_logprobs(

@@ -390,7 +390,7 @@ class Trainer:
         # pi_old and pi_ref too are read on the trained positions only: scored there alone.
         positions = None
         if cfg.head_positions == "trained":
-            positions = jnp.asarray(trained_positions(batch.loss_mask[:, 1:]))
+            positions = trained_positions(batch.loss_mask[:, 1:])
         scoring = None
         if groups is not None and (needs_old or cfg.grpo.kl_coef > 0):
             # One pass in the group order, micro-batch by micro-batch (as _score_chunked).

@@ -89,7 +89,7 @@ def test_trained_positions_are_packed_in_order_and_bucketed() -> None:
     mask = np.zeros((3, 40), np.float32)
     mask[0, 5:8] = mask[0, 20:25] = 1  # two turns: 8 positions
     mask[2, 30:40] = 1  # 10 positions; row 1 trains on nothing
-    got = trained_positions(mask)
+    got = np.asarray(trained_positions(mask))
     assert got.shape == (3, 16) and got.dtype == np.int32  # 10, bucketed to 16
     assert got[0].tolist() == [5, 6, 7, 20, 21, 22, 23, 24] + [-1] * 8
     assert got[1].tolist() == [-1] * 16
@@ -108,7 +108,7 @@ def test_logprobs_and_entropy_at_the_trained_positions_equal_every_positions(
 ) -> None:
     batch = grpo_batch(0)
     mask = batch.loss_mask[:, 1:]
-    positions = jnp.asarray(trained_positions(mask))
+    positions = trained_positions(mask)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     forward = jax.jit(ts.forward, static_argnums=(0, 4), static_argnames=("logits_chunk",))
     tokens = jnp.asarray(batch.tokens)
