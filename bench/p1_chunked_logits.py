@@ -8,12 +8,14 @@ micro-batches of 4; by default this runs ``--rows 2`` in one micro-batch, half o
 its micro-batches, to keep the bench short: two compiles of 30-110 s and six steps of
 30-70 s each on two cores shared with a CI run (8 minutes in all at load 7).
 
-Each variant is a ``logits_chunk`` (none: the full [tokens, V] logits, the old path) and a
+Each variant is a ``logits_chunk`` (none: the full [tokens, V] logits, the old path), a
 ``lora_apply`` (merged into the kernels, the old path, or unmerged beside them:
-rl_core.training.lora_unmerged). Its program is compiled ahead of time and XLA's own
-analyses of it are read: temp bytes (the activations and scratch of one step, arguments
-and outputs excluded) and FLOPs (its cost analysis: what the step computes, backward and
-AdamW included, not a 6*N*tokens estimate). Then the variants run alternately,
+rl_core.training.lora_unmerged) and, optionally, ``head_positions`` (all: the head at every
+position, the old path and the default of a variant that names none; trained: at the
+trained positions only, rl_core.training.head_positions). Its program is compiled ahead of
+time and XLA's own analyses of it are read: temp bytes (the activations and scratch of one
+step, arguments and outputs excluded) and FLOPs (its cost analysis: what the step computes,
+backward and AdamW included, not a 6*N*tokens estimate). Then the variants run alternately,
 ``--repeats`` rounds, best time of each reported, with the achieved FLOP/s as a share of
 this machine's float32 matmul peak (one 2048^2 matmul, same JAX build, measured first;
 bfloat16's is printed too). The losses and grad norms of the first round are printed side
@@ -21,6 +23,14 @@ by side: the variants are one computation.
 
     .venv/bin/python bench/p1_chunked_logits.py            # full, chunks, chunks + unmerged
     .venv/bin/python bench/p1_chunked_logits.py --variants none/merged,256/merged --repeats 2
+    .venv/bin/python bench/p1_chunked_logits.py --random-init --layout tool-use \
+        --variants 512/unmerged/all,512/unmerged/trained       # the head where it trains
+
+``--layout random`` (the default) trains each row from a quarter of the context on, random
+tokens throughout; ``--layout tool-use`` lays each row out as an episode of the tool-use spec
+that called its calculator: the spec's 234-token prompt, a 31-token tool call (trained), a
+12-token tool result as the chat template renders it (not trained), a 5-token answer
+(trained), then padding to the context: 282 tokens, 36 of them trained, in 512.
 """
 
 from __future__ import annotations
@@ -37,9 +47,29 @@ def _chunk(text: str) -> int | None:
     return None if text.lower() in ("none", "full") else int(text)
 
 
-def _variant(text: str) -> tuple[int | None, str]:
-    chunk, _, apply = text.partition("/")
-    return _chunk(chunk), apply or "merged"
+Variant = tuple[int | None, str, str]  # logits_chunk, lora_apply, head_positions
+
+# The tool-use spec's episode that called its tool: (tokens, trained) spans in order.
+TOOL_USE_ROW = ((234, False), (31, True), (12, False), (5, True))
+
+
+def _variant(text: str) -> Variant:
+    chunk, apply, head = [*text.split("/"), "", ""][:3]
+    return _chunk(chunk), apply or "merged", head or "all"
+
+
+def _name(variant: Variant) -> str:
+    chunk, apply, head = variant
+    return f"{chunk or 'full'} / {apply} / {head}"
+
+
+def tool_use_mask(rows: int, length: int) -> np.ndarray:  # [rows, length] float32
+    mask = np.zeros((rows, length), np.float32)
+    at = 0
+    for n, trained in TOOL_USE_ROW:
+        mask[:, at : at + n] = float(trained)
+        at += n
+    return mask
 
 
 def _flops(compiled: Any) -> float:
@@ -80,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--random-init", action="store_true", help="SmolLM2's config, random weights"
     )
+    parser.add_argument(
+        "--layout", choices=("random", "tool-use"), default="random", help="which positions train"
+    )
     args = parser.parse_args(argv)
     variants = [_variant(v) for v in args.variants.split(",")]
 
@@ -111,8 +144,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     rows, length = args.rows, args.length
     tokens = rng.integers(10, c.vocab_size, size=(rows, length)).astype(np.int32)
-    mask = np.zeros((rows, length), np.float32)
-    mask[:, length // 4 :] = 1  # a prompt, then the answer trained on
+    if args.layout == "tool-use":
+        mask = tool_use_mask(rows, length)  # padding past the episode: token ids kept random
+    else:
+        mask = np.zeros((rows, length), np.float32)
+        mask[:, length // 4 :] = 1  # a prompt, then the answer trained on
+    print(f"layout {args.layout}: {int(mask.sum())} of {rows * (length - 1)} positions trained")
     behaviour = (-rng.uniform(1.0, 8.0, size=(rows, length)) * mask).astype(np.float32)
     advantages = rng.normal(size=(rows,)).astype(np.float32)
     batch = TrainBatch(tokens, mask, behaviour, advantages)
@@ -127,14 +164,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"matmul peak (2048^2, best of 5): float32 {peaks['f32'] / 1e9:.1f} GFLOP/s, "
         f"bfloat16 {peaks['bf16'] / 1e9:.1f} GFLOP/s"
     )
-    runs: dict[tuple[int | None, str], dict[str, Any]] = {}
-    for chunk, apply in variants:
+    runs: dict[Variant, dict[str, Any]] = {}
+    for variant in variants:
+        chunk, apply, head = variant
         cfg = TrainerConfig(
             learning_rate=2e-4,
             temperature=0.7,
             lora=lora,
             logits_chunk=chunk,
             lora_apply=apply,  # type: ignore[arg-type]
+            head_positions=head,  # type: ignore[arg-type]
         )
         trainer = Trainer(model, cfg)
         mb = trainer._prepare(batch)
@@ -144,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ).compile()
         compile_s = time.perf_counter() - start
         memory = compiled.memory_analysis()
-        runs[(chunk, apply)] = {
+        runs[variant] = {
             "trainer": trainer,
             "flops": _flops(compiled),
             "compiled": compiled,
@@ -154,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "times": [],
             "metrics": None,
         }
-        print(f"{chunk}/{apply}: compiled in {compile_s:.1f}s")
+        print(f"{_name(variant)}: compiled in {compile_s:.1f}s")
 
     for _ in range(args.repeats):
         for run in runs.values():
@@ -172,12 +211,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     base = next(iter(runs.values()))
     print()
     print(
-        "| logits_chunk / lora | s/step (best) | all times | XLA GFLOP | GFLOP/s | "
+        "| logits_chunk / lora / head | s/step (best) | all times | XLA GFLOP | GFLOP/s | "
         "of f32 peak | XLA temp MB | vs first | loss | grad_norm |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for (chunk, apply), run in runs.items():
-        name = f"{chunk or 'full'} / {apply}"
+    for variant, run in runs.items():
+        name = _name(variant)
         gflop = run["flops"] / 1e9
         if not run["times"]:  # --repeats 0: the compiled program's figures only
             print(

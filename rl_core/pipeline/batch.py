@@ -33,6 +33,7 @@ import numpy as np
 
 from rl_core.agent.ledger import Sample, Trajectory
 from rl_core.algorithms.grpo import Baseline, group_advantages, turn_advantages
+from rl_core.models.buckets import next_bucket
 from rl_core.pipeline.queue import Group, fresh_mask
 from rl_core.training.trainer import TrainBatch
 
@@ -48,13 +49,15 @@ def build_batch(
     scale_rewards: bool,
     min_length: int = 32,
     max_length: int | None = None,
+    bucket: Callable[[int, int], int] = next_bucket,
     credit: Credit = "episode",
     baseline: Baseline = "group",
     gamma: float = 1.0,
     straggler_reward: float | None = None,
 ) -> TrainBatch:
     """``straggler_reward``: what a first part's missing members count as in its
-    mean (episode credit, group baseline); None: the first part's own mean."""
+    mean (episode credit, group baseline); None: the first part's own mean. ``bucket``:
+    the rows' padded length from the longest's (`TrainBatch.pack`)."""
     ordered = sorted(groups, key=lambda g: g.task)  # completion order must not change the math
     advantage: Callable[[int, Trajectory, Sample], float | list[float]]
     if credit == "turn":
@@ -102,6 +105,7 @@ def build_batch(
         pad_id=pad_id,
         min_length=min_length,
         max_length=max_length,
+        bucket=bucket,
         rewards=row_rewards,
         lags=lags,
         groups=row_groups,

@@ -550,6 +550,7 @@ def build_pipeline(
                 scale_rewards=spec.algorithm.scale_rewards,
                 min_length=configs.TRAIN_MIN_LENGTH,
                 max_length=spec.agent.max_context,
+                bucket=configs.TRAIN_LENGTH_BUCKET,
                 credit=spec.algorithm.credit,
                 baseline=spec.algorithm.baseline,
                 gamma=spec.algorithm.gamma,

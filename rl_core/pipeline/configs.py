@@ -13,7 +13,7 @@ import os
 from rl_core.agent.agent import AgentConfig
 from rl_core.algorithms.grpo import GrpoConfig
 from rl_core.algorithms.ppo import PpoConfig
-from rl_core.models.buckets import next_bucket
+from rl_core.models.buckets import next_bucket, quarter_bucket
 from rl_core.models.tokenizer import Tokenizer
 from rl_core.pipeline.pipeline import PipelineConfig
 from rl_core.rollout.base import SamplingParams
@@ -28,9 +28,12 @@ from rl_core.training.trainer import TrainerConfig
 # episodes grow (tens of seconds on a busy CPU).
 SINGLE_BUCKET_CONTEXT = 256
 # Train steps do bucket by length: their cost grows with it (8 passes of 64 rows at
-# 128 tokens cost the tiny game twice what 64 tokens do), and a handful of
-# power-of-two buckets compile once each.
+# 128 tokens cost the tiny game twice what 64 tokens do). Quarter octaves (..., 96,
+# 112, 128, 160, ...), not powers of two: a row of 97 tokens pads to 112, not 128, and
+# one of 282 to 320, not 512 (bench/README.md, "P1 / the head at the trained
+# positions"); a run's longest row moves little, so it meets one or two of them.
 TRAIN_MIN_LENGTH = 32
+TRAIN_LENGTH_BUCKET = quarter_bucket
 
 
 def engine_config(spec: JobSpec, tokenizer: Tokenizer) -> EngineConfig:

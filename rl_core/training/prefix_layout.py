@@ -33,6 +33,7 @@ import numpy as np
 
 from rl_core.models.buckets import next_bucket, quarter_bucket
 from rl_core.training import train_step as ts
+from rl_core.training.head_positions import shifted_positions
 from rl_core.training.prefix_shared import SharedPrefix, take
 
 Blocks = list[np.ndarray]  # rows of one micro-batch, each array a block sharing a prefix
@@ -228,6 +229,9 @@ def _take(full: ts.MiniBatch, rows: jax.Array, offsets: jax.Array, width: int) -
         ref_logprobs=cut(full.ref_logprobs),
         old_values=cut(full.old_values),
         returns=cut(full.returns),
+        trained_at=None
+        if full.trained_at is None
+        else shifted_positions(full.trained_at, rows, offsets),
     )
 
 

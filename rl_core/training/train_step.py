@@ -23,6 +23,7 @@ from flax import nnx
 from rl_core.algorithms.grpo import Counts, GrpoConfig, policy_loss, token_logprobs
 from rl_core.algorithms.ppo import PpoConfig, value_loss
 from rl_core.training.chunked_logits import chunked_token_logprobs
+from rl_core.training.head_positions import gathered_token_logprobs
 from rl_core.training.lora import LoraConfig, merged_params
 from rl_core.training.lora_unmerged import lora_model
 from rl_core.training.prefix_shared import SharedPrefix, shared_hidden
@@ -66,6 +67,9 @@ class MiniBatch(NamedTuple):
     old_values: jax.Array | None  # [B, T-1] (PPO)
     returns: jax.Array | None  # [B, T-1] (PPO)
     prefix: SharedPrefix | None = None  # the prompts the rows continue; None: whole rows
+    # [B, K] int32: each row's trained positions (`rl_core.training.head_positions`), where
+    # alone the output head runs; None: the head at every position.
+    trained_at: jax.Array | None = None
 
 
 def effective_params(trainable: Trainable, frozen: dict[str, Any], lora: LoraConfig | None) -> Any:
@@ -95,6 +99,7 @@ def forward(
     with_hidden: bool = False,
     logits_chunk: int | None = None,
     prefix: SharedPrefix | None = None,
+    trained_at: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
     """`forward_model` of the model ``params`` make."""
     return forward_model(
@@ -104,6 +109,7 @@ def forward(
         with_hidden=with_hidden,
         logits_chunk=logits_chunk,
         prefix=prefix,
+        trained_at=trained_at,
     )
 
 
@@ -115,6 +121,7 @@ def forward_model(
     with_hidden: bool = False,
     logits_chunk: int | None = None,
     prefix: SharedPrefix | None = None,
+    trained_at: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
     """Logprob and entropy of every next token; right padding needs only the causal mask.
 
@@ -122,7 +129,8 @@ def forward_model(
     so no [B, T-1, V] logits are ever held; None computes them all at once (the
     reference path). The hidden states (for the value head) are the trunk's output
     either way, from the same forward pass. ``prefix``: ``tokens`` are suffixes of the
-    prefixes it holds, computed once each (`shared_hidden`).
+    prefixes it holds, computed once each (`shared_hidden`). ``trained_at`` [B, K]: the
+    head runs at those positions only and the rest are 0 (`gathered_token_logprobs`).
     """
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     if prefix is None:
@@ -130,7 +138,11 @@ def forward_model(
         h, _ = model.hidden(inputs, positions)  # [B, T-1, D]
     else:
         h = shared_hidden(model, prefix, inputs)
-    if logits_chunk is None:
+    if trained_at is not None:
+        lp, entropy = gathered_token_logprobs(
+            h, targets, trained_at, model.logits, temperature, logits_chunk
+        )
+    elif logits_chunk is None:
         lp, entropy = token_logprobs(model.logits(h), targets, temperature)
     else:
         lp, entropy = chunked_token_logprobs(h, targets, model.logits, temperature, logits_chunk)
@@ -155,6 +167,7 @@ def score(
     value_head: dict[str, jax.Array] | None,
     tokens: jax.Array,  # [B, T]
     prefix: SharedPrefix | None = None,
+    trained_at: jax.Array | None = None,  # [B, K]: logprobs there only, 0 elsewhere
 ) -> tuple[jax.Array, jax.Array | None]:  # logprobs [B, T-1], values [B, T-1] | None
     lp, _, hidden = forward(
         graphdef,
@@ -165,6 +178,7 @@ def score(
         with_hidden=value_head is not None,
         logits_chunk=cfg.logits_chunk,
         prefix=prefix,
+        trained_at=trained_at,
     )
     values = None if value_head is None or hidden is None else values_of(value_head, hidden)
     return lp, values
@@ -188,9 +202,16 @@ def micro_loss(
         with_hidden=ppo is not None,
         logits_chunk=cfg.logits_chunk,
         prefix=mb.prefix,
+        trained_at=mb.trained_at,
     )
     # One update per step: pi_old is the current policy (ratio 1, gradient of the ratio 1).
     old = jax.lax.stop_gradient(lp) if mb.old_logprobs is None else mb.old_logprobs
+    ref = mb.ref_logprobs
+    if mb.trained_at is not None:
+        # log pi is 0 off the mask here; pi_old / pi_ref scored at every position would put
+        # exp(0 - old) in a ratio the mask then drops, but whose overflow would not be.
+        old = jnp.where(mb.mask > 0, old, 0.0)
+        ref = None if ref is None else jnp.where(mb.mask > 0, ref, 0.0)
     loss, metrics = policy_loss(
         lp,
         old,
@@ -199,7 +220,7 @@ def micro_loss(
         mb.mask,
         entropy,
         cfg.grpo,
-        ref_logprobs=mb.ref_logprobs,
+        ref_logprobs=ref,
         counts=counts,
         lag=mb.lag,
     )

@@ -1,8 +1,10 @@
 """The trainer: the one stateful object. Holds the policy and its optimiser; takes steps.
 
 A batch is padded to fixed shapes before it reaches the jitted step: a fixed
-number of rows (the run's batch size) and a length rounded up to a power of
-two, so a run compiles one step per length bucket and never per batch.
+number of rows (the run's batch size) and a length bucket (`TrainBatch.pack`'s
+``bucket``: powers of two, or the pipeline's quarter octaves), so a run compiles one
+step per length bucket and never per batch. The loss's output head runs at each row's
+trained positions only (``head_positions``), their count bucketed too.
 
 One `train_step` is::
 
@@ -24,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +41,7 @@ from rl_core.models import Model
 from rl_core.models.buckets import next_bucket
 from rl_core.training import prefix_layout
 from rl_core.training import train_step as ts
+from rl_core.training.head_positions import shifted_positions, trained_positions
 from rl_core.training.lora import LoraConfig, init_adapters
 from rl_core.training.prefix_shared import scatter
 
@@ -62,6 +65,10 @@ class TrainerConfig:
     # rows x length): no [tokens, vocab] logits are held in the forward or the backward
     # (rl_core.training.chunked_logits). None: all positions' logits at once.
     logits_chunk: int | None = 512
+    # Where the loss's output head runs: at the trained positions only ("trained": the
+    # rows' masked-in tokens, gathered; rl_core.training.head_positions), or at every
+    # position ("all": the prompt's, observations' and padding's too, the old path).
+    head_positions: Literal["trained", "all"] = "trained"
     # LoRA applied beside the frozen kernels in the loss's forward ("unmerged"), or merged
     # into them ("merged"): rl_core.training.lora_unmerged says why and what it saves.
     lora_apply: ts.LoraApply = "unmerged"
@@ -86,6 +93,10 @@ class TrainerConfig:
             raise ValueError("logits_chunk must be >= 1 position, or None for no chunks")
         if self.share_prefix_min < 0:
             raise ValueError("share_prefix_min must be >= 0 positions per row")
+        if self.head_positions not in ("trained", "all"):
+            raise ValueError(
+                f"head_positions must be 'trained' or 'all', not {self.head_positions!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,14 +130,16 @@ class TrainBatch:
         rewards: Sequence[float] | None = None,
         lags: Sequence[Sequence[int]] | None = None,
         groups: Sequence[int] | None = None,
+        bucket: Callable[[int, int], int] = next_bucket,
     ) -> TrainBatch:
         """``max_length``: no row is longer (the run's context), so no bucket need be:
         a 96-token context trains at 96, not at the bucket of 128 (a quarter of a train
-        step's work was padding). A longer row still gets its own length, never cut."""
+        step's work was padding). A longer row still gets its own length, never cut.
+        ``bucket(longest, min_length)``: the padded length (`rl_core.models.buckets`)."""
         if len(tokens) > rows:
             raise ValueError(f"{len(tokens)} trajectories do not fit in {rows} rows")
         longest = max((len(t) for t in tokens), default=1)
-        length = next_bucket(longest, min_length)
+        length = bucket(longest, min_length)
         if max_length is not None:
             length = min(length, max(max_length, longest))
         tok = np.full((rows, length), pad_id, np.int32)
@@ -374,20 +387,24 @@ class Trainer:
         if advantages.ndim == 2:  # per token: aligned with tokens[:, 1:], as the mask is
             advantages = advantages[:, 1:]
         needs_old = cfg.mini_batches > 1 or cfg.epochs > 1 or cfg.ppo is not None
+        # pi_old and pi_ref too are read on the trained positions only: scored there alone.
+        positions = None
+        if cfg.head_positions == "trained":
+            positions = trained_positions(batch.loss_mask[:, 1:])
         scoring = None
         if groups is not None and (needs_old or cfg.grpo.kl_coef > 0):
             # One pass in the group order, micro-batch by micro-batch (as _score_chunked).
             (scoring,) = self._layouts(batch, groups, None, 1)
         if needs_old:
             old, old_values = self._scores(
-                self._policy(), self.trainable.get("value"), tokens, scoring
+                self._policy(), self.trainable.get("value"), tokens, scoring, positions
             )
         if cfg.grpo.kl_coef > 0:
             if "ref_adapters" in self._frozen:  # started from an adapter: that policy
                 ref_params = self._merged({"policy": self._frozen["ref_adapters"]}, self._frozen)
             else:
                 ref_params = self._frozen["base" if cfg.lora is not None else "ref"]
-            ref, _ = self._scores(ref_params, None, tokens, scoring)
+            ref, _ = self._scores(ref_params, None, tokens, scoring, positions)
         if cfg.ppo is not None:
             if batch.rewards is None:
                 raise ValueError("PPO needs TrainBatch.rewards (one episode reward per row)")
@@ -406,6 +423,7 @@ class Trainer:
             ref_logprobs=ref,
             old_values=old_values,
             returns=returns,
+            trained_at=positions,
         )
 
     def _scores(
@@ -414,9 +432,10 @@ class Trainer:
         value_head: Any,
         tokens: jax.Array,  # [B, T]
         layout: prefix_layout.Layout | None,
+        positions: jax.Array | None,  # [B, K]: logprobs there only (0 elsewhere); None: all
     ) -> tuple[jax.Array, jax.Array | None]:  # logprobs [B, T-1], values [B, T-1] | None
         if layout is None or layout.prefix is None:
-            return self._score_chunked(params, value_head, tokens)
+            return self._score_chunked(params, value_head, tokens, positions)
         # Positions the layout leaves out (prompts, untrained rows) are 0: off every mask.
         shape = (tokens.shape[0], tokens.shape[1] - 1)
         lp = jnp.zeros(shape, jnp.float32)
@@ -425,20 +444,28 @@ class Trainer:
         for part in prefix_layout.micro_layouts(layout, parts):
             suffixes, prefix = prefix_layout.suffixes(tokens, part)
             rows, offsets = jnp.asarray(part.rows), jnp.asarray(part.offsets)
-            got, got_values = self._score(params, self._rest, value_head, suffixes, prefix)
+            at = None if positions is None else shifted_positions(positions, rows, offsets)
+            got, got_values = self._score(params, self._rest, value_head, suffixes, prefix, at)
             lp = scatter(got, rows, offsets, shape[1], lp)
             if values is not None and got_values is not None:
                 values = scatter(got_values, rows, offsets, shape[1], values)
         return lp, values
 
     def _score_chunked(
-        self, params: Any, value_head: Any, tokens: jax.Array
+        self, params: Any, value_head: Any, tokens: jax.Array, positions: jax.Array | None
     ) -> tuple[jax.Array, jax.Array | None]:
         # Scored in micro-batch slices: the no-gradient pass needs no more memory than training.
         rows = tokens.shape[0]
         step = max(rows // (self.config.mini_batches * self.config.micro_batches), 1)
         parts = [
-            self._score(params, self._rest, value_head, tokens[i : i + step])
+            self._score(
+                params,
+                self._rest,
+                value_head,
+                tokens[i : i + step],
+                None,
+                None if positions is None else positions[i : i + step],
+            )
             for i in range(0, rows, step)
         ]
         lp = jnp.concatenate([p[0] for p in parts])

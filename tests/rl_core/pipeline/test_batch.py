@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from rl_core.agent.ledger import Sample, Trajectory
+from rl_core.pipeline import configs
 from rl_core.pipeline.batch import StragglerRewards, build_batch
 from rl_core.pipeline.queue import Group, GroupTask
 
@@ -112,3 +115,16 @@ def test_each_model_token_carries_its_policy_lag_behind_the_trainer() -> None:
     assert not batch.lag[1].any()
     assert batch.lag[2, :5].tolist() == [0, 0, 0, 1, 1]
     assert not batch.lag[3].any()  # a padding row
+
+
+def test_rows_pad_to_the_runs_length_bucket() -> None:
+    # 3 + 32 turns x 3 tokens = 99 tokens: a power of two pads to 128, a quarter octave
+    # to 112 (what the pipeline asks for: configs.TRAIN_LENGTH_BUCKET), both within 256.
+    long = Group(task=GroupTask(0, 0), trajectories=[episode(0, [0.0] * 32)])
+    build = functools.partial(
+        build_batch, [long], group_size=1, rows=2, pad_id=0, scale_rewards=False, max_length=256
+    )
+    assert build().tokens.shape == (2, 128)
+    fine = build(bucket=configs.TRAIN_LENGTH_BUCKET)
+    assert fine.tokens.shape == (2, 112)
+    assert fine.loss_mask[0].sum() == 64 and fine.loss_mask[0, 99:].sum() == 0
