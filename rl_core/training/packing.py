@@ -26,8 +26,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from numpy.typing import ArrayLike
 
 from rl_core.models.buckets import quarter_bucket
 from rl_core.training import train_step as ts
@@ -42,7 +44,7 @@ def row_lengths(mask: np.ndarray) -> np.ndarray:  # [B, T-1] loss mask -> [B] in
 
 
 def first_fit_decreasing(
-    rows: Sequence[int], lengths: np.ndarray, capacity: int
+    rows: Sequence[int] | np.ndarray, lengths: np.ndarray, capacity: int
 ) -> list[list[int]]:  # bins of batch rows, each summing to <= capacity
     """Longest row first, each into the first bin it fits (a new one if none); rows of
     length 0 in no bin. Ties keep ``rows``' order, so a layout is a function of it."""
@@ -88,13 +90,9 @@ class Packing:
     def positions(self) -> np.ndarray:  # [P, L]: restart at 0 per segment (0: padding)
         return self.cols
 
-    def saving(self, rows: int) -> float:
-        """The share of ``rows`` plain rows' positions this layout does not compute."""
-        return 1.0 - self.rows.shape[0] / rows
-
 
 def plan(
-    rows: Sequence[int],  # the mini-batch's batch rows, in its order
+    rows: Sequence[int] | np.ndarray,  # the mini-batch's batch rows, in its order
     mask: np.ndarray,  # [B, T-1] the batch's loss mask
     *,
     multiple: int,
@@ -128,8 +126,9 @@ def plan(
     return Packing(src_row, src_col, segment, target_rows, target_cols, sequences)
 
 
-def gather_targets(x: np.ndarray, p: Packing) -> np.ndarray:  # [B, T-1] -> [P, L-1]
+def gather_targets(x: ArrayLike, p: Packing) -> np.ndarray:  # [B, T-1] -> [P, L-1]
     """A per-target array in the packed layout; 0 where no row's target is."""
+    x = np.asarray(x)
     got = x[np.maximum(p.target_rows, 0), p.target_cols]
     return np.where(p.target_rows >= 0, got, 0).astype(x.dtype)
 
@@ -164,8 +163,8 @@ def mini_batch(
     else:
         adv = gather_targets(adv, p)
 
-    def maybe(x: np.ndarray | None) -> jnp.ndarray | None:
-        return None if x is None else jnp.asarray(gather_targets(np.asarray(x), p))
+    def maybe(x: ArrayLike | None) -> jax.Array | None:
+        return None if x is None else jnp.asarray(gather_targets(x, p))
 
     weights = None
     if sequence_weights:

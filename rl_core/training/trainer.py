@@ -383,7 +383,7 @@ class Trainer:
         for i in range(m):
             part = order[i * size : (i + 1) * size]
             layout = packing.plan(
-                part, host.mask, multiple=cfg.micro_batches, min_saving=cfg.pack_min_saving
+                part, np.asarray(host.mask), multiple=cfg.micro_batches, min_saving=cfg.pack_min_saving
             )
             length = full.tokens.shape[1]
             stats = self.last_layout
