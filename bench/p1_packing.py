@@ -79,9 +79,9 @@ def main() -> None:
     batch = long_tail_batch(
         args.rows, args.median, args.sigma, args.cap, model.config.vocab_size, args.seed
     )
-    lengths = [int(np.flatnonzero(m).max()) + ANSWER for m in batch.loss_mask if m.any()]
+    lengths = [int(np.flatnonzero(m).max()) + 1 for m in batch.loss_mask if m.any()]
     print(
-        f"batch: {args.rows} rows x {batch.tokens.shape[1]}; row lengths {sorted(lengths)}; "
+        f"batch: {args.rows} rows x {batch.tokens.shape[1]}; lengths to the last trained token {sorted(lengths)}; "
         f"trained tokens {int(batch.loss_mask.sum())}; load {os.getloadavg()[0]:.1f}",
         flush=True,
     )

@@ -15,10 +15,11 @@ The target of the last input position of one segment would be the next segment's
 token: no row trains on it (a row's first token is its prompt's, never a target), and
 here it is never gathered: its mask, advantage and logprobs are 0 by construction.
 
-Shapes stay few: the bin count is rounded up to ``multiple`` (the micro-batches) times a
-quarter-octave count (`quarter_bucket`: 1..8, 10, 12, 14, 16, 20, ...), at most the plain
-path's rows; the bin length is the batch's own. Packing that saves less than
-``min_saving`` of the plain path's positions is not done (`plan` returns None).
+Shapes stay few: a step's mini-batches share one bin count, the fullest's rounded up to
+``multiple`` (the micro-batches) times a half-octave count (`bin_count`), at most the
+plain path's rows, and one width of the head's index; the bin length is the batch's own.
+A step whose packing saves less than ``min_saving`` of the plain path's positions is
+not packed (`plan_step` returns None).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rl_core.models.buckets import quarter_bucket
 from rl_core.training import train_step as ts
 from rl_core.training.head_positions import trained_positions
 
@@ -67,10 +67,14 @@ def first_fit_decreasing(
 
 
 def bin_count(n: int, multiple: int, cap: int) -> int:
-    """``n`` bins rounded up to ``multiple`` times a quarter-octave count, at most ``cap``
-    (a multiple of ``multiple``, at least ``n``: the plain path's rows)."""
+    """``n`` bins rounded up to ``multiple`` times a half-octave count (1, 2, 3, 4, 6, 8,
+    12, 16, 24, ...), at most ``cap`` (a multiple of ``multiple``, at least ``n``: the
+    plain path's rows). Half octaves, not quarters: each count is a compile (seconds),
+    and a step of 0.5 s pays one back only after many steps."""
     per = -(-max(n, 1) // multiple)
-    return min(multiple * quarter_bucket(per, 1), cap)
+    octave = 1 << (per - 1).bit_length()  # the power of two at or above
+    half = octave * 3 // 4 if per > 2 and per <= octave * 3 // 4 else octave
+    return min(multiple * half, cap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,12 +103,31 @@ def plan(
     min_saving: float,
 ) -> Packing | None:  # None: packing would save less than ``min_saving`` of the positions
     """The rows packed into bins of the batch's length T, ``multiple`` dividing their count."""
+    layouts = plan_step([rows], mask, multiple=multiple, min_saving=min_saving)
+    return None if layouts is None else layouts[0]
+
+
+def plan_step(
+    parts: Sequence[Sequence[int] | np.ndarray],  # a step's mini-batches, equal row counts
+    mask: np.ndarray,  # [B, T-1]
+    *,
+    multiple: int,
+    min_saving: float,
+) -> list[Packing] | None:  # one per part, all of one shape; None: too little saved
+    """Each part packed, all into the bin count the fullest needs: one compiled shape a
+    step. None (the plain path for the whole step) when that count saves less than
+    ``min_saving`` of a part's positions."""
     length = mask.shape[1] + 1
     lengths = row_lengths(mask)
-    bins = first_fit_decreasing(rows, lengths, length)
-    count = bin_count(len(bins), multiple, len(rows))
-    if count > (1.0 - min_saving) * len(rows):
+    bins = [first_fit_decreasing(rows, lengths, length) for rows in parts]
+    size = len(parts[0])
+    count = bin_count(max(len(b) for b in bins), multiple, size)
+    if count > (1.0 - min_saving) * size:
         return None
+    return [_layout(b, lengths, count, length) for b in bins]
+
+
+def _layout(bins: list[list[int]], lengths: np.ndarray, count: int, length: int) -> Packing:
     src_row = np.full((count, length), -1, np.int32)
     src_col = np.zeros((count, length), np.int32)
     segment = np.full((count, length), -1, np.int32)
@@ -124,6 +147,12 @@ def plan(
     sequences = np.zeros((count,), np.float32)
     sequences[: len(bins)] = [len(b) for b in bins]
     return Packing(src_row, src_col, segment, target_rows, target_cols, sequences)
+
+
+def head_width(layouts: Sequence[Packing], mask: np.ndarray) -> int:
+    """One width of the head's index (`trained_positions`) for all ``layouts``: the
+    widest any of their bins needs, so a step's packed updates share one program."""
+    return max(int(trained_positions(gather_targets(mask, p)).shape[1]) for p in layouts)
 
 
 def gather_targets(x: ArrayLike, p: Packing) -> np.ndarray:  # [B, T-1] -> [P, L-1]
@@ -151,7 +180,7 @@ def mini_batch(
     host: ts.MiniBatch,  # the batch's rows on the host (numpy), pi_old / pi_ref included
     p: Packing,
     *,
-    head_trained: bool,  # the output head at the trained positions only (its index here)
+    head_width: int | None,  # the head's index this wide (`head_width`); None: no index
     sequence_weights: bool,  # per-token 1 / its row's trained tokens (sequence_mean)
 ) -> ts.MiniBatch:
     """The packed mini-batch the jitted update takes; advantages per token (a row's one
@@ -181,7 +210,9 @@ def mini_batch(
         ref_logprobs=maybe(host.ref_logprobs),
         old_values=None,
         returns=None,
-        trained_at=jnp.asarray(trained_positions(mask)) if head_trained else None,
+        trained_at=None
+        if head_width is None
+        else jnp.asarray(trained_positions(mask, minimum=head_width)),
         positions=jnp.asarray(p.positions),
         segments=jnp.asarray(p.segments),
         sequences=jnp.asarray(p.sequences),
@@ -194,9 +225,11 @@ __all__ = [
     "bin_count",
     "first_fit_decreasing",
     "gather_targets",
+    "head_width",
     "mini_batch",
     "packed_tokens",
     "plan",
+    "plan_step",
     "row_lengths",
     "scatter_targets",
 ]

@@ -310,19 +310,32 @@ class Trainer:
             )
         full = self._prepare(batch, groups)
         host = jax.device_get(full) if self._packs() else None
+        keys = []
+        for _ in range(cfg.epochs):  # one shuffle a pass, drawn as the plain path draws them
+            self.rng, key = jax.random.split(self.rng)
+            keys.append(key)
+        plans = None if host is None else self._packed_plan(host, keys)
+        width = None
+        if plans is not None and cfg.head_positions == "trained":
+            mask = np.asarray(full.mask)
+            width = packing.head_width([p for epoch in plans for p in epoch], mask)
         self.last_layout = {"packed": 0, "plain": 0, "positions": 0, "plain_positions": 0}
         totals: dict[str, float] = {}
         seen: dict[str, int] = {}  # mini-batches that gave each mean (a NaN is none)
         worst: dict[str, float] = {}
-        for _ in range(cfg.epochs):
-            self.rng, key = jax.random.split(self.rng)
+        for epoch, key in enumerate(keys):
             if groups is not None:
                 minis = self._shared_minis(batch, full, groups, key)
-            elif host is not None:
-                minis = self._packed_minis(full, host, key)
+            elif plans is not None:
+                assert host is not None
+                minis = self._packed_minis(host, plans[epoch], width)
             else:
                 minis = self._row_minis(full, key)
             for mb in minis:
+                stats = self.last_layout
+                stats["packed" if mb.segments is not None else "plain"] += 1
+                stats["positions"] += int(np.prod(mb.tokens.shape))
+                stats["plain_positions"] += size * batch.tokens.shape[1]
                 lr = float(self.schedule(self.updates))
                 self.trainable, self.opt_state, metrics = self._update(
                     self.trainable, self.opt_state, self._frozen, self._rest, mb
@@ -370,35 +383,38 @@ class Trainer:
         cfg = self.config
         return cfg.pack and cfg.ppo is None and not cfg.share_prefix
 
-    def _packed_minis(
-        self, full: ts.MiniBatch, host: ts.MiniBatch, key: jax.Array
-    ) -> Iterator[ts.MiniBatch]:
-        """The plain path's mini-batches (the same shuffle), each packed
-        (`rl_core.training.packing`) unless that would save too little."""
+    def _packed_plan(
+        self, host: ts.MiniBatch, keys: list[jax.Array]
+    ) -> list[list[packing.Packing]] | None:  # per pass, per mini-batch; None: plain
+        """The plain path's mini-batches (the same shuffles, ``keys``: one per pass) packed
+        (`rl_core.training.packing`), all in one shape; None when that saves too little."""
         cfg = self.config
-        rows = full.tokens.shape[0]
         m = cfg.mini_batches
+        rows = host.tokens.shape[0]
         size = rows // m
-        order = np.asarray(jax.random.permutation(key, rows)) if m > 1 else np.arange(rows)
-        for i in range(m):
-            part = order[i * size : (i + 1) * size]
-            layout = packing.plan(
-                part, np.asarray(host.mask), multiple=cfg.micro_batches, min_saving=cfg.pack_min_saving
-            )
-            length = full.tokens.shape[1]
-            stats = self.last_layout
-            stats["plain_positions"] += size * length
-            stats["positions"] += (size if layout is None else layout.rows.shape[0]) * length
-            stats["plain" if layout is None else "packed"] += 1
-            if layout is None:
-                idx = jnp.asarray(part)
-                yield full if m == 1 else jax.tree.map(lambda x, idx=idx: x[idx], full)
-                continue
+        parts: list[np.ndarray] = []
+        for key in keys:
+            order = np.asarray(jax.random.permutation(key, rows)) if m > 1 else np.arange(rows)
+            parts.extend(order[i * size : (i + 1) * size] for i in range(m))
+        layouts = packing.plan_step(
+            parts,
+            np.asarray(host.mask),
+            multiple=cfg.micro_batches,
+            min_saving=cfg.pack_min_saving,
+        )
+        if layouts is None:
+            return None
+        return [layouts[i * m : (i + 1) * m] for i in range(len(keys))]
+
+    def _packed_minis(
+        self, host: ts.MiniBatch, layouts: list[packing.Packing], width: int | None
+    ) -> Iterator[ts.MiniBatch]:
+        for layout in layouts:
             yield packing.mini_batch(
                 host,
                 layout,
-                head_trained=cfg.head_positions == "trained",
-                sequence_weights=cfg.grpo.aggregation == "sequence_mean",
+                head_width=width,
+                sequence_weights=self.config.grpo.aggregation == "sequence_mean",
             )
 
     def _layouts(
