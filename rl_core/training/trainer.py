@@ -13,7 +13,10 @@ One `train_step` is::
     update    one AdamW update per mini-batch (rows shuffled by the trainer's RNG;
               whole groups with ``share_prefix``, each group's prompt computed once
               per micro-batch: rl_core.training.prefix_shared), each the sum of its
-              micro-batches' gradients; ``epochs`` passes
+              micro-batches' gradients; ``epochs`` passes. With ``pack`` (GRPO) each
+              mini-batch's rows, and the scoring's, are packed end to end into bins
+              of the batch's length (rl_core.training.packing): the same numbers from
+              fewer positions
 
 Logprobs are recomputed here for every token (the sampler's are only used as
 the behaviour policy of the importance weight), and the gap between the two
@@ -81,9 +84,10 @@ class TrainerConfig:
     share_prefix_min: int = 64
     # Sequence packing (rl_core.training.packing): each mini-batch's rows laid end to end
     # in bins of the batch's length, pi_old / pi_ref scored packed too; not for PPO (its
-    # value head and GAE are per row) nor with share_prefix (its own layout), and not for
-    # a mini-batch that packing would shrink by less than ``pack_min_saving`` of its
-    # positions: those take the plain path, which ``pack=False`` keeps for every step.
+    # value head and GAE are per row), with share_prefix (its own layout) or over several
+    # processes, and not for a step that packing would shrink by less than
+    # ``pack_min_saving`` of its positions: those take the plain path, which
+    # ``pack=False`` keeps for every step.
     pack: bool = True
     pack_min_saving: float = 0.25
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
@@ -378,10 +382,13 @@ class Trainer:
             yield jax.tree.map(lambda x, idx=idx: x[idx], full)
 
     def _packs(self) -> bool:
-        """Whether steps pack: PPO's value head and GAE are per row, and a prefix-shared
-        step has its own layout; both keep the plain path."""
+        """Whether steps pack: PPO's value head and GAE are per row, a prefix-shared step
+        has its own layout, and a trainer over several processes (rl_core.training.spmd)
+        holds only its own rows on the host, where bins are laid out; all three keep the
+        plain path."""
         cfg = self.config
-        return cfg.pack and cfg.ppo is None and not cfg.share_prefix
+        single = jax.process_count() == 1
+        return cfg.pack and cfg.ppo is None and not cfg.share_prefix and single
 
     def _packed_plan(
         self, host: ts.MiniBatch, keys: list[jax.Array]
