@@ -81,7 +81,8 @@ def main() -> None:
     )
     lengths = [int(np.flatnonzero(m).max()) + 1 for m in batch.loss_mask if m.any()]
     print(
-        f"batch: {args.rows} rows x {batch.tokens.shape[1]}; lengths to the last trained token {sorted(lengths)}; "
+        f"batch: {args.rows} rows x {batch.tokens.shape[1]}; "
+        f"lengths to the last trained token {sorted(lengths)}; "
         f"trained tokens {int(batch.loss_mask.sum())}; load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
