@@ -45,7 +45,8 @@ def trained_positions(
     trainer's processes (`rl_core.training.spmd`) is never gathered on one host. Its K,
     a replicated scalar, is the same in every process, so they all run one program."""
     most = int(_most_trained(mask))
-    return _packed(mask, min(next_bucket(most, minimum), mask.shape[1]))
+    positions: jax.Array = _packed(mask, min(next_bucket(most, minimum), mask.shape[1]))
+    return positions
 
 
 @jax.jit
