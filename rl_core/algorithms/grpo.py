@@ -180,6 +180,7 @@ def aggregate(
     mode: Aggregation,
     norm_tokens: int,
     counts: Counts | None = None,
+    sequence_weights: jax.Array | None = None,
 ) -> jax.Array:
     """Reduce a [B, T] per-token quantity over the masked tokens to a scalar.
 
@@ -187,6 +188,9 @@ def aggregate(
     then the mean over sequences with any tokens (GRPO). token_sum_norm:
     sum / (sequences x norm_tokens) (Dr.GRPO). ``counts`` are the whole
     batch's when ``per_token`` is one micro-batch of it (default: this one's).
+    ``sequence_weights`` [B, T]: rows that hold several sequences (packed; their
+    ``counts`` say how many): each token weighted by 1 / its own sequence's masked
+    tokens, for sequence_mean.
     """
     mask = mask.astype(per_token.dtype)
     counts = Counts.of(mask) if counts is None else counts
@@ -194,6 +198,8 @@ def aggregate(
     if mode == "token_mean":
         return total / counts.tokens
     if mode == "sequence_mean":
+        if sequence_weights is not None:
+            return (per_token * mask * sequence_weights).sum() / counts.sequences
         seq_mean = (per_token * mask).sum(axis=1) / jnp.maximum(mask.sum(axis=1), 1.0)
         return seq_mean.sum() / counts.sequences
     if mode == "token_sum_norm":
@@ -212,6 +218,7 @@ def policy_loss(
     ref_logprobs: jax.Array | None = None,  # [B, T] reference policy, needed if kl_coef > 0
     counts: Counts | None = None,  # the whole batch's, when this is one micro-batch
     lag: jax.Array | None = None,  # [B, T] policy versions between sampler and trainer
+    sequence_weights: jax.Array | None = None,  # [B, T] packed rows (`aggregate`)
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The clipped, importance-corrected policy-gradient loss and its diagnostics.
 
@@ -247,7 +254,9 @@ def policy_loss(
         per_token = per_token - config.entropy_coef * bonus
 
     def reduce(x: jax.Array) -> jax.Array:
-        return aggregate(x, mask_f, config.aggregation, config.norm_tokens, counts)
+        return aggregate(
+            x, mask_f, config.aggregation, config.norm_tokens, counts, sequence_weights
+        )
 
     loss = reduce(per_token)
 

@@ -70,6 +70,14 @@ class MiniBatch(NamedTuple):
     # [B, K] int32: each row's trained positions (`rl_core.training.head_positions`), where
     # alone the output head runs; None: the head at every position.
     trained_at: jax.Array | None = None
+    # Packed rows (`rl_core.training.packing`): each row here is a bin of several batch
+    # rows, [B, T] positions restarting at 0 and segment ids (-1: padding) per row; the
+    # batch rows per bin [B] (the sequence count of `Counts`); sequence_mean's per-target
+    # weight [B, T-1], 1 / its own row's trained tokens. None: one batch row per row.
+    positions: jax.Array | None = None
+    segments: jax.Array | None = None
+    sequences: jax.Array | None = None
+    sequence_weights: jax.Array | None = None
 
 
 def effective_params(trainable: Trainable, frozen: dict[str, Any], lora: LoraConfig | None) -> Any:
@@ -100,6 +108,8 @@ def forward(
     logits_chunk: int | None = None,
     prefix: SharedPrefix | None = None,
     trained_at: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    segments: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
     """`forward_model` of the model ``params`` make."""
     return forward_model(
@@ -110,6 +120,8 @@ def forward(
         logits_chunk=logits_chunk,
         prefix=prefix,
         trained_at=trained_at,
+        positions=positions,
+        segments=segments,
     )
 
 
@@ -122,6 +134,8 @@ def forward_model(
     logits_chunk: int | None = None,
     prefix: SharedPrefix | None = None,
     trained_at: jax.Array | None = None,
+    positions: jax.Array | None = None,  # [B, T] packed rows' positions; None: 0..T-1
+    segments: jax.Array | None = None,  # [B, T] packed rows' segment ids; None: one each
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
     """Logprob and entropy of every next token; right padding needs only the causal mask.
 
@@ -131,11 +145,16 @@ def forward_model(
     either way, from the same forward pass. ``prefix``: ``tokens`` are suffixes of the
     prefixes it holds, computed once each (`shared_hidden`). ``trained_at`` [B, K]: the
     head runs at those positions only and the rest are 0 (`gathered_token_logprobs`).
+    ``segments`` (`rl_core.training.packing`): each row holds several sequences, each
+    attending to its own tokens only, at ``positions``.
     """
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    if prefix is None:
-        positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-        h, _ = model.hidden(inputs, positions)  # [B, T-1, D]
+    if segments is not None:
+        assert positions is not None and prefix is None
+        h, _ = model.hidden(inputs, positions[:, :-1], segments=segments[:, :-1])
+    elif prefix is None:
+        at = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+        h, _ = model.hidden(inputs, at)  # [B, T-1, D]
     else:
         h = shared_hidden(model, prefix, inputs)
     if trained_at is not None:
@@ -168,6 +187,8 @@ def score(
     tokens: jax.Array,  # [B, T]
     prefix: SharedPrefix | None = None,
     trained_at: jax.Array | None = None,  # [B, K]: logprobs there only, 0 elsewhere
+    positions: jax.Array | None = None,  # [B, T]: packed rows (`rl_core.training.packing`)
+    segments: jax.Array | None = None,  # [B, T]
 ) -> tuple[jax.Array, jax.Array | None]:  # logprobs [B, T-1], values [B, T-1] | None
     lp, _, hidden = forward(
         graphdef,
@@ -179,6 +200,8 @@ def score(
         logits_chunk=cfg.logits_chunk,
         prefix=prefix,
         trained_at=trained_at,
+        positions=positions,
+        segments=segments,
     )
     values = None if value_head is None or hidden is None else values_of(value_head, hidden)
     return lp, values
@@ -203,15 +226,19 @@ def micro_loss(
         logits_chunk=cfg.logits_chunk,
         prefix=mb.prefix,
         trained_at=mb.trained_at,
+        positions=mb.positions,
+        segments=mb.segments,
     )
     # One update per step: pi_old is the current policy (ratio 1, gradient of the ratio 1).
-    old = jax.lax.stop_gradient(lp) if mb.old_logprobs is None else mb.old_logprobs
+    fixed = jax.lax.stop_gradient(lp)
+    old = fixed if mb.old_logprobs is None else mb.old_logprobs
     ref = mb.ref_logprobs
-    if mb.trained_at is not None:
-        # log pi is 0 off the mask here; pi_old / pi_ref scored at every position would put
-        # exp(0 - old) in a ratio the mask then drops, but whose overflow would not be.
-        old = jnp.where(mb.mask > 0, old, 0.0)
-        ref = None if ref is None else jnp.where(mb.mask > 0, ref, 0.0)
+    # Off the mask pi_old / pi_ref may be 0 (scored at the trained positions only, or
+    # packed rows cut after their last trained token) where log pi is not, or the other
+    # way round: exp(log pi - old) or the KL there would be dropped by the mask, but not
+    # its overflow. Off the mask both read log pi itself: ratio 1, KL 0.
+    old = jnp.where(mb.mask > 0, old, fixed)
+    ref = None if ref is None else jnp.where(mb.mask > 0, ref, fixed)
     loss, metrics = policy_loss(
         lp,
         old,
@@ -223,6 +250,7 @@ def micro_loss(
         ref_logprobs=ref,
         counts=counts,
         lag=mb.lag,
+        sequence_weights=mb.sequence_weights,
     )
     if ppo is not None:
         assert hidden is not None and mb.old_values is not None and mb.returns is not None
@@ -246,6 +274,8 @@ def accumulated_grads(
 ) -> tuple[Trainable, dict[str, jax.Array]]:
     """Gradient and metrics of the whole mini-batch, summed over its micro-batches."""
     counts = Counts.of(mb.mask, mb.lag)
+    if mb.sequences is not None:  # packed: a row is a bin of several sequences
+        counts = counts._replace(sequences=jnp.maximum(mb.sequences.sum(), 1.0))
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
     m = cfg.micro_batches
     if m == 1:

@@ -13,7 +13,10 @@ One `train_step` is::
     update    one AdamW update per mini-batch (rows shuffled by the trainer's RNG;
               whole groups with ``share_prefix``, each group's prompt computed once
               per micro-batch: rl_core.training.prefix_shared), each the sum of its
-              micro-batches' gradients; ``epochs`` passes
+              micro-batches' gradients; ``epochs`` passes. With ``pack`` (GRPO) each
+              mini-batch's rows, and the scoring's, are packed end to end into bins
+              of the batch's length (rl_core.training.packing): the same numbers from
+              fewer positions
 
 Logprobs are recomputed here for every token (the sampler's are only used as
 the behaviour policy of the importance weight), and the gap between the two
@@ -39,7 +42,7 @@ from rl_core.algorithms.grpo import GrpoConfig
 from rl_core.algorithms.ppo import PpoConfig, gae, last_token_rewards, whiten
 from rl_core.models import Model
 from rl_core.models.buckets import next_bucket
-from rl_core.training import prefix_layout
+from rl_core.training import packing, prefix_layout
 from rl_core.training import train_step as ts
 from rl_core.training.head_positions import shifted_positions, trained_positions
 from rl_core.training.lora import LoraConfig, init_adapters
@@ -79,6 +82,14 @@ class TrainerConfig:
     # ``share_prefix_min`` positions per row (of T-1) runs the plain forward instead.
     share_prefix: bool = False
     share_prefix_min: int = 64
+    # Sequence packing (rl_core.training.packing): each mini-batch's rows laid end to end
+    # in bins of the batch's length, pi_old / pi_ref scored packed too; not for PPO (its
+    # value head and GAE are per row), with share_prefix (its own layout) or over several
+    # processes, and not for a step that packing would shrink by less than
+    # ``pack_min_saving`` of its positions: those take the plain path, which
+    # ``pack=False`` keeps for every step.
+    pack: bool = True
+    pack_min_saving: float = 0.25
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
     ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
     lora: LoraConfig | None = None  # set: train adapters only, base frozen
@@ -91,6 +102,8 @@ class TrainerConfig:
             raise ValueError("mini_batches, micro_batches and epochs must be >= 1")
         if self.logits_chunk is not None and self.logits_chunk < 1:
             raise ValueError("logits_chunk must be >= 1 position, or None for no chunks")
+        if not 0.0 <= self.pack_min_saving < 1.0:
+            raise ValueError("pack_min_saving must be in [0, 1): a share of the positions")
         if self.share_prefix_min < 0:
             raise ValueError("share_prefix_min must be >= 0 positions per row")
         if self.head_positions not in ("trained", "all"):
@@ -241,6 +254,9 @@ class Trainer:
         self.opt_state = self.tx.init(trainable)
         self.rng = rng
         self.updates = 0  # optimiser updates so far (the schedule's count)
+        # The last train_step's updates: mini-batches packed and not, and the token
+        # positions their forward passes computed against the plain path's (diagnostics).
+        self.last_layout: dict[str, int] = {}
         self._params_cache: tuple[int, Any] | None = None
         static = {"graphdef": self._graphdef, "cfg": self._cfg}
         # opt_state is donated (no one else holds it); the policy is not: the
@@ -297,16 +313,33 @@ class Trainer:
                 batch.tokens, batch.loss_mask[:, 1:], batch.groups, cfg.share_prefix_min
             )
         full = self._prepare(batch, groups)
+        host = jax.device_get(full) if self._packs() else None
+        keys = []
+        for _ in range(cfg.epochs):  # one shuffle a pass, drawn as the plain path draws them
+            self.rng, key = jax.random.split(self.rng)
+            keys.append(key)
+        plans = None if host is None else self._packed_plan(host, keys)
+        width = None
+        if plans is not None and cfg.head_positions == "trained":
+            mask = np.asarray(full.mask)
+            width = packing.head_width([p for epoch in plans for p in epoch], mask)
+        self.last_layout = {"packed": 0, "plain": 0, "positions": 0, "plain_positions": 0}
         totals: dict[str, float] = {}
         seen: dict[str, int] = {}  # mini-batches that gave each mean (a NaN is none)
         worst: dict[str, float] = {}
-        for _ in range(cfg.epochs):
-            self.rng, key = jax.random.split(self.rng)
+        for epoch, key in enumerate(keys):
             if groups is not None:
                 minis = self._shared_minis(batch, full, groups, key)
+            elif plans is not None:
+                assert host is not None
+                minis = self._packed_minis(host, plans[epoch], width)
             else:
                 minis = self._row_minis(full, key)
             for mb in minis:
+                stats = self.last_layout
+                stats["packed" if mb.segments is not None else "plain"] += 1
+                stats["positions"] += int(np.prod(mb.tokens.shape))
+                stats["plain_positions"] += size * batch.tokens.shape[1]
                 lr = float(self.schedule(self.updates))
                 self.trainable, self.opt_state, metrics = self._update(
                     self.trainable, self.opt_state, self._frozen, self._rest, mb
@@ -347,6 +380,49 @@ class Trainer:
         for i in range(m):
             idx = jnp.asarray(order[i * size : (i + 1) * size])
             yield jax.tree.map(lambda x, idx=idx: x[idx], full)
+
+    def _packs(self) -> bool:
+        """Whether steps pack: PPO's value head and GAE are per row, a prefix-shared step
+        has its own layout, and a trainer over several processes (rl_core.training.spmd)
+        holds only its own rows on the host, where bins are laid out; all three keep the
+        plain path."""
+        cfg = self.config
+        single = jax.process_count() == 1
+        return cfg.pack and cfg.ppo is None and not cfg.share_prefix and single
+
+    def _packed_plan(
+        self, host: ts.MiniBatch, keys: list[jax.Array]
+    ) -> list[list[packing.Packing]] | None:  # per pass, per mini-batch; None: plain
+        """The plain path's mini-batches (the same shuffles, ``keys``: one per pass) packed
+        (`rl_core.training.packing`), all in one shape; None when that saves too little."""
+        cfg = self.config
+        m = cfg.mini_batches
+        rows = host.tokens.shape[0]
+        size = rows // m
+        parts: list[np.ndarray] = []
+        for key in keys:
+            order = np.asarray(jax.random.permutation(key, rows)) if m > 1 else np.arange(rows)
+            parts.extend(order[i * size : (i + 1) * size] for i in range(m))
+        layouts = packing.plan_step(
+            parts,
+            np.asarray(host.mask),
+            multiple=cfg.micro_batches,
+            min_saving=cfg.pack_min_saving,
+        )
+        if layouts is None:
+            return None
+        return [layouts[i * m : (i + 1) * m] for i in range(len(keys))]
+
+    def _packed_minis(
+        self, host: ts.MiniBatch, layouts: list[packing.Packing], width: int | None
+    ) -> Iterator[ts.MiniBatch]:
+        for layout in layouts:
+            yield packing.mini_batch(
+                host,
+                layout,
+                head_width=width,
+                sequence_weights=self.config.grpo.aggregation == "sequence_mean",
+            )
 
     def _layouts(
         self, batch: TrainBatch, groups: list[np.ndarray], order: np.ndarray | None, parts: int
@@ -395,16 +471,31 @@ class Trainer:
         if groups is not None and (needs_old or cfg.grpo.kl_coef > 0):
             # One pass in the group order, micro-batch by micro-batch (as _score_chunked).
             (scoring,) = self._layouts(batch, groups, None, 1)
-        if needs_old:
-            old, old_values = self._scores(
-                self._policy(), self.trainable.get("value"), tokens, scoring, positions
+        packed = None
+        if self._packs() and (needs_old or cfg.grpo.kl_coef > 0):
+            # Scored packed too, in the plain path's number of slices (its memory bound).
+            packed = packing.plan(
+                range(batch.tokens.shape[0]),
+                batch.loss_mask[:, 1:],
+                multiple=cfg.mini_batches * cfg.micro_batches,
+                min_saving=cfg.pack_min_saving,
             )
+        if needs_old:
+            if packed is not None:
+                old = self._scores_packed(self._policy(), batch, packed)
+            else:
+                old, old_values = self._scores(
+                    self._policy(), self.trainable.get("value"), tokens, scoring, positions
+                )
         if cfg.grpo.kl_coef > 0:
             if "ref_adapters" in self._frozen:  # started from an adapter: that policy
                 ref_params = self._merged({"policy": self._frozen["ref_adapters"]}, self._frozen)
             else:
                 ref_params = self._frozen["base" if cfg.lora is not None else "ref"]
-            ref, _ = self._scores(ref_params, None, tokens, scoring, positions)
+            if packed is not None:
+                ref = self._scores_packed(ref_params, batch, packed)
+            else:
+                ref, _ = self._scores(ref_params, None, tokens, scoring, positions)
         if cfg.ppo is not None:
             if batch.rewards is None:
                 raise ValueError("PPO needs TrainBatch.rewards (one episode reward per row)")
@@ -450,6 +541,32 @@ class Trainer:
             if values is not None and got_values is not None:
                 values = scatter(got_values, rows, offsets, shape[1], values)
         return lp, values
+
+    def _scores_packed(
+        self, params: Any, batch: TrainBatch, layout: packing.Packing
+    ) -> jax.Array:  # [B, T-1] logprobs in the row layout, 0 where no bin holds a target
+        """The batch's logprobs scored on its packed ``layout``, slice by slice."""
+        cfg = self.config
+        tokens = packing.packed_tokens(batch.tokens, layout)
+        mask = packing.gather_targets(batch.loss_mask[:, 1:], layout)
+        positions = trained_positions(mask) if cfg.head_positions == "trained" else None
+        bins = tokens.shape[0]
+        step = bins // (cfg.mini_batches * cfg.micro_batches)
+        parts = []
+        for i in range(0, bins, step):
+            lp, _ = self._score(
+                params,
+                self._rest,
+                None,
+                jnp.asarray(tokens[i : i + step]),
+                None,
+                None if positions is None else jnp.asarray(positions[i : i + step]),
+                positions=jnp.asarray(layout.positions[i : i + step]),
+                segments=jnp.asarray(layout.segments[i : i + step]),
+            )
+            parts.append(np.asarray(lp))
+        rows = batch.tokens.shape[0]
+        return jnp.asarray(packing.scatter_targets(np.concatenate(parts), layout, rows))
 
     def _score_chunked(
         self, params: Any, value_head: Any, tokens: jax.Array, positions: jax.Array | None
