@@ -55,7 +55,9 @@ def spec(hosts: int) -> dict[str, Any]:
         "environment": {"name": "guess_number", "config": {"low": 1, "high": 4, "max_turns": 2}},
         "agent": {"max_turns": 2, "max_new_tokens": 8, "max_context": 64},
         "rollout": {"engine": "vllm", "group_size": 4, "concurrency": 8},
-        "algorithm": {"batch_groups": 2, "learning_rate": 1e-3},
+        # A random policy earns no reward here (every advantage 0): the entropy bonus moves
+        # the weights anyway, or the two runs' weights would agree because neither moved.
+        "algorithm": {"batch_groups": 2, "learning_rate": 1e-3, "entropy_coef": 1.0},
         "staleness": {"mode": "sync"},
         "train": {"steps": STEPS, "seed": 0, "checkpoint_interval": 1},
         "resources": {"hosts": hosts, "rollout_servers": 2},
@@ -103,10 +105,10 @@ def vllm_servers(data_dir: str) -> dict[int, int]:
     return servers
 
 
-def final_state(data_dir: str, run_id: str) -> dict[str, np.ndarray]:
+def state(data_dir: str, run_id: str, step: int) -> dict[str, np.ndarray]:
     import orbax.checkpoint as ocp
 
-    folder = Path(data_dir) / "artifacts" / run_id / "checkpoints" / f"step-{STEPS:08d}"
+    folder = Path(data_dir) / "artifacts" / run_id / "checkpoints" / f"step-{step:08d}"
     with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
         restored = ckptr.restore(folder.absolute() / "state")
     return {name: np.asarray(value) for name, value in restored.items()}
@@ -216,12 +218,16 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_one_each_and_match_one_
             assert got[STEPS] == pytest.approx(want[STEPS], rel=1e-4), name
         resent = points(two, "fleet/resent")
 
-    want_state, got_state = final_state(data_dir, one), final_state(data_dir, two)
+    want_state, got_state = state(data_dir, one, STEPS), state(data_dir, two, STEPS)
     assert want_state.keys() == got_state.keys()
     worst = max(float(np.max(np.abs(got_state[k] - v))) for k, v in want_state.items())
+    first = state(data_dir, one, 1)
+    moved = max(float(np.max(np.abs(first[k] - v))) for k, v in want_state.items())
     print(
         f"server held out {held_s:.0f} s, {max(resent.values(), default=0):.0f} requests "
-        f"sent again; max |w(hosts 2) - w(hosts 1)| = {worst:.1e}"
+        f"sent again; max |w(hosts 2) - w(hosts 1)| = {worst:.1e}, moved {moved:.1e} "
+        "from step 1"
     )
+    assert moved > 100 * WEIGHT_TOL  # the comparison below means something
     for name, value in want_state.items():
         np.testing.assert_allclose(got_state[name], value, atol=WEIGHT_TOL, rtol=0, err_msg=name)
