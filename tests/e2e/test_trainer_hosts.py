@@ -17,10 +17,10 @@ seed the collector gave it, which goes with a request sent again to the other se
 sampled token differs only where float rounding decides between two candidates: rare at
 this size (not seen here).
 
-While the killed server restarts (30-80 s) the test holds the trainer processes
-(SIGSTOP, then SIGCONT once the fleet has it back): the run would go on on the other server
-meanwhile (tests/rl_core/pipeline/test_vllm_fleet.py shows it), but it would then need
-tens of steps, in both runs, to outlast the restart.
+While the killed server restarts (30-80 s) the test holds the trainer processes (SIGSTOP
+once the fleet has seen the server die, SIGCONT once it has it back): the run would go on
+on the other server meanwhile (tests/rl_core/pipeline/test_vllm_fleet.py shows it), but
+it would then need tens of steps, in both runs, to outlast the restart.
 """
 
 from __future__ import annotations
@@ -127,7 +127,10 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_one_each_and_match_one_
         }
     )
     data_dir = stack.env["RLAAS_DATA_DIR"]
-    worker_log = stack.logs / "worker.log"
+
+    def log() -> str:
+        return (stack.logs / "worker.log").read_text(errors="replace")
+
     stack.start_api()
     stack.start_worker()
     with stack.client() as client:
@@ -161,21 +164,22 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_one_each_and_match_one_
             return (trainers, servers) if ready else None
 
         trainers, servers = wait_until(both_up, 300, f"step {KILL_SERVER_AFTER}", stack)
+        os.killpg(servers[0], signal.SIGKILL)
+        # Held only once the fleet has seen it down (its next request or update): held
+        # before, the pipeline may wait on the trainer for the next weights, with nothing
+        # sent to the dead server, and the restart would not begin.
+        wait_until(lambda: "rollout server 0 of 2 is down" in log(), 120, "its death seen", stack)
         held = time.monotonic()
         for pid in trainers:
             os.kill(pid, signal.SIGSTOP)
         try:
-            os.killpg(servers[0], signal.SIGKILL)
-            while "rollout server 0 is back" not in worker_log.read_text(errors="replace"):
-                if time.monotonic() - held > HOLD_S:
-                    break
+            while "rollout server 0 is back" not in log() and time.monotonic() - held < HOLD_S:
                 time.sleep(0.5)
         finally:
             for pid in trainers:
                 os.kill(pid, signal.SIGCONT)
         held_s = time.monotonic() - held
-        log = worker_log.read_text(errors="replace")
-        assert "rollout server 0 is back" in log, f"not back in {held_s:.0f} s\n{stack.dump_logs()}"
+        assert "rollout server 0 is back" in log(), f"held {held_s:.0f} s\n{stack.dump_logs()}"
 
         # 2. Once it has served a step again, a trainer process is SIGKILLed.
         def served_again() -> list[int] | None:
@@ -196,8 +200,7 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_one_each_and_match_one_
         final = wait_until(lambda: finished(two), 400, "the run to resume and finish", stack)
         assert final["status"] == "succeeded", f"{final}\n{stack.dump_logs()}"
         assert final["attempts"] == 2, final
-        log = worker_log.read_text(errors="replace")
-        assert "a trainer process was lost; the attempt ends" in log, stack.dump_logs()
+        assert "a trainer process was lost; the attempt ends" in log(), stack.dump_logs()
         # Every step sampled with the weights the trainer held, the restarted server too.
         mismatch = points(two, "mismatch_kl")
         assert sorted(mismatch) == list(range(1, STEPS + 1)), mismatch
