@@ -224,13 +224,14 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_one_each_and_match_one_
     want_state, got_state = state(data_dir, one, STEPS), state(data_dir, two, STEPS)
     assert want_state.keys() == got_state.keys()
     worst = max(float(np.max(np.abs(got_state[k] - v))) for k, v in want_state.items())
-    first = state(data_dir, one, 1)
-    moved = max(float(np.max(np.abs(first[k] - v))) for k, v in want_state.items())
+    # The last 3 checkpoints are kept: how far the last two steps alone moved a weight.
+    before = state(data_dir, one, STEPS - 2)
+    moved = max(float(np.max(np.abs(before[k] - v))) for k, v in want_state.items())
     print(
         f"server held out {held_s:.0f} s, {max(resent.values(), default=0):.0f} requests "
-        f"sent again; max |w(hosts 2) - w(hosts 1)| = {worst:.1e}, moved {moved:.1e} "
-        "from step 1"
+        f"sent again; max |w(hosts 2) - w(hosts 1)| = {worst:.1e}; the last 2 steps moved "
+        f"a weight by {moved:.1e}"
     )
-    assert moved > 100 * WEIGHT_TOL  # the comparison below means something
+    assert moved > 50 * WEIGHT_TOL  # the comparison below means something
     for name, value in want_state.items():
         np.testing.assert_allclose(got_state[name], value, atol=WEIGHT_TOL, rtol=0, err_msg=name)
