@@ -1,26 +1,25 @@
 """``resources: {hosts: 2, rollout_servers: 2}`` through the API, every part a real
 process: the worker starts two trainer processes as Ray actors (a local Ray cluster) and
-two vLLM CPU servers (`rl_core.rollout.fleet`).
-
-- After step 2 one vLLM server is SIGKILLed: the fleet takes it out, sends its requests
-  to the other, restarts it onto the newest weights, and it serves again.
-- Later one trainer process is SIGKILLed: the attempt ends as a lost worker's, and the
-  next resumes from the last checkpoint on two fresh trainer processes and two fresh
-  servers.
-- The run succeeds, with final weights equal (float32 tolerance,
-  tests/rl_core/training/test_spmd.py) to the same spec's on one trainer process.
+two vLLM CPU servers (`rl_core.rollout.fleet`). After step 2 one vLLM server is
+SIGKILLed: the fleet takes it out, sends its requests to the other, restarts it onto the
+newest weights, and it serves again. The run succeeds, with final weights equal (float32
+tolerance, tests/rl_core/training/test_spmd.py) to the same spec's on one trainer process.
 
 Why the two runs can agree: in sync mode every step's episodes are sampled by the weights
-the trainer holds before it (each update checked on both servers by its probe), resumes
-included (tests/rl_core/pipeline/test_runner.py), and vLLM samples each request with the
-seed the collector gave it, which goes with a request sent again to the other server. A
-sampled token differs only where float rounding decides between two candidates: rare at
-this size (not seen here).
+the trainer holds before it (each update checked on both servers by its probe), and vLLM
+samples each request with the seed the collector gave it, which goes with a request sent
+again to the other server. A sampled token differs only where float rounding decides
+between two candidates: rare at this size (not seen here; measured 6e-6 apart at most).
 
 While the killed server restarts (30-80 s) the test holds the trainer processes (SIGSTOP
 once the fleet has seen the server die, SIGCONT once it has it back): the run would go on
 on the other server meanwhile (tests/rl_core/pipeline/test_vllm_fleet.py shows it), but
 it would then need tens of steps, in both runs, to outlast the restart.
+
+One kill per run, to keep CI's time: a SIGKILLed trainer process too (the attempt ends as
+a lost worker's and resumes from the last checkpoint on fresh processes and servers) passed
+here with the same weights (6.0e-6) but cost another start of the fleet and the trainer,
+463 s in all against ~340 s; it is in this file's history (commit 16607fb).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from tests.rl_core.rollout.vllm_venv import ensure_vllm_venv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(5)]
 
-STEPS = 8
+STEPS = 8  # after the kill: the step it is seen in, one it serves in, and slack
 KILL_SERVER_AFTER = 2  # the step after which a vLLM server is killed
 WEIGHT_TOL = 2e-5
 # At most this long held: jax.distributed declares a process dead after 100 s without its
@@ -115,14 +114,12 @@ def state(data_dir: str, run_id: str, step: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.timeout(900)
-def test_two_trainer_processes_and_two_vllm_servers_lose_one_each_and_match_one_process(
+def test_two_trainer_processes_and_two_vllm_servers_lose_a_server_and_match_one_process(
     stack: Stack,
 ) -> None:
     stack.env.update(
         {
             "RLAAS_VLLM_PYTHON": str(ensure_vllm_venv()),
-            "RLAAS_LEASE_SECONDS": "10",  # the killed attempt's run is queued again soon
-            "RLAAS_HEARTBEAT_SECONDS": "1",
             "RLAAS_TRAINER_CALL_TIMEOUT_S": "120",  # more than HOLD_S and a step
         }
     )
@@ -181,31 +178,21 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_one_each_and_match_one_
         held_s = time.monotonic() - held
         assert "rollout server 0 is back" in log(), f"held {held_s:.0f} s\n{stack.dump_logs()}"
 
-        # 2. Once it has served a step again, a trainer process is SIGKILLed.
-        def served_again() -> list[int] | None:
-            now = active(two)
-            up, recoveries = points(two, "fleet/servers_up"), points(two, "fleet/recoveries")
-            requests = points(two, "fleet/server_0/requests")
-            # Back before step s's episodes: both up, one recovery, at the update of s - 1.
-            again = [
-                s
-                for s, n in requests.items()
-                if n > 0 and up.get(s - 1) == 2 and recoveries.get(s - 1, 0) >= 1
-            ]
-            pids = trainer_processes(data_dir)
-            return pids if again and now["current_step"] < STEPS - 1 and len(pids) == 2 else None
-
-        pids = wait_until(served_again, 120, "the replaced server to serve a step", stack)
-        os.kill(pids[1], signal.SIGKILL)
-        final = wait_until(lambda: finished(two), 400, "the run to resume and finish", stack)
+        final = wait_until(lambda: finished(two), 300, "the run to finish", stack)
         assert final["status"] == "succeeded", f"{final}\n{stack.dump_logs()}"
-        assert final["attempts"] == 2, final
-        assert "a trainer process was lost; the attempt ends" in log(), stack.dump_logs()
+        assert final["attempts"] == 1, final
+        # It served again: a step whose episodes it sampled, once it was back (both up and
+        # one recovery at the update before that step).
+        up, recoveries = points(two, "fleet/servers_up"), points(two, "fleet/recoveries")
+        requests = points(two, "fleet/server_0/requests")
+        assert any(
+            n > 0 and up.get(s - 1) == 2 and recoveries.get(s - 1) == 1 for s, n in requests.items()
+        ), (up, recoveries, requests)
         # Every step sampled with the weights the trainer held, the restarted server too.
         mismatch = points(two, "mismatch_kl")
         assert sorted(mismatch) == list(range(1, STEPS + 1)), mismatch
         assert max(mismatch.values()) < 1e-3, mismatch
-        # Both attempts' trainer processes and servers are gone.
+        # The trainer processes and servers are gone.
         wait_until(
             lambda: not trainer_processes(data_dir) and not vllm_servers(data_dir),
             30,
