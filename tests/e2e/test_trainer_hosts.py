@@ -19,7 +19,8 @@ it would then need tens of steps, in both runs, to outlast the restart.
 One kill per run, to keep CI's time: a SIGKILLed trainer process too (the attempt ends as
 a lost worker's and resumes from the last checkpoint on fresh processes and servers) passed
 here with the same weights (6.0e-6) but cost another start of the fleet and the trainer,
-463 s in all against ~340 s; it is in this file's history (commit 16607fb).
+463 s in all against 337 s (one measure each, on 2 loaded cores); it is in this
+file's history (commit 16607fb).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import pytest
 from tests.e2e.stack import Stack, wait_until
 from tests.rl_core.rollout.vllm_venv import ensure_vllm_venv
 
-pytestmark = [pytest.mark.e2e, pytest.mark.minutes(5)]
+pytestmark = [pytest.mark.e2e, pytest.mark.minutes(6)]
 
 STEPS = 8  # after the kill: the step it is seen in, one it serves in, and slack
 KILL_SERVER_AFTER = 2  # the step after which a vLLM server is killed
@@ -211,9 +212,14 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_a_server_and_match_one_
     want_state, got_state = state(data_dir, one, STEPS), state(data_dir, two, STEPS)
     assert want_state.keys() == got_state.keys()
     worst = max(float(np.max(np.abs(got_state[k] - v))) for k, v in want_state.items())
-    # The last 3 checkpoints are kept: how far the last two steps alone moved a weight.
+    # The last 3 checkpoints are kept: how far the last two steps alone moved a weight
+    # (the state's other entries are counters and the optimiser's moments).
     before = state(data_dir, one, STEPS - 2)
-    moved = max(float(np.max(np.abs(before[k] - v))) for k, v in want_state.items())
+    moved = max(
+        float(np.max(np.abs(before[k] - v)))
+        for k, v in want_state.items()
+        if k.startswith("trainable.")
+    )
     print(
         f"server held out {held_s:.0f} s, {max(resent.values(), default=0):.0f} requests "
         f"sent again; max |w(hosts 2) - w(hosts 1)| = {worst:.1e}; the last 2 steps moved "
