@@ -25,10 +25,12 @@ file's history (commit 16607fb).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +116,23 @@ def state(data_dir: str, run_id: str, step: int) -> dict[str, np.ndarray]:
     return {name: np.asarray(value) for name, value in restored.items()}
 
 
+@pytest.fixture
+def fleet_stack(stack: Stack) -> Iterator[Stack]:
+    """The stack, and after it no vLLM server of its runs: each runs in a session of its
+    own, and a worker stopped mid-run (a failed test: its warm shutdown outlasts the stop's
+    20 s and it is SIGKILLed) leaves them running."""
+    yield stack
+    stack.stop_all()
+    for pid in vllm_servers(stack.env["RLAAS_DATA_DIR"]).values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 @pytest.mark.timeout(900)
 def test_two_trainer_processes_and_two_vllm_servers_lose_a_server_and_match_one_process(
-    stack: Stack,
+    fleet_stack: Stack,
 ) -> None:
+    stack = fleet_stack
     stack.env.update(
         {
             "RLAAS_VLLM_PYTHON": str(ensure_vllm_venv()),
