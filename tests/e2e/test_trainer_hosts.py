@@ -11,10 +11,12 @@ samples each request with the seed the collector gave it, which goes with a requ
 again to the other server. A sampled token differs only where float rounding decides
 between two candidates: rare at this size (not seen here; measured 6e-6 apart at most).
 
-While the killed server restarts (30-80 s) the test holds the trainer processes (SIGSTOP
-once the fleet has seen the server die, SIGCONT once it has it back): the run would go on
-on the other server meanwhile (tests/rl_core/pipeline/test_vllm_fleet.py shows it), but
-it would then need tens of steps, in both runs, to outlast the restart.
+While the killed server restarts (30-120 s) the test holds the other server (SIGSTOP
+once the fleet has seen the first die, SIGCONT once it has it back), and with it the run,
+whose requests or next update wait on it: the run would go on on the other server
+meanwhile (tests/rl_core/pipeline/test_vllm_fleet.py shows it), but it would then need
+tens of steps, in both runs, to outlast the restart. Holding the trainer processes instead
+was flaky: jax.distributed's coordination service declared a process held 52 s dead.
 
 One kill per run, to keep CI's time: a SIGKILLed trainer process too (the attempt ends as
 a lost worker's and resumes from the last checkpoint on fresh processes and servers) passed
@@ -45,9 +47,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.minutes(6)]
 STEPS = 8  # after the kill: the step it is seen in, one it serves in, and slack
 KILL_SERVER_AFTER = 2  # the step after which a vLLM server is killed
 WEIGHT_TOL = 2e-5
-# At most this long held: jax.distributed declares a process dead after 100 s without its
-# heartbeat (sent every 10 s), and a held process sends none.
-HOLD_S = 80
+# At most this long held (the fleet waits on a request up to 600 s, on an update 300 s).
+HOLD_S = 240
 
 
 def spec(hosts: int) -> dict[str, Any]:
@@ -136,7 +137,6 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_a_server_and_match_one_
     stack.env.update(
         {
             "RLAAS_VLLM_PYTHON": str(ensure_vllm_venv()),
-            "RLAAS_TRAINER_CALL_TIMEOUT_S": "120",  # more than HOLD_S and a step
         }
     )
     data_dir = stack.env["RLAAS_DATA_DIR"]
@@ -168,7 +168,7 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_a_server_and_match_one_
 
         two = post(2)
 
-        # 1. A vLLM server is SIGKILLed after step 2, the trainer processes held meanwhile.
+        # A vLLM server is SIGKILLed after step 2, the run held meanwhile.
         def both_up() -> tuple[list[int], dict[int, int]] | None:
             now = active(two)
             trainers, servers = trainer_processes(data_dir), vllm_servers(data_dir)
@@ -176,21 +176,18 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_a_server_and_match_one_
             ready = ready and now["current_step"] >= KILL_SERVER_AFTER
             return (trainers, servers) if ready else None
 
-        trainers, servers = wait_until(both_up, 300, f"step {KILL_SERVER_AFTER}", stack)
+        _, servers = wait_until(both_up, 300, f"step {KILL_SERVER_AFTER}", stack)
         os.killpg(servers[0], signal.SIGKILL)
         # Held only once the fleet has seen it down (its next request or update): held
-        # before, the pipeline may wait on the trainer for the next weights, with nothing
-        # sent to the dead server, and the restart would not begin.
+        # before, nothing may reach the dead server, and its restart would not begin.
         wait_until(lambda: "rollout server 0 of 2 is down" in log(), 120, "its death seen", stack)
         held = time.monotonic()
-        for pid in trainers:
-            os.kill(pid, signal.SIGSTOP)
+        os.killpg(servers[1], signal.SIGSTOP)
         try:
             while "rollout server 0 is back" not in log() and time.monotonic() - held < HOLD_S:
                 time.sleep(0.5)
         finally:
-            for pid in trainers:
-                os.kill(pid, signal.SIGCONT)
+            os.killpg(servers[1], signal.SIGCONT)
         held_s = time.monotonic() - held
         assert "rollout server 0 is back" in log(), f"held {held_s:.0f} s\n{stack.dump_logs()}"
 
