@@ -21,7 +21,7 @@ was flaky: jax.distributed's coordination service declared a process held 52 s d
 One kill per run, to keep CI's time: a SIGKILLed trainer process too (the attempt ends as
 a lost worker's and resumes from the last checkpoint on fresh processes and servers) passed
 here with the same weights (6.0e-6) but cost another start of the fleet and the trainer,
-463 s in all against 337 s (one measure each, on 2 loaded cores); it is in this
+463 s in all against 337-374 s (on 2 loaded cores); it is in this
 file's history (commit 16607fb).
 """
 
