@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e.stack import Stack, wait_until
+from tests.e2e.test_trainer_hosts import trainer_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.minutes(2)]
 
@@ -38,22 +38,6 @@ def spec(hosts: int) -> dict[str, Any]:
         "train": {"steps": STEPS, "seed": 0, "checkpoint_interval": 1},
         "resources": {"hosts": hosts},
     }
-
-
-def trainer_processes(data_dir: str) -> list[int]:
-    """The Ray actor processes of this stack's worker (their environment names its data)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            title = (entry / "cmdline").read_bytes()
-            env = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if title.startswith(b"ray::TrainerProcess") and f"={data_dir}\0".encode() in env:
-            pids.append(int(entry.name))
-    return pids
 
 
 @pytest.mark.timeout(900)

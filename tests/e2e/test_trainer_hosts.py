@@ -85,11 +85,17 @@ def stack_processes(data_dir: str, marker: bytes) -> list[int]:
 
 
 def trainer_processes(data_dir: str) -> list[int]:
-    return [
-        pid
-        for pid in stack_processes(data_dir, b"ray::TrainerProcess")
-        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::TrainerProcess")
-    ]
+    """The Ray actor processes of this stack's worker's trainer (a dying one included until
+    it is gone)."""
+    pids = []
+    for pid in stack_processes(data_dir, b"ray::TrainerProcess"):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # it ended since the listing
+            continue
+        if title.startswith(b"ray::TrainerProcess"):
+            pids.append(pid)
+    return pids
 
 
 def vllm_servers(data_dir: str) -> dict[int, int]:
