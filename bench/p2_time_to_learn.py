@@ -15,8 +15,8 @@ the target or at ``--max-steps``. The variants differ only in the trainer's sett
 - ``before``: the trainer as it was when #35 was filed: every position's logits at
   once (``logits_chunk=None``), LoRA merged into the kernels for every forward
   (``lora_apply="merged"``), every member of a group running the group's prompt
-  (``share_prefix=False``), the output head at every position where the build has
-  that choice (``head_positions="all"``);
+  (``share_prefix=False``), the output head at every position
+  (``head_positions="all"``), rows padded and never packed (``pack=False``);
 - ``after``: today's defaults, with a group's prompt computed once
   (``share_prefix=True``).
 
@@ -55,6 +55,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "lora_apply": "merged",
         "share_prefix": False,
         "head_positions": "all",
+        "pack": False,
     },
     "after": {"share_prefix": True},
 }
