@@ -20,6 +20,10 @@ the target or at ``--max-steps``. The variants differ only in the trainer's sett
 - ``after``: today's defaults, with a group's prompt computed once
   (``share_prefix=True``).
 
+Both pad their batches to today's length bucket (quarter octaves of the longest row, the
+pipeline's `configs.TRAIN_LENGTH_BUCKET`, not a trainer setting): the ``before`` trainer
+ran on power-of-two buckets, so its figure here is a little better than the old run's.
+
 Reported per variant: the step at which the target was first met, the wall time to
 the end of that step's train step, the same less the evaluations' own time (every
 step is evaluated here, which a run would not do), the median train step, and the
