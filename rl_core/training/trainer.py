@@ -321,8 +321,8 @@ class Trainer:
         plans = None if host is None else self._packed_plan(host, keys)
         width = None
         if plans is not None and cfg.head_positions == "trained":
-            mask = np.asarray(full.mask)
-            width = packing.head_width([p for epoch in plans for p in epoch], mask)
+            assert host is not None  # the host copy above: no second transfer of the mask
+            width = packing.head_width([p for epoch in plans for p in epoch], host.mask)
         self.last_layout = {"packed": 0, "plain": 0, "positions": 0, "plain_positions": 0}
         totals: dict[str, float] = {}
         seen: dict[str, int] = {}  # mini-batches that gave each mean (a NaN is none)
