@@ -61,7 +61,7 @@ GAMES: dict[str, dict[str, Any]] = {
             "name": "textarena",
             "config": {"game": "Nim-v0", "opponent": "random"},
         },
-        "agent": {"max_turns": 8, "max_new_tokens": 24, "max_context": 1024},
+        "agent": {"max_turns": 8, "max_new_tokens": 16, "max_context": 768},
     },
 }
 CANDIDATES: dict[str, dict[str, Any]] = {
@@ -169,7 +169,8 @@ def main() -> int:
             slot = next(
                 i for i in range(args.parallel) if i not in {v[1] for v in running.values()}
             )
-            pin = ["taskset", "-c", f"{slot * per}-{slot * per + per - 1}"] if cores > 1 else []
+            pinned = 1 < args.parallel <= cores  # more runs than cores: the kernel shares them
+            pin = ["taskset", "-c", f"{slot * per}-{slot * per + per - 1}"] if pinned else []
             command = [*pin, sys.executable, __file__, "--one", str(folder / "spec.yaml"),
                        str(folder / "run")]  # fmt: skip
             log = (folder / "log.txt").open("wb")

@@ -1,10 +1,11 @@
 """TextArena's games as an rlaas environment, written as a user would write one.
 
     pip install "textarena==0.7.4"
-    rlaas env serve textarena_env:TextArena --port 9000   # with examples/ on PYTHONPATH
+    export RLAAS_ENV_SECRET=$(python -c "import secrets; print(secrets.token_urlsafe(32))")
+    PYTHONPATH=examples rlaas env serve textarena_env:TextArena --port 9000
+    rlaas env register textarena http://127.0.0.1:9000   # prints the env_... id
 
-then register its URL (``rlaas envs register``) and name the ``env_...`` id in a spec,
-with ``environment.config``:
+and name that id as a spec's ``environment.name``, with ``environment.config``:
 
 - ``game``: a TextArena id, e.g. ``GuessTheNumber-v0`` or ``Nim-v0`` (the raw game is
   used: rlaas keeps the conversation, so TextArena's history wrappers are not needed);
