@@ -54,14 +54,14 @@ RECIPE = REPO / "examples" / "smollm2-tool-use.yaml"
 GAMES: dict[str, dict[str, Any]] = {
     "guess": {
         "environment": {"name": "textarena", "config": {"game": "GuessTheNumber-v0"}},
-        "agent": {"max_turns": 10, "max_new_tokens": 24, "max_context": 1024},
+        "agent": {"max_turns": 10, "max_new_tokens": 64, "max_context": 1536},
     },
     "nim": {
         "environment": {
             "name": "textarena",
             "config": {"game": "Nim-v0", "opponent": "random"},
         },
-        "agent": {"max_turns": 8, "max_new_tokens": 16, "max_context": 768},
+        "agent": {"max_turns": 8, "max_new_tokens": 64, "max_context": 1024},
     },
 }
 CANDIDATES: dict[str, dict[str, Any]] = {

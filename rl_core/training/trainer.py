@@ -77,17 +77,18 @@ class TrainerConfig:
     lora_apply: ts.LoraApply = "unmerged"
     # Prefix-shared training (rl_core.training.prefix_shared): per micro-batch, each
     # group's prompt computed once and its members' suffixes attending to its keys and
-    # values; mini-batches shuffle whole groups, not rows. Off until measured
-    # (bench/p1_prefix_shared.py). A step whose layout saves fewer than
-    # ``share_prefix_min`` positions per row (of T-1) runs the plain forward instead.
-    share_prefix: bool = False
+    # values; mini-batches shuffle whole groups, not rows. A step whose layout saves fewer
+    # than ``share_prefix_min`` positions per row (of T-1) runs the plain forward instead.
+    # With ``pack`` on too, each step takes whichever of the two computes fewer positions
+    # (`Trainer._layout_choice`; bench/p2_time_to_learn.py measured the tool-use spec).
+    # Not over several processes (rl_core.training.spmd): those steps run plain.
+    share_prefix: bool = True
     share_prefix_min: int = 64
     # Sequence packing (rl_core.training.packing): each mini-batch's rows laid end to end
     # in bins of the batch's length, pi_old / pi_ref scored packed too; not for PPO (its
-    # value head and GAE are per row), with share_prefix (its own layout) or over several
-    # processes, and not for a step that packing would shrink by less than
-    # ``pack_min_saving`` of its positions: those take the plain path, which
-    # ``pack=False`` keeps for every step.
+    # value head and GAE are per row) or over several processes, and not for a step that
+    # packing would shrink by less than ``pack_min_saving`` of its positions: those take
+    # the plain path (or the shared one), which ``pack=False`` keeps for every step.
     pack: bool = True
     pack_min_saving: float = 0.25
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
@@ -307,23 +308,20 @@ class Trainer:
                 f"{rows} rows do not split into {cfg.mini_batches} mini-batches of "
                 f"{cfg.micro_batches} equal micro-batches; change the batch size or the split"
             )
-        groups = None
-        if cfg.share_prefix:
-            groups = prefix_layout.row_groups(
-                batch.tokens, batch.loss_mask[:, 1:], batch.groups, cfg.share_prefix_min
-            )
-        full = self._prepare(batch, groups)
-        host = jax.device_get(full) if self._packs() else None
         keys = []
         for _ in range(cfg.epochs):  # one shuffle a pass, drawn as the plain path draws them
             self.rng, key = jax.random.split(self.rng)
             keys.append(key)
-        plans = None if host is None else self._packed_plan(host, keys)
+        groups, plans = self._layout_choice(batch, keys)
+        full = self._prepare(batch, groups, packed=plans is not None)
+        host = jax.device_get(full) if plans is not None else None
         width = None
         if plans is not None and cfg.head_positions == "trained":
             assert host is not None  # the host copy above: no second transfer of the mask
             width = packing.head_width([p for epoch in plans for p in epoch], host.mask)
-        self.last_layout = {"packed": 0, "plain": 0, "positions": 0, "plain_positions": 0}
+        self.last_layout = {
+            "packed": 0, "shared": 0, "plain": 0, "positions": 0, "plain_positions": 0
+        }  # fmt: skip
         totals: dict[str, float] = {}
         seen: dict[str, int] = {}  # mini-batches that gave each mean (a NaN is none)
         worst: dict[str, float] = {}
@@ -337,8 +335,9 @@ class Trainer:
                 minis = self._row_minis(full, key)
             for mb in minis:
                 stats = self.last_layout
-                stats["packed" if mb.segments is not None else "plain"] += 1
-                stats["positions"] += int(np.prod(mb.tokens.shape))
+                kind = "packed" if mb.segments is not None else "plain"
+                stats["shared" if mb.prefix is not None else kind] += 1
+                stats["positions"] += int(np.prod(mb.tokens.shape)) + _prefix_positions(mb)
                 stats["plain_positions"] += size * batch.tokens.shape[1]
                 lr = float(self.schedule(self.updates))
                 self.trainable, self.opt_state, metrics = self._update(
@@ -382,22 +381,50 @@ class Trainer:
             yield jax.tree.map(lambda x, idx=idx: x[idx], full)
 
     def _packs(self) -> bool:
-        """Whether steps pack: PPO's value head and GAE are per row, a prefix-shared step
-        has its own layout, and a trainer over several processes (rl_core.training.spmd)
-        holds only its own rows on the host, where bins are laid out; all three keep the
-        plain path."""
+        """Whether steps may pack: PPO's value head and GAE are per row, and a trainer
+        over several processes (rl_core.training.spmd) holds only its own rows on the
+        host, where bins are laid out; both keep the plain path."""
         cfg = self.config
         single = jax.process_count() == 1
-        return cfg.pack and cfg.ppo is None and not cfg.share_prefix and single
+        return cfg.pack and cfg.ppo is None and single
+
+    def _layout_choice(
+        self, batch: TrainBatch, keys: list[jax.Array]
+    ) -> tuple[list[np.ndarray] | None, list[list[packing.Packing]] | None]:
+        """This step's layout: its groups for prefix sharing, or its packed plan, or
+        neither (the plain path). With both on, the one that computes fewer positions:
+        sharing wins where a group's prompt is long against its answers (the tool-use
+        spec's worked demonstration), packing where rows are ragged and prompts short
+        or unshared. Either computes the plain path's numbers (their tests)."""
+        cfg = self.config
+        mask = batch.loss_mask[:, 1:]
+        groups = None
+        if cfg.share_prefix and jax.process_count() == 1:
+            # Over several processes each holds only its rows (rl_core.training.spmd):
+            # groups are laid out on the host, as packing's bins are; both run plain.
+            groups = prefix_layout.row_groups(
+                batch.tokens, mask, batch.groups, cfg.share_prefix_min
+            )
+        plans = self._packed_plan(mask, keys) if self._packs() else None
+        if groups is None or plans is None:
+            return groups, plans
+        m = cfg.mini_batches
+        shared = sum(
+            layout.rows.size * layout.width + _prefix_size(layout)
+            for layout in self._layouts(batch, groups, None, m)
+        ) * len(keys)
+        packed = sum(p.rows.size for epoch in plans for p in epoch)
+        return (None, plans) if packed < shared else (groups, None)
 
     def _packed_plan(
-        self, host: ts.MiniBatch, keys: list[jax.Array]
+        self, mask: np.ndarray, keys: list[jax.Array]
     ) -> list[list[packing.Packing]] | None:  # per pass, per mini-batch; None: plain
         """The plain path's mini-batches (the same shuffles, ``keys``: one per pass) packed
-        (`rl_core.training.packing`), all in one shape; None when that saves too little."""
+        (`rl_core.training.packing`), all in one shape; None when that saves too little.
+        ``mask``: the batch's [B, T-1] loss mask, on the host."""
         cfg = self.config
         m = cfg.mini_batches
-        rows = host.tokens.shape[0]
+        rows = mask.shape[0]
         size = rows // m
         parts: list[np.ndarray] = []
         for key in keys:
@@ -405,7 +432,7 @@ class Trainer:
             parts.extend(order[i * size : (i + 1) * size] for i in range(m))
         layouts = packing.plan_step(
             parts,
-            np.asarray(host.mask),
+            mask,
             multiple=cfg.micro_batches,
             min_saving=cfg.pack_min_saving,
         )
@@ -452,9 +479,12 @@ class Trainer:
         for layout in self._layouts(batch, groups, order, m):
             yield prefix_layout.mini_batch(full, layout)
 
-    def _prepare(self, batch: TrainBatch, groups: list[np.ndarray] | None = None) -> ts.MiniBatch:
+    def _prepare(
+        self, batch: TrainBatch, groups: list[np.ndarray] | None = None, *, packed: bool = False
+    ) -> ts.MiniBatch:
         """Device arrays of the whole batch, with pi_old / pi_ref / GAE where they are needed.
-        ``groups`` (prefix-shared training): pi_old and pi_ref are scored prefix-shared too."""
+        ``groups`` (prefix-shared training): pi_old and pi_ref are scored prefix-shared too;
+        ``packed`` (the step packs): scored packed."""
         cfg = self.config
         tokens = jnp.asarray(batch.tokens)
         mask = jnp.asarray(batch.loss_mask[:, 1:])
@@ -471,18 +501,18 @@ class Trainer:
         if groups is not None and (needs_old or cfg.grpo.kl_coef > 0):
             # One pass in the group order, micro-batch by micro-batch (as _score_chunked).
             (scoring,) = self._layouts(batch, groups, None, 1)
-        packed = None
-        if self._packs() and (needs_old or cfg.grpo.kl_coef > 0):
+        packing_plan = None
+        if packed and (needs_old or cfg.grpo.kl_coef > 0):
             # Scored packed too, in the plain path's number of slices (its memory bound).
-            packed = packing.plan(
+            packing_plan = packing.plan(
                 range(batch.tokens.shape[0]),
                 batch.loss_mask[:, 1:],
                 multiple=cfg.mini_batches * cfg.micro_batches,
                 min_saving=cfg.pack_min_saving,
             )
         if needs_old:
-            if packed is not None:
-                old = self._scores_packed(self._policy(), batch, packed)
+            if packing_plan is not None:
+                old = self._scores_packed(self._policy(), batch, packing_plan)
             else:
                 old, old_values = self._scores(
                     self._policy(), self.trainable.get("value"), tokens, scoring, positions
@@ -492,8 +522,8 @@ class Trainer:
                 ref_params = self._merged({"policy": self._frozen["ref_adapters"]}, self._frozen)
             else:
                 ref_params = self._frozen["base" if cfg.lora is not None else "ref"]
-            if packed is not None:
-                ref = self._scores_packed(ref_params, batch, packed)
+            if packing_plan is not None:
+                ref = self._scores_packed(ref_params, batch, packing_plan)
             else:
                 ref, _ = self._scores(ref_params, None, tokens, scoring, positions)
         if cfg.ppo is not None:
@@ -610,6 +640,16 @@ class Trainer:
         self.updates = int(state["updates"])
         self.rng = jax.random.wrap_key_data(jnp.asarray(state["rng"]))
         self._params_cache = None
+
+
+def _prefix_size(layout: prefix_layout.Layout) -> int:
+    """Positions a layout's shared prefixes compute (0: it runs the plain forward)."""
+    return 0 if layout.prefix is None else int(layout.prefix.size)
+
+
+def _prefix_positions(mb: ts.MiniBatch) -> int:
+    """Positions a mini-batch's shared prefixes compute, beside its rows' own."""
+    return 0 if mb.prefix is None else int(np.prod(mb.prefix.tokens.shape))
 
 
 def _with_initial(fresh: Any, initial: Mapping[str, Mapping[str, Any]]) -> Any:

@@ -175,8 +175,11 @@ def step_of(model: Model, config: TrainerConfig, batch: TrainBatch) -> tuple[dic
 
 
 def assert_same_step(config: TrainerConfig, model: Model, batch: TrainBatch) -> dict:
+    # Packing against the plain path: prefix sharing (the other layout a step may take)
+    # is off in both.
     (want_m, want_step, plain), (got_m, got_step, packed) = (
-        step_of(model, dataclasses.replace(config, pack=p), batch) for p in (False, True)
+        step_of(model, dataclasses.replace(config, pack=p, share_prefix=False), batch)
+        for p in (False, True)
     )
     assert plain["packed"] == 0
     assert set(got_m) == set(want_m)
@@ -232,7 +235,6 @@ def test_the_plain_path_where_packing_does_not_apply(model: Model) -> None:
     base = TrainerConfig(mini_batches=2, learning_rate=1e-2)
     cases = {
         "ppo": dataclasses.replace(base, ppo=PpoConfig()),
-        "shared": dataclasses.replace(base, share_prefix=True, share_prefix_min=0),
         "off": dataclasses.replace(base, pack=False),
     }
     for name, config in cases.items():
@@ -247,6 +249,54 @@ def test_the_plain_path_where_packing_does_not_apply(model: Model) -> None:
     assert layout["positions"] == layout["plain_positions"]
     with pytest.raises(ValueError, match="pack_min_saving"):
         TrainerConfig(pack_min_saving=1.0)
+
+
+def prompt_heavy_batch(seed: int) -> TrainBatch:
+    """Two GRPO groups of 8 on a 40-token prompt each, one 4-30-token answer a row: a
+    group's prompt is most of each row (the tool-use spec's shape)."""
+    rng = np.random.default_rng(seed)
+    tokens, masks, groups = [], [], []
+    for group in range(2):
+        prompt = rng.integers(3, 100, size=40)
+        for _ in range(8):
+            answer = rng.integers(3, 100, size=int(rng.integers(4, 31)))
+            tokens.append(np.concatenate([prompt, answer]))
+            masks.append(np.concatenate([np.zeros(40), np.ones(len(answer))]))
+            groups.append(group)
+    behaviour = [-rng.uniform(3.0, 6.0, size=len(m)) * m for m in masks]
+    advantages = rng.normal(size=16).tolist()
+    return TrainBatch.pack(tokens, masks, behaviour, advantages, rows=16, groups=groups)
+
+
+def test_with_sharing_and_packing_on_a_step_takes_the_layout_with_fewer_positions(
+    model: Model,
+) -> None:
+    # No minimum saving for either: both always apply, and the step must choose.
+    base = TrainerConfig(
+        lora=LORA,
+        mini_batches=2,
+        learning_rate=1e-2,
+        temperature=0.7,
+        share_prefix_min=0,
+        pack_min_saving=0.0,
+    )
+    modes = {"shared": (True, False), "packed": (False, True), "both": (True, True)}
+    for batch, best in ((long_tail_batch(7), "packed"), (prompt_heavy_batch(8), "shared")):
+        runs = {
+            name: step_of(model, dataclasses.replace(base, share_prefix=s, pack=p), batch)
+            for name, (s, p) in modes.items()
+        }
+        layouts = {name: run[2] for name, run in runs.items()}
+        assert layouts["both"][best] == 2, (best, layouts)
+        assert layouts["both"]["positions"] == layouts[best]["positions"]
+        assert layouts["both"]["positions"] < min(
+            layout["positions"] for name, layout in layouts.items() if name not in ("both", best)
+        )
+        # The same step as the layout it took, to the bit: the same shuffle, the same sums.
+        (want_m, want_step, _), (got_m, got_step, _) = runs[best], runs["both"]
+        assert got_m == want_m
+        for a, b in zip(jax.tree.leaves(want_step), jax.tree.leaves(got_step), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_batches_of_other_lengths_share_few_compiled_steps(model: Model) -> None:
