@@ -35,12 +35,9 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +46,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
+from bench._processes import run_all  # noqa: E402 (after the path above)
 
 RECIPE = REPO / "examples" / "smollm2-tool-use.yaml"
 GAMES: dict[str, dict[str, Any]] = {
@@ -150,40 +148,26 @@ def main() -> int:
         run_one(*args.one)
         return 0
     work = args.out or Path(tempfile.mkdtemp(prefix="rlaas-heldout-"))
-    pending = [
+    jobs = []
+    for key in [
         (g, c, s)
         for s in args.seeds
         for g in args.games.split(",")
         for c in args.candidates.split(",")
-    ]
-    cores = os.cpu_count() or 1
-    per = max(1, cores // args.parallel)
-    running: dict[tuple[str, str, int], tuple[subprocess.Popen[bytes], int, float]] = {}
+    ]:
+        folder = work / "-".join(map(str, key))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "spec.yaml").write_text(yaml.safe_dump(spec_for(*key, args.steps)))
+        command = [sys.executable, __file__, "--one", str(folder / "spec.yaml"),
+                   str(folder / "run")]  # fmt: skip
+        jobs.append((key, command, folder / "log.txt"))
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            key = pending.pop(0)
-            folder = work / "-".join(map(str, key))
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "spec.yaml").write_text(yaml.safe_dump(spec_for(*key, args.steps)))
-            slot = next(
-                i for i in range(args.parallel) if i not in {v[1] for v in running.values()}
-            )
-            pinned = 1 < args.parallel <= cores  # more runs than cores: the kernel shares them
-            pin = ["taskset", "-c", f"{slot * per}-{slot * per + per - 1}"] if pinned else []
-            command = [*pin, sys.executable, __file__, "--one", str(folder / "spec.yaml"),
-                       str(folder / "run")]  # fmt: skip
-            log = (folder / "log.txt").open("wb")
-            process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-            running[key] = (process, slot, time.perf_counter())
-        time.sleep(2)
-        for key, (process, _slot, started) in list(running.items()):
-            if process.poll() is None:
-                continue
-            del running[key]
-            results[key] = summary(work / "-".join(map(str, key)) / "run")
-            results[key]["minutes"] = (time.perf_counter() - started) / 60
-            print(f"{key}: exit {process.returncode}, {json.dumps(results[key])}", flush=True)
+
+    def done(key: tuple[str, str, int], code: int, minutes: float) -> None:
+        results[key] = summary(work / "-".join(map(str, key)) / "run") | {"minutes": minutes}
+        print(f"{key}: exit {code}, {json.dumps(results[key])}", flush=True)
+
+    run_all(jobs, parallel=args.parallel, cwd=REPO, done=done)
     print(f"\nfiles in {work}; nim: optimum 1.0, random play {nim_random_value():.3f}")
     print(f"{'game':>6} {'candidate':>9} {'seed':>4} {'steps 0-4':>9} {'last 10':>8} "
           f"{'eval start':>10} {'eval end':>8} {'min':>5}")  # fmt: skip

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from bench._processes import run_all
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,39 +80,25 @@ def main() -> int:
         with_setting(base, assignment)
     if args.steps:
         base["train"]["steps"] = args.steps
-    cores = os.cpu_count() or 1
-    per = max(1, cores // args.parallel)
     work = Path(tempfile.mkdtemp(prefix="rlaas-seeds-"))
-    pending = list(args.seeds)
-    running: dict[int, tuple[subprocess.Popen[bytes], Path, float]] = {}
+    jobs = []
+    for seed in args.seeds:
+        data = json.loads(json.dumps(base))
+        data["train"]["seed"] = seed
+        folder = work / f"seed-{seed}"
+        folder.mkdir()
+        (folder / "spec.yaml").write_text(yaml.safe_dump(data))
+        command = [sys.executable, "-m", "sdk.cli", "train", str(folder / "spec.yaml")]
+        jobs.append((seed, [*command, "--out", str(folder / "run")], folder / "log.txt"))
     results: dict[int, list[float]] = {}
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            seed = pending.pop(0)
-            data = json.loads(json.dumps(base))
-            data["train"]["seed"] = seed
-            folder = work / f"seed-{seed}"
-            folder.mkdir()
-            (folder / "spec.yaml").write_text(yaml.safe_dump(data))
-            slot = len(running)
-            pin = ["taskset", "-c", f"{slot * per}-{slot * per + per - 1}"] if cores > 1 else []
-            command = [*pin, sys.executable, "-m", "sdk.cli", "train", str(folder / "spec.yaml")]
-            command += ["--out", str(folder / "run")]
-            log = (folder / "log.txt").open("wb")
-            process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-            running[seed] = (process, folder, time.perf_counter())
-        time.sleep(2)
-        for seed, (process, folder, started) in list(running.items()):
-            if process.poll() is None:
-                continue
-            del running[seed]
-            rows = (folder / "run" / "metrics.jsonl").read_text().splitlines()
-            rewards = [json.loads(r)["reward/mean"] for r in rows if '"reward/mean"' in r]
-            results[seed] = rewards
-            minutes = (time.perf_counter() - started) / 60
-            print(
-                f"seed {seed}: exit {process.returncode}, {len(rewards)} steps, {minutes:.1f} min"
-            )
+
+    def done(seed: int, code: int, minutes: float) -> None:
+        rows = (work / f"seed-{seed}" / "run" / "metrics.jsonl").read_text().splitlines()
+        rewards = [json.loads(r)["reward/mean"] for r in rows if '"reward/mean"' in r]
+        results[seed] = rewards
+        print(f"seed {seed}: exit {code}, {len(rewards)} steps, {minutes:.1f} min")
+
+    run_all(jobs, parallel=args.parallel, cwd=REPO, done=done)
 
     bounds = bar(base)
     print(f"\n{args.spec.name} {' '.join(args.set)}; files in {work}")

@@ -48,6 +48,13 @@ from rl_core.training.head_positions import shifted_positions, trained_positions
 from rl_core.training.lora import LoraConfig, init_adapters
 from rl_core.training.prefix_shared import scatter
 
+# A shared step is taken over a packed one only where it computes at most this share of
+# the packed step's positions: a shared position costs more (the suffix's attention over
+# the prompt's keys and values, a gather in and out, shapes of three buckets to compile).
+# On B12's long-tail run (builtin:tiny, 2026-12-06) taking the fewer positions (1.0) made
+# the train step 0.70 s against 0.45 s with sharing off; at 0.5, 0.51 s.
+SHARE_OVER_PACK = 0.5
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
@@ -79,8 +86,9 @@ class TrainerConfig:
     # group's prompt computed once and its members' suffixes attending to its keys and
     # values; mini-batches shuffle whole groups, not rows. A step whose layout saves fewer
     # than ``share_prefix_min`` positions per row (of T-1) runs the plain forward instead.
-    # With ``pack`` on too, each step takes whichever of the two computes fewer positions
-    # (`Trainer._layout_choice`; bench/p2_time_to_learn.py measured the tool-use spec).
+    # With ``pack`` on too, each step takes sharing only where it computes at most
+    # ``SHARE_OVER_PACK`` of packing's positions (`Trainer._layout_choice`;
+    # bench/p2_time_to_learn.py measured the tool-use spec, B12 the long-tail game).
     # Not over several processes (rl_core.training.spmd): those steps run plain.
     share_prefix: bool = True
     share_prefix_min: int = 64
@@ -392,10 +400,10 @@ class Trainer:
         self, batch: TrainBatch, keys: list[jax.Array]
     ) -> tuple[list[np.ndarray] | None, list[list[packing.Packing]] | None]:
         """This step's layout: its groups for prefix sharing, or its packed plan, or
-        neither (the plain path). With both on, the one that computes fewer positions:
-        sharing wins where a group's prompt is long against its answers (the tool-use
-        spec's worked demonstration), packing where rows are ragged and prompts short
-        or unshared. Either computes the plain path's numbers (their tests)."""
+        neither (the plain path). With both on, sharing where it computes at most
+        ``SHARE_OVER_PACK`` of packing's positions (a group's prompt long against its
+        answers: the tool-use spec's worked demonstration), packing otherwise (ragged
+        rows, prompts short or unshared). Either computes the plain path's numbers."""
         cfg = self.config
         mask = batch.loss_mask[:, 1:]
         groups = None
@@ -414,7 +422,7 @@ class Trainer:
             for layout in self._layouts(batch, groups, None, m)
         ) * len(keys)
         packed = sum(p.rows.size for epoch in plans for p in epoch)
-        return (None, plans) if packed < shared else (groups, None)
+        return (groups, None) if shared <= SHARE_OVER_PACK * packed else (None, plans)
 
     def _packed_plan(
         self, mask: np.ndarray, keys: list[jax.Array]

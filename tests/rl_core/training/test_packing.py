@@ -26,7 +26,7 @@ from rl_core.models import Model, ModelConfig
 from rl_core.training import packing
 from rl_core.training import train_step as ts
 from rl_core.training.lora import LoraConfig
-from rl_core.training.trainer import TrainBatch, Trainer, TrainerConfig
+from rl_core.training.trainer import SHARE_OVER_PACK, TrainBatch, Trainer, TrainerConfig
 
 LP_ATOL = 1e-5
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q", "k", "v", "o"))
@@ -252,23 +252,23 @@ def test_the_plain_path_where_packing_does_not_apply(model: Model) -> None:
 
 
 def prompt_heavy_batch(seed: int) -> TrainBatch:
-    """Two GRPO groups of 8 on a 40-token prompt each, one 4-30-token answer a row: a
+    """Two GRPO groups of 8 on a 48-token prompt each, one 4-12-token answer a row: a
     group's prompt is most of each row (the tool-use spec's shape)."""
     rng = np.random.default_rng(seed)
     tokens, masks, groups = [], [], []
     for group in range(2):
-        prompt = rng.integers(3, 100, size=40)
+        prompt = rng.integers(3, 100, size=48)
         for _ in range(8):
-            answer = rng.integers(3, 100, size=int(rng.integers(4, 31)))
+            answer = rng.integers(3, 100, size=int(rng.integers(4, 13)))
             tokens.append(np.concatenate([prompt, answer]))
-            masks.append(np.concatenate([np.zeros(40), np.ones(len(answer))]))
+            masks.append(np.concatenate([np.zeros(48), np.ones(len(answer))]))
             groups.append(group)
     behaviour = [-rng.uniform(3.0, 6.0, size=len(m)) * m for m in masks]
     advantages = rng.normal(size=16).tolist()
     return TrainBatch.pack(tokens, masks, behaviour, advantages, rows=16, groups=groups)
 
 
-def test_with_sharing_and_packing_on_a_step_takes_the_layout_with_fewer_positions(
+def test_with_sharing_and_packing_on_a_step_shares_only_where_that_computes_far_less(
     model: Model,
 ) -> None:
     # No minimum saving for either: both always apply, and the step must choose.
@@ -289,9 +289,11 @@ def test_with_sharing_and_packing_on_a_step_takes_the_layout_with_fewer_position
         layouts = {name: run[2] for name, run in runs.items()}
         assert layouts["both"][best] == 2, (best, layouts)
         assert layouts["both"]["positions"] == layouts[best]["positions"]
-        assert layouts["both"]["positions"] < min(
-            layout["positions"] for name, layout in layouts.items() if name not in ("both", best)
-        )
+        shared, packed = layouts["shared"]["positions"], layouts["packed"]["positions"]
+        if best == "shared":
+            assert shared <= SHARE_OVER_PACK * packed
+        else:  # sharing saves too little against packing (here: nothing against plain)
+            assert shared > SHARE_OVER_PACK * packed and packed < shared
         # The same step as the layout it took, to the bit: the same shuffle, the same sums.
         (want_m, want_step, _), (got_m, got_step, _) = runs[best], runs["both"]
         assert got_m == want_m
