@@ -35,6 +35,10 @@ class DatasetScript(ScriptEnv):
     def __init__(self, config: dict[str, Any], plan: Any = None) -> None:
         super().__init__(plan)
         self.inner = DatasetEnv()
+        # As a run's build does (rl_core.envs.build_environment): a procedural source is
+        # made before the first episode, so reasoning-gym's import (seconds on a loaded
+        # machine) is not inside an episode's 5 s timeout.
+        self.inner.prepare(config)
         self.config = config
         self.rows: dict[int, int] = {}
 
