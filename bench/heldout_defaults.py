@@ -7,7 +7,11 @@ Each (game, candidate, seed) is one run of the shipped SmolLM2 recipe
 (examples/smollm2-tool-use.yaml's model, LoRA, optimiser, group and batch, async with
 staleness 1) on a TextArena game through examples/textarena_env.py, the adapter a user
 would write, in a process of its own (``--parallel`` at a time, each pinned to its share
-of the cores). The games were not written for rlaas and no setting was tuned on them:
+of the cores when they fit). The run is the real pipeline (`train_to_folder`: the engine,
+the agent, the collector, the trainer); the adapter is registered in that process as the
+environment ``textarena`` rather than served over HTTP (tests/sdk/test_textarena_env.py
+serves it), since the transport changes no learning. The games were not written for
+rlaas and no setting was tuned on them:
 
 - ``guess``: TextArena's ``GuessTheNumber-v0`` (1 to 20, 10 guesses, hints 'higher' /
   'lower'; 1 for the number, otherwise how close the last guess was). Binary search

@@ -18,8 +18,8 @@ the target or at ``--max-steps``. The variants differ only in the trainer's sett
   (``share_prefix=False``), the output head at every position
   (``head_positions="all"``), rows padded and never packed (``pack=False``);
 - ``after``: today's defaults: the head at the trained positions, in chunks, LoRA beside
-  the kernels, and each step laid out shared (a group's prompt computed once) or packed,
-  whichever computes fewer positions (`Trainer._layout_choice`).
+  the kernels, and each step laid out shared (a group's prompt computed once) where that
+  computes at most half packing's positions, else packed (`Trainer._layout_choice`).
 
 Both pad their batches to today's length bucket (quarter octaves of the longest row, the
 pipeline's `configs.TRAIN_LENGTH_BUCKET`, not a trainer setting): the ``before`` trainer
