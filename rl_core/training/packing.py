@@ -102,9 +102,11 @@ def plan(
     *,
     multiple: int,
     min_saving: float,
+    bins: int = 0,
 ) -> Packing | None:  # None: packing would save less than ``min_saving`` of the positions
-    """The rows packed into bins of the batch's length T, ``multiple`` dividing their count."""
-    layouts = plan_step([rows], mask, multiple=multiple, min_saving=min_saving)
+    """The rows packed into bins of the batch's length T, ``multiple`` dividing their count
+    (at least ``bins`` of them: `plan_step`)."""
+    layouts = plan_step([rows], mask, multiple=multiple, min_saving=min_saving, bins=bins)
     return None if layouts is None else layouts[0]
 
 
@@ -114,18 +116,23 @@ def plan_step(
     *,
     multiple: int,
     min_saving: float,
+    bins: int = 0,
 ) -> list[Packing] | None:  # one per part, all of one shape; None: too little saved
     """Each part packed, all into the bin count the fullest needs: one compiled shape a
     step. None (the plain path for the whole step) when that count saves less than
-    ``min_saving`` of a part's positions."""
+    ``min_saving`` of a part's positions. ``bins``: at least this many (empty ones
+    padding), to run in a shape already compiled (`rl_core.training.shape_ledger`)."""
     length = mask.shape[1] + 1
     lengths = row_lengths(mask)
-    bins = [first_fit_decreasing(rows, lengths, length) for rows in parts]
+    laid = [first_fit_decreasing(rows, lengths, length) for rows in parts]
     size = len(parts[0])
-    count = bin_count(max(len(b) for b in bins), multiple, size)
+    count = bin_count(max(len(b) for b in laid), multiple, size)
     if count > (1.0 - min_saving) * size:
         return None
-    return [_layout(b, lengths, count, length) for b in bins]
+    if bins > size or bins % multiple:
+        raise ValueError(f"{bins} bins: at most {size}, a multiple of {multiple}")
+    count = max(count, bins)
+    return [_layout(b, lengths, count, length) for b in laid]
 
 
 def _layout(bins: list[list[int]], lengths: np.ndarray, count: int, length: int) -> Packing:

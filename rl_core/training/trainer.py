@@ -4,7 +4,9 @@ A batch is padded to fixed shapes before it reaches the jitted step: a fixed
 number of rows (the run's batch size) and a length bucket (`TrainBatch.pack`'s
 ``bucket``: powers of two, or the pipeline's quarter octaves), so a run compiles one
 step per length bucket and never per batch. The loss's output head runs at each row's
-trained positions only (``head_positions``), their count bucketed too.
+trained positions only (``head_positions``), their count bucketed too. A step whose
+shape is new to this trainer may run in a bigger one it compiled before, while that
+padding costs less than a compile (``fit_compiled``: rl_core.training.shape_ledger).
 
 One `train_step` is::
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -44,9 +47,10 @@ from rl_core.models import Model
 from rl_core.models.buckets import next_bucket
 from rl_core.training import packing, prefix_layout
 from rl_core.training import train_step as ts
-from rl_core.training.head_positions import shifted_positions, trained_positions
+from rl_core.training.head_positions import MIN_POSITIONS, shifted_positions, trained_positions
 from rl_core.training.lora import LoraConfig, init_adapters
 from rl_core.training.prefix_shared import scatter
+from rl_core.training.shape_ledger import Choice, ShapeLedger, StepShape
 
 # A shared step is taken over a packed one only where it computes at most this share of
 # the packed step's positions: a shared position costs more (the suffix's attention over
@@ -99,6 +103,12 @@ class TrainerConfig:
     # the plain path (or the shared one), which ``pack=False`` keeps for every step.
     pack: bool = True
     pack_min_saving: float = 0.25
+    # A step whose shape (length, bins, head width) is new may run in a bigger shape
+    # already compiled, until the padding it pays for would have paid the compile
+    # (rl_core.training.shape_ledger: both measured on this trainer's own steps). The
+    # numbers are the step's own up to float32 rounding (sums over more padding).
+    # Plain and packed steps in one process; not for PPO (GAE reads the row's end).
+    fit_compiled: bool = True
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
     ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
     lora: LoraConfig | None = None  # set: train adapters only, base frozen
@@ -191,6 +201,26 @@ class TrainBatch:
             group[: len(groups)] = groups
         return cls(tok, mask, lp, adv, rew, lag, group)
 
+    def padded(self, length: int) -> TrainBatch:
+        """The same rows padded (zeros, off the mask) to ``length`` tokens: the same loss."""
+        extra = length - self.tokens.shape[1]
+        if extra < 0:
+            raise ValueError(f"cannot pad {self.tokens.shape[1]} tokens down to {length}")
+
+        def pad(x: np.ndarray) -> np.ndarray:
+            return np.pad(x, ((0, 0), (0, extra)))
+
+        advantages = self.advantages if self.advantages.ndim == 1 else pad(self.advantages)
+        lag = None if self.lag is None else pad(self.lag)
+        return dataclasses.replace(
+            self,
+            tokens=pad(self.tokens),
+            loss_mask=pad(self.loss_mask),
+            logprobs=pad(self.logprobs),
+            advantages=advantages,
+            lag=lag,
+        )
+
 
 def learning_rate_schedule(config: TrainerConfig) -> optax.Schedule:
     """Linear warm-up to the peak, then constant or cosine decay to 10% of it."""
@@ -266,6 +296,10 @@ class Trainer:
         # The last train_step's updates: mini-batches packed and not, and the token
         # positions their forward passes computed against the plain path's (diagnostics).
         self.last_layout: dict[str, int] = {}
+        single = jax.process_count() == 1
+        self.shapes: ShapeLedger | None = None
+        if config.fit_compiled and config.ppo is None and single:
+            self.shapes = ShapeLedger(config.mini_batches * config.epochs)
         self._params_cache: tuple[int, Any] | None = None
         static = {"graphdef": self._graphdef, "cfg": self._cfg}
         # opt_state is donated (no one else holds it); the policy is not: the
@@ -320,13 +354,19 @@ class Trainer:
         for _ in range(cfg.epochs):  # one shuffle a pass, drawn as the plain path draws them
             self.rng, key = jax.random.split(self.rng)
             keys.append(key)
+        started = time.perf_counter()
         groups, plans = self._layout_choice(batch, keys)
-        full = self._prepare(batch, groups, packed=plans is not None)
+        choice = None
+        if self.shapes is not None:
+            batch, groups, plans, choice = self._fit(batch, keys, groups, plans)
+        run = None if choice is None else choice.run
+        full = self._prepare(batch, groups, packed=plans is not None, shape=run)
         host = jax.device_get(full) if plans is not None else None
         width = None
         if plans is not None and cfg.head_positions == "trained":
             assert host is not None  # the host copy above: no second transfer of the mask
             width = packing.head_width([p for epoch in plans for p in epoch], host.mask)
+            width = max(width, 0 if run is None else run.head)
         self.last_layout = {
             "packed": 0, "shared": 0, "plain": 0, "positions": 0, "plain_positions": 0
         }  # fmt: skip
@@ -368,6 +408,10 @@ class Trainer:
         # The optimiser's count after this step, restored with a checkpoint: the evidence that
         # a resumed policy holds each earlier step's update once (docs/lifecycle.md, lineage).
         out["optimizer_updates"] = float(self.updates)
+        if choice is not None and self.shapes is not None:
+            self.shapes.record(choice, time.perf_counter() - started)
+            out["shapes/compiled"] = float(len(self.shapes.compiled))
+            out["shapes/padded_steps"] = float(self.shapes.padded_steps)
         return out
 
     # -- internals ---------------------------------------------------------------------
@@ -424,8 +468,90 @@ class Trainer:
         packed = sum(p.rows.size for epoch in plans for p in epoch)
         return (groups, None) if shared <= SHARE_OVER_PACK * packed else (None, plans)
 
+    def _fit(
+        self,
+        batch: TrainBatch,
+        keys: list[jax.Array],
+        groups: list[np.ndarray] | None,
+        plans: list[list[packing.Packing]] | None,
+    ) -> tuple[TrainBatch, list[np.ndarray] | None, list[list[packing.Packing]] | None, Choice]:
+        """The step in a shape the ledger chooses: its own (``groups``: shared, else
+        ``plans``), or a compiled one that holds another layout of it: packed or plain at
+        its length, or at a longer compiled one (the batch padded, planned again)."""
+        assert self.shapes is not None
+        Option = tuple[StepShape, TrainBatch, list[np.ndarray] | None, Any]
+        options: list[Option] = []
+        if groups is not None:  # shared, or the layout packing or the plain path gives
+            options.append((self._shared_shape(batch, groups), batch, groups, None))
+            plans = self._packed_plan(batch.loss_mask[:, 1:], keys) if self._packs() else None
+        options.append((self._shape(batch, plans), batch, None, plans))
+        length = batch.tokens.shape[1]
+        for longer in sorted({s.length for s in self.shapes.compiled if s.length > length}):
+            padded = batch.padded(longer)
+            mask = padded.loss_mask[:, 1:]
+            plan = self._packed_plan(mask, keys) if self._packs() else None
+            options.append((self._shape(padded, plan), padded, None, plan))
+        choice = self.shapes.choose([shape for shape, *_ in options])
+        _, batch, groups, plans = next(o for o in options if o[0] is choice.natural)
+        if plans is not None and choice.run.rows != choice.natural.rows:
+            plans = self._packed_plan(batch.loss_mask[:, 1:], keys, bins=choice.run.rows)
+        return batch, groups, plans, choice
+
+    def _shared_shape(self, batch: TrainBatch, groups: list[np.ndarray]) -> StepShape:
+        """A shared step's shape: its layouts', priced as `_layout_choice` weighs them
+        (positions over ``SHARE_OVER_PACK``), plus the head's positions the plain path's."""
+        cfg = self.config
+        layouts = self._layouts(batch, groups, None, cfg.mini_batches)
+        detail = tuple(
+            n
+            for layout in layouts
+            for n in (layout.rows.size, layout.width)
+            + (() if layout.prefix is None else layout.prefix.shape)
+        )
+        trunk = sum(layout.rows.size * layout.width + _prefix_size(layout) for layout in layouts)
+        rows, length = batch.tokens.shape
+        head = _head_width(batch.loss_mask[:, 1:]) if cfg.head_positions == "trained" else length
+        work = int(trunk * cfg.epochs / SHARE_OVER_PACK) + cfg.epochs * rows * head
+        return StepShape("shared", length, rows, 0, detail=detail, work=work)
+
+    def _shape(self, batch: TrainBatch, plans: list[list[packing.Packing]] | None) -> StepShape:
+        """The shape a step of ``batch`` laid out as ``plans`` (None: plain) compiles."""
+        cfg = self.config
+        mask = batch.loss_mask[:, 1:]
+        rows, length = batch.tokens.shape
+        trained = cfg.head_positions == "trained"
+        plain_head = _head_width(mask) if trained else 0
+        score_rows, score_head, score_packed = 0, 0, False
+        if cfg.mini_batches > 1 or cfg.epochs > 1 or cfg.grpo.kl_coef > 0:
+            score_rows, score_head = rows, plain_head
+            if plans is not None:
+                scoring = self._scoring_plan(batch)
+                if scoring is not None:
+                    score_packed, score_rows = True, scoring.rows.shape[0]
+                    scored = packing.gather_targets(mask, scoring)
+                    score_head = _head_width(scored) if trained else 0
+        if plans is None:
+            update_rows, head = rows // cfg.mini_batches, plain_head
+            return StepShape("plain", length, update_rows, head, False, score_rows, score_head)
+        head = packing.head_width([p for e in plans for p in e], mask) if trained else 0
+        return StepShape(
+            "packed", length, plans[0][0].rows.shape[0], head, score_packed, score_rows, score_head
+        )
+
+    def _scoring_plan(self, batch: TrainBatch, bins: int = 0) -> packing.Packing | None:
+        """pi_old / pi_ref's packed layout: the whole batch in the plain path's number of
+        slices (its memory bound); None: plain."""
+        cfg = self.config
+        return packing.plan(
+            range(batch.tokens.shape[0]),
+            batch.loss_mask[:, 1:],
+            multiple=cfg.mini_batches * cfg.micro_batches,
+            min_saving=cfg.pack_min_saving,
+            bins=bins,
+        )
+
     def _packed_plan(
-        self, mask: np.ndarray, keys: list[jax.Array]
+        self, mask: np.ndarray, keys: list[jax.Array], bins: int = 0
     ) -> list[list[packing.Packing]] | None:  # per pass, per mini-batch; None: plain
         """The plain path's mini-batches (the same shuffles, ``keys``: one per pass) packed
         (`rl_core.training.packing`), all in one shape; None when that saves too little.
@@ -443,6 +569,7 @@ class Trainer:
             mask,
             multiple=cfg.micro_batches,
             min_saving=cfg.pack_min_saving,
+            bins=bins,
         )
         if layouts is None:
             return None
@@ -488,11 +615,17 @@ class Trainer:
             yield prefix_layout.mini_batch(full, layout)
 
     def _prepare(
-        self, batch: TrainBatch, groups: list[np.ndarray] | None = None, *, packed: bool = False
+        self,
+        batch: TrainBatch,
+        groups: list[np.ndarray] | None = None,
+        *,
+        packed: bool = False,
+        shape: StepShape | None = None,
     ) -> ts.MiniBatch:
         """Device arrays of the whole batch, with pi_old / pi_ref / GAE where they are needed.
         ``groups`` (prefix-shared training): pi_old and pi_ref are scored prefix-shared too;
-        ``packed`` (the step packs): scored packed."""
+        ``packed`` (the step packs): scored packed. ``shape``: the compiled shape the step
+        runs in (`_fit`), whose widths and scoring bins are at least the step's own."""
         cfg = self.config
         tokens = jnp.asarray(batch.tokens)
         mask = jnp.asarray(batch.loss_mask[:, 1:])
@@ -504,23 +637,25 @@ class Trainer:
         # pi_old and pi_ref too are read on the trained positions only: scored there alone.
         positions = None
         if cfg.head_positions == "trained":
-            positions = trained_positions(batch.loss_mask[:, 1:])
+            at_least = MIN_POSITIONS
+            if shape is not None and not shape.score_packed:
+                at_least = max(at_least, shape.score_head if packed else shape.head)
+            positions = trained_positions(batch.loss_mask[:, 1:], minimum=at_least)
         scoring = None
         if groups is not None and (needs_old or cfg.grpo.kl_coef > 0):
             # One pass in the group order, micro-batch by micro-batch (as _score_chunked).
             (scoring,) = self._layouts(batch, groups, None, 1)
         packing_plan = None
+        score_head = MIN_POSITIONS
         if packed and (needs_old or cfg.grpo.kl_coef > 0):
             # Scored packed too, in the plain path's number of slices (its memory bound).
-            packing_plan = packing.plan(
-                range(batch.tokens.shape[0]),
-                batch.loss_mask[:, 1:],
-                multiple=cfg.mini_batches * cfg.micro_batches,
-                min_saving=cfg.pack_min_saving,
-            )
+            bins = 0
+            if shape is not None and shape.score_packed:
+                bins, score_head = shape.score_rows, max(score_head, shape.score_head)
+            packing_plan = self._scoring_plan(batch, bins)
         if needs_old:
             if packing_plan is not None:
-                old = self._scores_packed(self._policy(), batch, packing_plan)
+                old = self._scores_packed(self._policy(), batch, packing_plan, score_head)
             else:
                 old, old_values = self._scores(
                     self._policy(), self.trainable.get("value"), tokens, scoring, positions
@@ -531,7 +666,7 @@ class Trainer:
             else:
                 ref_params = self._frozen["base" if cfg.lora is not None else "ref"]
             if packing_plan is not None:
-                ref = self._scores_packed(ref_params, batch, packing_plan)
+                ref = self._scores_packed(ref_params, batch, packing_plan, score_head)
             else:
                 ref, _ = self._scores(ref_params, None, tokens, scoring, positions)
         if cfg.ppo is not None:
@@ -581,13 +716,15 @@ class Trainer:
         return lp, values
 
     def _scores_packed(
-        self, params: Any, batch: TrainBatch, layout: packing.Packing
+        self, params: Any, batch: TrainBatch, layout: packing.Packing, head: int = MIN_POSITIONS
     ) -> jax.Array:  # [B, T-1] logprobs in the row layout, 0 where no bin holds a target
-        """The batch's logprobs scored on its packed ``layout``, slice by slice."""
+        """The batch's logprobs scored on its packed ``layout``, slice by slice; the head's
+        index at least ``head`` wide."""
         cfg = self.config
         tokens = packing.packed_tokens(batch.tokens, layout)
         mask = packing.gather_targets(batch.loss_mask[:, 1:], layout)
-        positions = trained_positions(mask) if cfg.head_positions == "trained" else None
+        trained = cfg.head_positions == "trained"
+        positions = trained_positions(mask, minimum=head) if trained else None
         bins = tokens.shape[0]
         step = bins // (cfg.mini_batches * cfg.micro_batches)
         parts = []
@@ -648,6 +785,12 @@ class Trainer:
         self.updates = int(state["updates"])
         self.rng = jax.random.wrap_key_data(jnp.asarray(state["rng"]))
         self._params_cache = None
+
+
+def _head_width(mask: np.ndarray) -> int:
+    """`trained_positions`' width for a [B, L] mask, computed on the host."""
+    most = int((np.asarray(mask) > 0).sum(axis=1).max(initial=0))
+    return int(min(next_bucket(most, MIN_POSITIONS), mask.shape[1]))
 
 
 def _prefix_size(layout: prefix_layout.Layout) -> int:
