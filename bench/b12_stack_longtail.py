@@ -131,9 +131,21 @@ class Run:
 def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> dict[str, Any]:
     # "async-reuse": the engine's prefix pool on (rollout.prefix_reuse, off by default),
     # for a comparison in one invocation. "async-user": B12u, the shipped example's settings.
-    staleness_mode, _, variant = mode.partition("-")
-    if variant == "user":
-        return user_spec(env_id, staleness_mode, c, steps, m, seed)
+    # "-nofit" (e.g. "async-nofit", "async-user-nofit"): train.fit_compiled off, every new
+    # step shape compiled (the trainer before its shape ledger), for a comparison.
+    staleness_mode, *variants = mode.split("-")
+    if "user" in variants:
+        spec = user_spec(env_id, staleness_mode, c, steps, m, seed)
+    else:
+        spec = b12_spec(env_id, mode, staleness_mode, c, steps, m, seed, "reuse" in variants)
+    spec["name"] = f"b12-{mode}-C{c}-seed{seed}"
+    if "nofit" in variants:
+        spec["train"]["fit_compiled"] = False
+    return spec
+
+
+def b12_spec(env_id: str, mode: str, staleness_mode: str, c: int, steps: int, m: int, seed: int,
+             reuse: bool) -> dict[str, Any]:  # fmt: skip
     return {
         "name": f"b12-{mode}-C{c}-seed{seed}",
         "model": {"source": "builtin:tiny"},
@@ -144,7 +156,7 @@ def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> 
         "agent": {"max_turns": 32, "max_new_tokens": 8, "max_context": 512,
                   "tool_call_format": "none"},
         "rollout": {"group_size": G, "concurrency": c, "sampling": {"temperature": 1.0},
-                    "prefix_reuse": variant == "reuse"},
+                    "prefix_reuse": reuse},
         # 0.01 learns to end turns in about half the steps 0.003 takes.
         "algorithm": {"batch_groups": B, "learning_rate": 0.01},
         "staleness": {"mode": staleness_mode, "max_staleness": m},
@@ -463,7 +475,8 @@ def main() -> None:
         "--modes",
         default="sync,async",
         help="of sync, async, sync-reuse, async-reuse (the engine with its prefix pool), "
-        "sync-user, async-user (B12u: examples/tiny-game.yaml's settings)",
+        "sync-user, async-user (B12u: examples/tiny-game.yaml's settings); '-nofit' after "
+        "any: train.fit_compiled off (async-nofit, async-user-nofit)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "figures")
     parser.add_argument("--dump", type=Path, help="a folder for each run's raw data (JSON)")

@@ -586,6 +586,11 @@ class TrainSpec(_Section):
     eval_pass_threshold: Annotated[float, Field(ge=-1e6, le=1e6)] = 1.0
     # Trajectories per step sent to the sink as readable records (0: none).
     trajectories_per_step: Annotated[int, Field(ge=0, le=1000)] = 4
+    # A step whose shape is new may run padded in a shape the trainer compiled before,
+    # while that costs less than a compile (docs/learning.md, "New shapes"). false: each
+    # step in its own shape, every new one compiled: for comparisons (bench B12), or a
+    # run whose last bits must not depend on the machine's timing.
+    fit_compiled: bool = True
 
     @model_validator(mode="after")
     def _one_checkpoint_interval(self) -> TrainSpec:

@@ -139,6 +139,7 @@ def trainer_config(spec: JobSpec, *, norm_tokens: int | None = None) -> TrainerC
         if lora is None
         else LoraConfig(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets)),
         seed=spec.train.seed,
+        fit_compiled=spec.train.fit_compiled,
     )
 
 
