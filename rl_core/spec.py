@@ -349,6 +349,10 @@ class AgentSpec(_Section):
     turn_timeout_s: Annotated[float, Field(gt=0)] | None = None  # one model call
     # One environment call (reset/step/close); past it the episode ends as "timeout".
     env_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 300.0
+    # A turn cut at max_new_tokens: "end" the episode (truncated, rewards so far: 0 in a
+    # game that pays at its end, above a loss), or "send" the cut text to the environment
+    # as the turn's answer, scored as any answer is, and play on (docs/lifecycle.md).
+    cut_turn: Literal["end", "send"] = "end"
 
 
 class SamplingSpec(_Section):

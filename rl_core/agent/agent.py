@@ -12,7 +12,9 @@ Every episode ends in one explicit state, with a reason:
 
 - ``done`` (``env_done``): the environment said so;
 - ``truncated``: a limit ended it first: ``max_turns``, ``max_context``,
-  ``max_new_tokens`` (a turn that never ended), ``max_episode_tokens``,
+  ``max_new_tokens`` (a turn that never ended, unless ``cut_turn`` is ``send``: then
+  the cut turn is the action, the template closes it, and the episode goes on),
+  ``max_episode_tokens``,
   ``max_episode_s`` (checked between turns), ``turn_timeout_s`` (a model call
   that took too long; its partial turn is discarded);
 - ``timeout``: ``episode_timeout`` (the hard deadline of the whole episode) or
@@ -59,6 +61,10 @@ class AgentConfig:
     max_episode_s: float | None = None
     turn_timeout_s: float | None = None
     env_timeout_s: float = 300.0
+    # A turn cut at max_new_tokens: "end" the episode there (truncated, the rewards so
+    # far), or "send" its text to the environment as the turn's action, which scores it
+    # as it scores any answer (a game's invalid move, a wrong format), and go on.
+    cut_turn: Literal["end", "send"] = "end"
 
 
 class Agent:
@@ -197,10 +203,16 @@ class Agent:
                 return traj.end("truncated", "turn_timeout_s")
             traj.sample.append_model(completion.tokens, completion.logprobs, traj.turns)
             traj.turns += 1
-            if completion.finish_reason != "stop":
-                # The turn never ended; its text is not a finished answer to act on.
-                return traj.end("truncated", _budget_reason(cfg, left, episode_left, budget))
-            text = tok.decode(completion.tokens[:-1])
+            cut = completion.finish_reason != "stop"
+            if cut:
+                # The turn never ended: not a finished answer to act on, unless the spec
+                # sends it as it is (only a turn cut by its own limit: past the context's
+                # or the episode's budget there is no next turn to play).
+                reason = _budget_reason(cfg, left, episode_left, budget)
+                if cfg.cut_turn != "send" or reason != "max_new_tokens":
+                    return traj.end("truncated", reason)
+                traj.info["cut_turns"] = int(traj.info.get("cut_turns", 0)) + 1
+            text = tok.decode(completion.tokens if cut else completion.tokens[:-1])
             action, notes = self._parse(text, traj.turns)
             result = await self._env_call(
                 traj, "step", env.step(traj.episode_id, traj.turns, action), turn=traj.turns
@@ -214,17 +226,24 @@ class Agent:
                 return traj.end("done", "env_done")
             spoken = [*messages, {"role": "assistant", "content": text}]
             messages = [*spoken, *notes, *result.messages]
-            cut = self._extend(traj, tok.render_messages(spoken), prompt, messages)
-            if cut is not None:
-                self._observation_cut(traj, cut, len(traj.sample.tokens), _chars(result.messages))
+            over = self._extend(traj, tok.render_messages(spoken), prompt, messages, cut)
+            if over is not None:
+                self._observation_cut(traj, over, len(traj.sample.tokens), _chars(result.messages))
                 return traj.end("truncated", "max_context")
             prompt = tok.render_messages(messages) + tok.assistant_prefix()
 
     def _extend(
-        self, traj: Trajectory, spoken: list[int], prompt: list[int], messages: list[Message]
+        self,
+        traj: Trajectory,
+        spoken: list[int],
+        prompt: list[int],
+        messages: list[Message],
+        cut: bool = False,
     ) -> int | None:
         """Append the observation to the ledger, or start a new sample: None; past
-        max_context, the observation's length in tokens (it was not appended)."""
+        max_context, the observation's length in tokens (it was not appended). ``cut``:
+        the model's turn was cut before its end-of-turn token, which the template writes
+        and the observation then carries (untrained: the model did not say it)."""
         tok = self.tokenizer
         following = tok.render_messages(messages) + tok.assistant_prefix()
         extends = spoken[: len(prompt)] == prompt and following[: len(spoken)] == spoken
@@ -234,7 +253,8 @@ class Agent:
             # observation: the next prompt is then exactly the template's rendering.
             trailer = _after_last(spoken, tok.end_of_turn_id)
             ended = traj.sample.tokens[-1:] == [tok.end_of_turn_id]
-            observation = (trailer if ended else []) + following[len(spoken) :]
+            closing = trailer if ended else [tok.end_of_turn_id, *trailer] if cut else []
+            observation = closing + following[len(spoken) :]
             if len(traj.sample.tokens) + len(observation) >= self.config.max_context:
                 return len(observation)
             traj.sample.append_observation(observation)

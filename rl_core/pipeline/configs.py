@@ -96,6 +96,7 @@ def agent_config(spec: JobSpec) -> AgentConfig:
         max_episode_s=ag.max_episode_s,
         turn_timeout_s=ag.turn_timeout_s,
         env_timeout_s=ag.env_timeout_s,
+        cut_turn=ag.cut_turn,
     )
 
 

@@ -94,6 +94,41 @@ def test_turn_without_end_token_truncates(tokenizer: BuiltinTokenizer) -> None:
     assert traj.model_tokens == 4 and traj.reward == 0.0
 
 
+def test_a_cut_turn_sent_is_scored_by_the_environment_and_play_goes_on(
+    tokenizer: BuiltinTokenizer,
+) -> None:
+    tok = tokenizer
+    config = AgentConfig(max_new_tokens=4, cut_turn="send")
+    # "7777777" is cut to "7777" (out of 1..8: guess_number answers "lower"); "5", which
+    # ends without its end-of-turn token too (the engine ran out of script), wins.
+    traj, engine = run(tok, ["7777777", "5"], stop=False, config=config)
+    assert traj.end_state == "done" and traj.turns == 2
+    assert traj.info["cut_turns"] == 2
+    end, asst = [tok.end_of_turn_id], tok.assistant_prefix()
+    prompt = tok.render_messages([{"role": "user", "content": "Guess the number between 1 and 8."}])
+    cut = tok.encode("7777")
+    # The template closes the cut turn with the end-of-turn token the model never said:
+    # in the ledger and in the engine's next context, off the loss.
+    obs = [tok.token_id("<|user|>"), *tok.encode("lower"), *end, *asst]
+    assert engine.prompts[1] == prompt + asst + cut + end + obs
+    messages = [
+        {"role": "user", "content": "Guess the number between 1 and 8."},
+        {"role": "assistant", "content": "7777"},
+        {"role": "user", "content": "lower"},
+    ]
+    assert engine.prompts[1] == tok.render_messages(messages) + asst
+    assert traj.loss_mask[: len(engine.prompts[1])] == [0] * len(prompt + asst) + [1] * 4 + [
+        0
+    ] * len(end + obs)
+    # The environment's verdict on both turns: a malformed guess's and the win's.
+    assert traj.reward == pytest.approx(traj.turn_rewards[0] + traj.turn_rewards[1])
+    assert traj.reward > 0.5
+    # Ended by the context or the episode's token budget, a cut turn still ends it.
+    tight = AgentConfig(max_new_tokens=4, max_episode_tokens=3, cut_turn="send")
+    traj, _ = run(tok, ["7777777", "5"], stop=False, config=tight)
+    assert traj.end_state == "truncated" and traj.info.get("cut_turns") is None
+
+
 def test_max_turns_truncates(tokenizer: BuiltinTokenizer) -> None:
     traj, _ = run(tokenizer, ["1"], config=AgentConfig(max_turns=2))
     assert traj.end_state == "truncated" and traj.turns == 2
