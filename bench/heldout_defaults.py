@@ -101,11 +101,13 @@ def nim_random_value(piles: tuple[int, ...] = (3, 4, 5)) -> float:
     return _nim_value(tuple(sorted(piles)), 0)
 
 
-def spec_for(game: str, candidate: str, seed: int, steps: int) -> dict[str, Any]:
+def spec_for(
+    game: str, candidate: str, seed: int, steps: int, cut_turn: str = "end"
+) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load(RECIPE.read_text())
     data["name"] = f"heldout-{game}-{candidate}"
     data["environment"] = GAMES[game]["environment"]
-    data["agent"].update(GAMES[game]["agent"])
+    data["agent"].update(GAMES[game]["agent"], cut_turn=cut_turn)
     data["algorithm"].update(CANDIDATES[candidate])
     data["train"].update(steps=steps, seed=seed, eval_interval=steps, eval_episodes=32)
     return data
@@ -146,6 +148,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--out", type=Path, help="a folder for the runs' files")
+    parser.add_argument(
+        "--cut-turn",
+        choices=("end", "send"),
+        default="end",
+        help="agent.cut_turn: send a turn cut at max_new_tokens to the game as its move "
+        "(SmolLM2 answers these prompts in prose: cut turns, truncated episodes, no signal)",
+    )
     parser.add_argument("--one", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -161,7 +170,8 @@ def main() -> int:
     ]:
         folder = work / "-".join(map(str, key))
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "spec.yaml").write_text(yaml.safe_dump(spec_for(*key, args.steps)))
+        spec = spec_for(*key, args.steps, args.cut_turn)
+        (folder / "spec.yaml").write_text(yaml.safe_dump(spec))
         command = [sys.executable, __file__, "--one", str(folder / "spec.yaml"),
                    str(folder / "run")]  # fmt: skip
         jobs.append((key, command, folder / "log.txt"))
