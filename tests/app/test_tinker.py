@@ -124,9 +124,12 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
     with (
         live_api(migrated_database(postgres_url), tinker_long_poll_s=0.3) as api,
         tinker_worker(api.url),
+        contextlib.ExitStack() as clients,
     ):
         key_a, key_b = api.tenant(), api.tenant()
-        service = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_a}")
+        service = clients.enter_context(
+            tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_a}")
+        )
         rest = tinker.RestClient(base_url=api.url, api_key=f"tml-{key_a}")
         served = rest.get_server_capabilities().result().supported_models
         assert BASE in [m.model_name for m in served]
@@ -160,7 +163,9 @@ def test_the_official_client_trains_and_samples_a_lora_model(postgres_url: str) 
         )
 
         # Meanwhile tenant B trains a model of its own on the same base, with its own client.
-        service_b = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_b}")
+        service_b = clients.enter_context(
+            tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_b}")
+        )
 
         def train_b() -> tuple[str, list[float]]:
             b = service_b.create_lora_training_client(base_model=BASE, rank=2).result()
@@ -241,8 +246,11 @@ def test_over_tokens_per_minute_the_client_waits_and_then_succeeds(
     with (
         live_api(migrated_database(postgres_url), tinker_tokens_per_minute=600) as api,
         tinker_worker(api.url),
+        contextlib.ExitStack() as clients,
     ):
-        service = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{api.tenant()}")
+        service = clients.enter_context(
+            tinker.ServiceClient(base_url=api.url, api_key=f"tml-{api.tenant()}")
+        )
         training = service.create_lora_training_client(base_model=BASE, rank=2).result()
         tokens = [1 + i % 60 for i in range(64)]
         ce = types.Datum(

@@ -49,8 +49,12 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(postgres_url: str) -> Iterator[Served]:
-    with live_api(migrated_database(postgres_url)) as api, tinker_worker(api.url):
-        yield Served(tinker.ServiceClient(base_url=api.url, api_key=f"tml-{api.tenant()}"))
+    with (
+        live_api(migrated_database(postgres_url)) as api,
+        tinker_worker(api.url),
+        tinker.ServiceClient(base_url=api.url, api_key=f"tml-{api.tenant()}") as service,
+    ):  # the client first out: its session finished, its heartbeat stopped
+        yield Served(service)
 
 
 def _rollouts(

@@ -118,10 +118,17 @@ def test_a_saved_state_trains_on_in_a_fresh_worker_after_the_first_was_killed(
     postgres_url: str, s3_store_url: str, s3_endpoint: str, tmp_path: Path
 ) -> None:
     database = migrated_database(postgres_url)
-    with live_api(database, artifact_store=s3_store_url, s3_endpoint=s3_endpoint) as api:
+    with (
+        live_api(database, artifact_store=s3_store_url, s3_endpoint=s3_endpoint) as api,
+        contextlib.ExitStack() as clients,  # closed first: sessions finished, heartbeats off
+    ):
         key_a, key_b = api.tenant(), api.tenant()
-        service = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_a}")
-        service_b = tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_b}")
+        service = clients.enter_context(
+            tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_a}")
+        )
+        service_b = clients.enter_context(
+            tinker.ServiceClient(base_url=api.url, api_key=f"tml-{key_b}")
+        )
         rest = tinker.RestClient(base_url=api.url, api_key=f"tml-{key_a}")
         rest_b = tinker.RestClient(base_url=api.url, api_key=f"tml-{key_b}")
 
