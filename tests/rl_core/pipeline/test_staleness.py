@@ -99,8 +99,11 @@ def test_a_stale_straggler_is_dropped_never_trained() -> None:
 
 def test_a_stale_straggler_is_requeued_and_replayed_under_a_fresh_policy() -> None:
     trainer = RecordingTrainer()
+    # 12 steps: the replay joins the queue behind the groups that finished while the
+    # straggler waited (up to C's worth); in 6 steps a loaded CI host once ran out of
+    # steps before the replay's turn came (replayed 0 times).
     run = run_pipeline(
-        steps=6,
+        steps=12,
         max_staleness=1,
         policy="requeue",
         env=ScriptEnv(straggling(trainer)),
