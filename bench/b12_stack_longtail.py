@@ -137,17 +137,16 @@ def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> 
     if "user" in variants:
         spec = user_spec(env_id, staleness_mode, c, steps, m, seed)
     else:
-        spec = b12_spec(env_id, mode, staleness_mode, c, steps, m, seed, "reuse" in variants)
+        spec = b12_spec(env_id, staleness_mode, c, steps, m, seed, "reuse" in variants)
     spec["name"] = f"b12-{mode}-C{c}-seed{seed}"
     if "nofit" in variants:
         spec["train"]["fit_compiled"] = False
     return spec
 
 
-def b12_spec(env_id: str, mode: str, staleness_mode: str, c: int, steps: int, m: int, seed: int,
+def b12_spec(env_id: str, staleness_mode: str, c: int, steps: int, m: int, seed: int,
              reuse: bool) -> dict[str, Any]:  # fmt: skip
-    return {
-        "name": f"b12-{mode}-C{c}-seed{seed}",
+    return {  # named by make_spec
         "model": {"source": "builtin:tiny"},
         "environment": {"name": env_id},
         # 32 turns of "ok?" and an 8-token reply fit in ~450 tokens: never cut by context.

@@ -45,8 +45,14 @@ def trained_positions(
     trainer's processes (`rl_core.training.spmd`) is never gathered on one host. Its K,
     a replicated scalar, is the same in every process, so they all run one program."""
     most = int(_most_trained(mask))
-    positions: jax.Array = _packed(mask, min(next_bucket(most, minimum), mask.shape[1]))
+    positions: jax.Array = _packed(mask, index_width(most, mask.shape[1], minimum))
     return positions
+
+
+def index_width(most: int, length: int, minimum: int = MIN_POSITIONS) -> int:
+    """K for rows of ``length`` targets whose fullest trains ``most``: `trained_positions`'
+    width, computed where the host plans a step (packing's bins, the shape ledger)."""
+    return int(min(next_bucket(most, minimum), length))
 
 
 @jax.jit

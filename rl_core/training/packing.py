@@ -32,9 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
-from rl_core.models.buckets import next_bucket
 from rl_core.training import train_step as ts
-from rl_core.training.head_positions import MIN_POSITIONS, trained_positions
+from rl_core.training.head_positions import index_width, trained_positions
 
 
 def row_lengths(mask: np.ndarray) -> np.ndarray:  # [B, T-1] loss mask -> [B] int
@@ -161,7 +160,7 @@ def head_width(layouts: Sequence[Packing], mask: np.ndarray) -> int:
     """One width of the head's index (`trained_positions`) for all ``layouts``: the
     widest any of their bins needs, so a step's packed updates share one program."""
     most = max(int((gather_targets(mask, p) > 0).sum(axis=1).max()) for p in layouts)
-    return int(min(next_bucket(most, MIN_POSITIONS), mask.shape[1]))
+    return index_width(most, mask.shape[1])
 
 
 def gather_targets(x: ArrayLike, p: Packing) -> np.ndarray:  # [B, T-1] -> [P, L-1]

@@ -109,7 +109,6 @@ class ShapeLedger:
         self._per_position: deque[float] = deque(maxlen=WINDOW)  # seconds
         self._compiles: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # seconds, positions
         self.padded_steps = 0  # steps run in a compiled shape other than their own
-        self.compiled_steps = 0  # steps that met a shape new to this trainer
 
     def prices(self) -> tuple[float, float] | None:
         """(seconds a position, seconds a compile), once both are measured; None before."""
@@ -180,7 +179,6 @@ class ShapeLedger:
         self.compiled.add(choice.run)
         self.rent = 0.0
         self._compiles.append((seconds, positions))
-        self.compiled_steps += 1
 
 
 __all__ = ["Choice", "ShapeLedger", "StepShape"]

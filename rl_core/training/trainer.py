@@ -47,7 +47,12 @@ from rl_core.models import Model
 from rl_core.models.buckets import next_bucket
 from rl_core.training import packing, prefix_layout
 from rl_core.training import train_step as ts
-from rl_core.training.head_positions import MIN_POSITIONS, shifted_positions, trained_positions
+from rl_core.training.head_positions import (
+    MIN_POSITIONS,
+    index_width,
+    shifted_positions,
+    trained_positions,
+)
 from rl_core.training.lora import LoraConfig, init_adapters
 from rl_core.training.prefix_shared import scatter
 from rl_core.training.shape_ledger import Choice, ShapeLedger, StepShape
@@ -789,8 +794,7 @@ class Trainer:
 
 def _head_width(mask: np.ndarray) -> int:
     """`trained_positions`' width for a [B, L] mask, computed on the host."""
-    most = int((np.asarray(mask) > 0).sum(axis=1).max(initial=0))
-    return int(min(next_bucket(most, MIN_POSITIONS), mask.shape[1]))
+    return index_width(int((np.asarray(mask) > 0).sum(axis=1).max(initial=0)), mask.shape[1])
 
 
 def _prefix_size(layout: prefix_layout.Layout) -> int:
