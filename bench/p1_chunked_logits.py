@@ -26,6 +26,9 @@ by side: the variants are one computation.
     .venv/bin/python bench/p1_chunked_logits.py --random-init --layout tool-use \
         --variants 512/unmerged/all,512/unmerged/trained       # the head where it trains
 
+A fourth part ``remat`` recomputes each block in the backward (``TrainerConfig.remat``):
+``--variants 512/unmerged/trained,512/unmerged/trained/remat``.
+
 ``--layout random`` (the default) trains each row from a quarter of the context on, random
 tokens throughout; ``--layout tool-use`` lays each row out as an episode of the tool-use spec
 that called its calculator: the spec's 234-token prompt, a 31-token tool call (trained), a
@@ -47,20 +50,22 @@ def _chunk(text: str) -> int | None:
     return None if text.lower() in ("none", "full") else int(text)
 
 
-Variant = tuple[int | None, str, str]  # logits_chunk, lora_apply, head_positions
+Variant = tuple[int | None, str, str, bool]  # logits_chunk, lora_apply, head_positions, remat
 
 # The tool-use spec's episode that called its tool: (tokens, trained) spans in order.
 TOOL_USE_ROW = ((234, False), (31, True), (12, False), (5, True))
 
 
 def _variant(text: str) -> Variant:
-    chunk, apply, head = [*text.split("/"), "", ""][:3]
-    return _chunk(chunk), apply or "merged", head or "all"
+    chunk, apply, head, remat = [*text.split("/"), "", "", ""][:4]
+    if remat not in ("", "remat"):
+        raise SystemExit(f"variant {text!r}: the fourth part is 'remat' or nothing")
+    return _chunk(chunk), apply or "merged", head or "all", remat == "remat"
 
 
 def _name(variant: Variant) -> str:
-    chunk, apply, head = variant
-    return f"{chunk or 'full'} / {apply} / {head}"
+    chunk, apply, head, remat = variant
+    return f"{chunk or 'full'} / {apply} / {head}" + (" / remat" if remat else "")
 
 
 def tool_use_mask(rows: int, length: int) -> np.ndarray:  # [rows, length] float32
@@ -105,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--variants",
         default="none/merged,512/merged,512/unmerged",
-        help="comma-separated logits_chunk/lora_apply pairs; chunk none = full logits",
+        help="comma-separated logits_chunk/lora_apply[/head_positions[/remat]]; chunk none = "
+        "full logits",
     )
     parser.add_argument(
         "--random-init", action="store_true", help="SmolLM2's config, random weights"
@@ -166,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     runs: dict[Variant, dict[str, Any]] = {}
     for variant in variants:
-        chunk, apply, head = variant
+        chunk, apply, head, remat = variant
         cfg = TrainerConfig(
             learning_rate=2e-4,
             temperature=0.7,
@@ -174,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             logits_chunk=chunk,
             lora_apply=apply,  # type: ignore[arg-type]
             head_positions=head,  # type: ignore[arg-type]
+            remat=remat,
         )
         trainer = Trainer(model, cfg)
         mb = trainer._prepare(batch)

@@ -16,7 +16,8 @@ the target or at ``--max-steps``. The variants differ only in the trainer's sett
   once (``logits_chunk=None``), LoRA merged into the kernels for every forward
   (``lora_apply="merged"``), every member of a group running the group's prompt
   (``share_prefix=False``), the output head at every position
-  (``head_positions="all"``), rows padded and never packed (``pack=False``);
+  (``head_positions="all"``), rows padded and never packed (``pack=False``), every
+  new step shape compiled (``fit_compiled=False``);
 - ``after``: today's defaults: the head at the trained positions, in chunks, LoRA beside
   the kernels, and each step laid out shared (a group's prompt computed once) where that
   computes at most half packing's positions, else packed (`Trainer._layout_choice`).
@@ -61,6 +62,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "share_prefix": False,
         "head_positions": "all",
         "pack": False,
+        "fit_compiled": False,
     },
     "after": {},
 }

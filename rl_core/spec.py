@@ -595,6 +595,10 @@ class TrainSpec(_Section):
     # step in its own shape, every new one compiled: for comparisons (bench B12), or a
     # run whose last bits must not depend on the machine's timing.
     fit_compiled: bool = True
+    # Each transformer block recomputed in the backward (gradient checkpointing): the
+    # train step's activation memory falls to the blocks' inputs, for about one more
+    # forward pass of compute (docs/learning.md, "Memory").
+    remat: bool = False
 
     @model_validator(mode="after")
     def _one_checkpoint_interval(self) -> TrainSpec:

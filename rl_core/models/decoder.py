@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -63,6 +65,7 @@ class Model(nnx.Module):
         valid: jax.Array | None = None,  # [B, T] bool; default all True
         cache: KVCache | None = None,
         segments: jax.Array | None = None,  # [B, T] int: packed sequences, into an empty cache
+        remat: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:  # final-normed states [B, T, D], updated cache
         """The forward pass up to the output head: a prefill needs logits at one position only
         (the head is a [D, V] matmul per position, a fifth of a small model's prefill).
@@ -70,6 +73,14 @@ class Model(nnx.Module):
         ``segments`` packs several sequences into one row (the engine's prefill): a token
         attends only to earlier tokens of its own segment, and ``positions`` restart per
         segment. The cache must be empty and as long as the row, so key slot s holds token s.
+
+        ``remat`` (training): each block is rematerialised in the backward, so a
+        differentiated forward keeps only the blocks' inputs, not every block's attention
+        scores and MLP activations: about one more forward pass of compute for the trunk's
+        activation memory (bench/README.md, "P1 / block remat"). On CPU, XLA's default
+        scheduler (optimised for concurrency) runs the recomputations early and keeps
+        most of what they free; ``XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_
+        scheduler=false`` schedules for memory.
         """
         b, t = tokens.shape
         if valid is None:
@@ -89,9 +100,10 @@ class Model(nnx.Module):
 
         x = constrain(self.embed(tokens))  # [B, T, D], rows split over data and fsdp
         new_keys, new_values = [], []
+        run = _remat_block if remat else _block
         for i, block in enumerate(self.blocks):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, kv = block(x, positions, mask, kv, start)
+            x, kv = run(block, x, positions, mask, kv, start)
             x = constrain(x)
             if kv is not None:
                 new_keys.append(kv[0])
@@ -109,6 +121,37 @@ class Model(nnx.Module):
 
     def init_cache(self, batch: int, length: int) -> KVCache:
         return KVCache.empty(self.config, batch, length)
+
+
+def _block(
+    block: Block,
+    x: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    kv: tuple[jax.Array, jax.Array] | None,
+    start: jax.Array | None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    return block(x, positions, mask, kv, start)  # type: ignore[no-any-return]
+
+
+def _remat_block(
+    block: Block,
+    x: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    kv: tuple[jax.Array, jax.Array] | None,
+    start: jax.Array | None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """`_block` under `jax.checkpoint`: the backward recomputes the block from its inputs.
+    The block goes in as its state and is rebuilt inside, so nothing of the caller's
+    module is written from the inner trace (the trainer's LoRA wraps hold traced arrays;
+    `nnx.remat` writes its state back and fails on them)."""
+    graphdef, state = nnx.split(block)
+
+    def run(state: nnx.State, *args: Any) -> tuple[jax.Array, Any]:
+        return _block(nnx.merge(graphdef, state), *args)
+
+    return jax.checkpoint(run)(state, x, positions, mask, kv, start)  # type: ignore[no-any-return]
 
 
 def count_params(model: nnx.Module) -> int:

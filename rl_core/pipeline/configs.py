@@ -141,6 +141,7 @@ def trainer_config(spec: JobSpec, *, norm_tokens: int | None = None) -> TrainerC
         else LoraConfig(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets)),
         seed=spec.train.seed,
         fit_compiled=spec.train.fit_compiled,
+        remat=spec.train.remat,
     )
 
 

@@ -27,6 +27,10 @@ from rl_core.algorithms.grpo import token_logprobs
 
 Head = Callable[[jax.Array], jax.Array]  # [N, D] hidden -> [N, V] float32 logits
 
+# The trainers' default chunk: 256 saved only 96 MB more than 512 on SmolLM2 for twice
+# the chunks (bench/README.md, "P1 / chunked logits").
+LOGITS_CHUNK = 512
+
 
 def chunked_token_logprobs(
     hidden: jax.Array,  # [..., D] final-normed states
@@ -42,6 +46,32 @@ def chunked_token_logprobs(
     through the map. Peak memory is one chunk's [chunk, V] logits (and their
     log-softmax), not the batch's.
     """
+    return _chunked(hidden, targets, lambda h, t: token_logprobs(head(h), t, temperature), chunk)
+
+
+def chunked_target_logprobs(
+    hidden: jax.Array,  # [..., D] final-normed states
+    targets: jax.Array,  # [...] int
+    head: Head,
+    chunk: int,
+) -> jax.Array:  # log pi(target) [...], at temperature 1
+    """The log-probability of each target alone, ``chunk`` positions at a time: what the
+    Tinker losses read (`rl_core.training.multi_trainer`), with no entropy to compute."""
+
+    def one(h: jax.Array, t: jax.Array) -> tuple[jax.Array]:
+        logp = jax.nn.log_softmax(head(h), axis=-1)
+        return (jnp.take_along_axis(logp, t[:, None], axis=-1)[:, 0],)
+
+    (lp,) = _chunked(hidden, targets, one, chunk)
+    return lp
+
+
+def _chunked(
+    hidden: jax.Array,  # [..., D]
+    targets: jax.Array,  # [...]
+    per_chunk: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],  # [n, D], [n] -> [n]s
+    chunk: int,
+) -> tuple[jax.Array, ...]:  # each [...]
     if chunk < 1:
         raise ValueError(f"logits chunk must be >= 1 position, got {chunk}")
     lead, d = hidden.shape[:-1], hidden.shape[-1]
@@ -52,12 +82,11 @@ def chunked_token_logprobs(
     flat_t = jnp.pad(targets.reshape(n), (0, pad))  # padded positions predict token 0, dropped
 
     @jax.checkpoint
-    def one(part: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        h, t = part  # [size, D], [size]
-        return token_logprobs(head(h), t, temperature)
+    def one(part: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, ...]:
+        return per_chunk(*part)  # [size, D], [size]
 
-    lp, entropy = jax.lax.map(one, (flat_h.reshape(-1, size, d), flat_t.reshape(-1, size)))
-    return lp.reshape(-1)[:n].reshape(lead), entropy.reshape(-1)[:n].reshape(lead)
+    outs = jax.lax.map(one, (flat_h.reshape(-1, size, d), flat_t.reshape(-1, size)))
+    return tuple(x.reshape(-1)[:n].reshape(lead) for x in outs)
 
 
-__all__ = ["Head", "chunked_token_logprobs"]
+__all__ = ["LOGITS_CHUNK", "Head", "chunked_target_logprobs", "chunked_token_logprobs"]

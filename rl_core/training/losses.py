@@ -10,8 +10,8 @@ datum's tokens (no mean: a client scales its advantages for another aggregation)
 - ``cispo`` (MiniMax-M1, arXiv:2506.13585): ``-sg(clip(r, lo, hi)) lp A``
 - ``dro`` (Richemond et al., arXiv:2405.19107): ``-(lp A - beta/2 (lp - q)^2)``
 - ``gspo`` (GSPO-token, arXiv:2507.18071): the sequence ratio
-  ``s = exp(mean over marked t of (sg(lp_t) - q_t))`` carried by every token with its own
-  gradient, ``s_t = s exp(lp_t - sg(lp_t))``, then ``-min(s_t A, clip(s_t, lo, hi) A)``
+  ``s = exp(mean over the datum's marked t of (sg(lp_t) - q_t))`` carried by every token
+  with its own gradient, ``s_t = s exp(lp_t - sg(lp_t))``, then ``-min(s_t A, clip(s_t, lo, hi) A)``
 
 (sg: stop-gradient; lo and hi are ``clip_low_threshold`` and ``clip_high_threshold``,
 bounds on the ratio itself; ``beta`` is DRO's). What each reads and its defaults are in
@@ -54,11 +54,25 @@ def dro(lp: jax.Array, b: Batch) -> jax.Array:
     return -(lp * b["advantages"] - 0.5 * b[BETA] * (lp - b["logprobs"]) ** 2)
 
 
+def sequence_sums(x: jax.Array, b: Batch) -> jax.Array:  # [B, T] -> [B, T] or [B, 1]
+    """Each position's sum of ``x`` over its own datum: over the row ([B, 1]), or, where
+    the batch packs several datums into a row (``segments`` [B, T], -1 at padding), over
+    the positions of the same segment ([B, T]). Padding reads segment 0's sum; the
+    caller's mask zeroes its loss."""
+    segments = b.get("segments")
+    if segments is None:
+        return jnp.sum(x, axis=-1, keepdims=True)
+    rows, length = x.shape
+    ids = jnp.arange(rows)[:, None] * length + jnp.maximum(segments, 0)  # [B, T]
+    sums = jax.ops.segment_sum(x.reshape(-1), ids.reshape(-1), num_segments=rows * length)
+    return sums[ids]
+
+
 def gspo(lp: jax.Array, b: Batch) -> jax.Array:
     marked = (b["sequence_ratio_mask"] != 0).astype(lp.dtype) * b["mask"]  # [B, T]
-    count = jnp.maximum(jnp.sum(marked, axis=-1, keepdims=True), 1.0)  # [B, 1]
+    count = jnp.maximum(sequence_sums(marked, b), 1.0)
     held = jax.lax.stop_gradient(lp)
-    log_s = jnp.sum(marked * (held - b["logprobs"]), axis=-1, keepdims=True) / count
+    log_s = sequence_sums(marked * (held - b["logprobs"]), b) / count
     ratio = jnp.exp(log_s + lp - held)  # s's value, lp's gradient
     return _clipped_objective(ratio, b["advantages"], b[CLIP_LOW], b[CLIP_HIGH])
 
@@ -76,4 +90,13 @@ PER_TOKEN = {
     "gspo": gspo,
 }
 
-__all__ = ["PER_TOKEN", "cispo", "cross_entropy", "dro", "gspo", "importance_sampling", "ppo"]
+__all__ = [
+    "PER_TOKEN",
+    "cispo",
+    "cross_entropy",
+    "dro",
+    "gspo",
+    "importance_sampling",
+    "ppo",
+    "sequence_sums",
+]

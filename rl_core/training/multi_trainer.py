@@ -30,6 +30,8 @@ from flax import nnx
 
 from rl_core.errors import UnsupportedSpec
 from rl_core.models.decoder import Model
+from rl_core.training import tinker_layout
+from rl_core.training.chunked_logits import LOGITS_CHUNK, chunked_target_logprobs
 from rl_core.training.lora import LoraConfig, init_adapters, merged_params
 from rl_core.training.multi_lora import (
     DEFAULT_IMPL,
@@ -38,7 +40,14 @@ from rl_core.training.multi_lora import (
     multi_lora_model,
     slot_adapters,
 )
-from rl_core.training.primitives import AdamParams, Datum, adam_update, pack_batch, token_loss
+from rl_core.training.primitives import (
+    AdamParams,
+    Datum,
+    adam_update,
+    host_batch,
+    per_token_loss,
+    token_loss,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,19 +77,40 @@ def _multi_loss(
     lora: LoraConfig,
     loss_fn: str,
     impl: Impl,
+    logits_chunk: int | None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:  # summed loss, (per-row loss [B], lp [B, T])
     model = multi_lora_model(graphdef, base, rest, stacked, slots, lora, impl=impl)
     tokens = batch["tokens"]
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    logits, _ = model(tokens, positions)
-    per_token, lp = token_loss(logits, batch, loss_fn)
+    if "segments" in batch:  # packed rows (`tinker_layout.packed`)
+        h, _ = model.hidden(tokens, batch["positions"], segments=batch["segments"])
+    else:
+        h, _ = model.hidden(tokens, jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape))
+    if logits_chunk is None:  # every position's [V] logits at once: the reference path
+        per_token, lp = token_loss(model.logits(h), batch, loss_fn)
+    else:
+        lp = chunked_target_logprobs(h, batch["target_tokens"], model.logits, logits_chunk)
+        per_token, lp = per_token_loss(lp, batch, loss_fn)
     per_row = jnp.sum(per_token, axis=1)
     return jnp.sum(per_row), (per_row, lp)
 
 
 @functools.cache
-def _compiled(graphdef: Any, lora: LoraConfig, loss_fn: str, impl: Impl, forward_only: bool) -> Any:
-    loss = functools.partial(_multi_loss, graphdef=graphdef, lora=lora, loss_fn=loss_fn, impl=impl)
+def _compiled(
+    graphdef: Any,
+    lora: LoraConfig,
+    loss_fn: str,
+    impl: Impl,
+    forward_only: bool,
+    logits_chunk: int | None,
+) -> Any:
+    loss = functools.partial(
+        _multi_loss,
+        graphdef=graphdef,
+        lora=lora,
+        loss_fn=loss_fn,
+        impl=impl,
+        logits_chunk=logits_chunk,
+    )
     if forward_only:
         return jax.jit(loss)
     return jax.jit(jax.value_and_grad(loss, has_aux=True))
@@ -116,26 +146,6 @@ def _adam_slot(
 @jax.jit
 def _set_slot(stacked: StackedAdapters, slot: jax.Array, one: Any) -> StackedAdapters:
     return jax.tree.map(lambda s, x: s.at[slot].set(x), stacked, one)  # type: ignore[no-any-return]
-
-
-def _concat(
-    packed: Sequence[dict[str, jax.Array]], calls: Sequence[SlotCall]
-) -> tuple[dict[str, jax.Array], jax.Array]:  # batch [R, T], slots [R]
-    """Several calls' batches as one: padded to the longest T, rows padded to a power of
-    two (R), so a few batch shapes compile rather than one per mix of calls. A padding
-    row has mask 0 (no loss, no gradient) and slot 0."""
-    length = max(b["tokens"].shape[1] for b in packed)
-    rows = sum(b["tokens"].shape[0] for b in packed)
-    total = 1 << (rows - 1).bit_length()
-    batch = {}
-    for name in packed[0]:
-        parts = [jnp.pad(b[name], ((0, 0), (0, length - b[name].shape[1]))) for b in packed]
-        joined = jnp.concatenate(parts)
-        batch[name] = jnp.pad(joined, ((0, total - rows), (0, 0)))
-    slots = [
-        c.slot for c, b in zip(calls, packed, strict=True) for _ in range(b["tokens"].shape[0])
-    ]
-    return batch, jnp.asarray(slots + [0] * (total - rows), jnp.int32)
 
 
 # path -> {"a": [d_in, r], "b": [r, d_out]} as numpy arrays: one slot's, off the device.
@@ -179,11 +189,24 @@ class MultiLoraTrainer:
     gives a slot a fresh adapter (as `LoraModel(model, seed=...)` would start)."""
 
     def __init__(
-        self, model: Model, *, slots: int, lora: LoraConfig, impl: Impl = DEFAULT_IMPL
+        self,
+        model: Model,
+        *,
+        slots: int,
+        lora: LoraConfig,
+        impl: Impl = DEFAULT_IMPL,
+        pack: bool = True,
+        logits_chunk: int | None = LOGITS_CHUNK,
     ) -> None:
+        """``pack``: each call's datums laid end to end in rows (`tinker_layout.packed`),
+        else one a row, padded. ``logits_chunk``: positions per chunk of the output head
+        (`chunked_logits`); None: every position's logits at once."""
         if slots < 1:
             raise UnsupportedSpec("slots", f"need at least one adapter slot, got {slots}")
+        if logits_chunk is not None and logits_chunk < 1:
+            raise UnsupportedSpec("logits_chunk", f"must be >= 1 position, got {logits_chunk}")
         self.lora, self.impl, self.n_slots = lora, impl, slots
+        self.pack, self.logits_chunk = pack, logits_chunk
         self.max_len: int = model.config.max_seq_len
         graphdef, base, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]
         self._graphdef, self._base, self._rest = graphdef, base, rest
@@ -295,24 +318,28 @@ class MultiLoraTrainer:
             raise UnsupportedSpec("calls", "forward_backward needs at least one call")
         for call in calls:
             self._check(call.slot)
-        # Each call packed alone, so a refusal names data[i] as that call's client sent it.
-        packed = [pack_batch(c.data, loss_fn, self.max_len, c.config) for c in calls]
-        batch, slots = _concat(packed, calls)
-        fn = _compiled(self._graphdef, self.lora, loss_fn, self.impl, forward_only)
-        args = (self.adapters, self._base, self._rest, batch, slots)
+        # Each call checked alone, so a refusal names data[i] as that call's client sent it.
+        hosts = [host_batch(c.data, loss_fn, self.max_len, c.config) for c in calls]
+        lay = (tinker_layout.packed if self.pack else tinker_layout.plain)(
+            hosts, [c.slot for c in calls]
+        )
+        fn = _compiled(
+            self._graphdef, self.lora, loss_fn, self.impl, forward_only, self.logits_chunk
+        )
+        args = (self.adapters, self._base, self._rest, lay.batch, lay.slots)
         if forward_only:
             _, (per_row, lp) = fn(*args)
         else:
             (_, (per_row, lp)), grads = fn(*args)
             self.grads = _add(self.grads, grads)
         per_row_np, lp_np = np.asarray(per_row), np.asarray(lp)
-        results, row = [], 0
-        for call in calls:
-            n = len(call.data)
-            logprobs = [lp_np[row + i, : len(d.tokens)].tolist() for i, d in enumerate(call.data)]
-            results.append(SlotResult(logprobs, float(per_row_np[row : row + n].sum())))
-            row += n
-        return results
+        return [
+            SlotResult(
+                [lp_np[row, start : start + n].tolist() for row, start, n in places],
+                float(per_row_np[rows].sum()),
+            )
+            for rows, places in zip(lay.rows, lay.places, strict=True)
+        ]
 
     def optim_step(self, slot: int, p: AdamParams) -> dict[str, float]:
         """Adam on ``slot``'s accumulated gradient with this call's hyperparameters."""

@@ -48,6 +48,8 @@ def shared_hidden(
     model: Any,  # a `Model`, or one `train_step.policy_model` wrapped
     prefix: SharedPrefix,
     inputs: jax.Array,  # [R, S] each row's tokens from its prefix's length on
+    *,
+    remat: bool = False,  # each block recomputed in the backward (`Model.hidden`)
 ) -> jax.Array:  # final-normed states [R, S, D]
     """The hidden states of each row's suffix, attending to its prefix's keys and values.
 
@@ -63,6 +65,7 @@ def shared_hidden(
         prefix.tokens,
         jnp.broadcast_to(jnp.arange(p), (n, p)),
         cache=model.init_cache(n, p),
+        remat=remat,
     )
     assert cache is not None
 
@@ -71,7 +74,8 @@ def shared_hidden(
 
     start = prefix.lengths[prefix.owner]  # [R]: where each suffix's keys go
     rows = KVCache(tuple(map(per_row, cache.keys)), tuple(map(per_row, cache.values)), start)
-    h: jax.Array = model.hidden(inputs, start[:, None] + jnp.arange(s)[None, :], cache=rows)[0]
+    at = start[:, None] + jnp.arange(s)[None, :]
+    h: jax.Array = model.hidden(inputs, at, cache=rows, remat=remat)[0]
     return h
 
 

@@ -11,6 +11,11 @@ sums over tokens, as Tinker defines them: ``cross_entropy`` is
 Each datum is ``tokens[T]`` (the model's input) and inputs aligned with it
 (``target_tokens[T]``: the token that follows each position). Batches are padded to a
 power-of-two length so a few shapes compile, not one per batch.
+
+`LoraModel` is the plain path (one datum a row, the adapter merged, every position's
+logits at once), kept as the reference the tests hold the served trainer to: the worker
+trains with `rl_core.training.multi_trainer.MultiLoraTrainer`, which packs a call's
+datums into rows and runs the output head in chunks.
 """
 
 from __future__ import annotations
@@ -57,10 +62,19 @@ def token_loss(
     batch: dict[str, jax.Array],  # a `pack_batch` batch
     loss_fn: str,
 ) -> tuple[jax.Array, jax.Array]:  # each token's loss [B, T] (0 at padding), target logp [B, T]
-    """Tinker's losses per token, so a caller can sum them per row (several models in one
-    batch) or over the batch."""
+    """Tinker's losses per token from every position's logits (the reference path)."""
     logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     lp = jnp.take_along_axis(logp_all, batch["target_tokens"][..., None], axis=-1)[..., 0]
+    return per_token_loss(lp, batch, loss_fn)
+
+
+def per_token_loss(
+    lp: jax.Array,  # [B, T] log pi(target)
+    batch: dict[str, jax.Array],
+    loss_fn: str,
+) -> tuple[jax.Array, jax.Array]:  # each token's loss [B, T] (0 at padding), target logp [B, T]
+    """Tinker's losses per token, so a caller can sum them per row (several models in one
+    batch) or over the batch."""
     mask = batch["mask"]
     # where, not a product: a padding position counts nothing even where a loss is not
     # finite there
@@ -129,9 +143,19 @@ def pack_batch(
     max_len: int,
     config: Mapping[str, float | str] | None = None,
 ) -> dict[str, jax.Array]:
-    """Datums as padded arrays [B, T] (T a power of two, at most ``max_len``), every field
-    checked: a bad datum is refused naming its index and field. The loss's config values
-    (``loss_fn_config``, its defaults filled in) ride along as [B, T] arrays."""
+    """`host_batch` on the device."""
+    return {k: jnp.asarray(v) for k, v in host_batch(data, loss_fn, max_len, config).items()}
+
+
+def host_batch(
+    data: Sequence[Datum],
+    loss_fn: str,
+    max_len: int,
+    config: Mapping[str, float | str] | None = None,
+) -> dict[str, np.ndarray]:
+    """Datums as padded host arrays [B, T] (T a power of two, at most ``max_len``), every
+    field checked: a bad datum is refused naming its index and field. The loss's config
+    values (``loss_fn_config``, its defaults filled in) ride along as [B, T] arrays."""
     resolved = resolve_config(loss_fn, config)
     if not data:
         raise UnsupportedSpec("data", "forward_backward needs at least one datum")
@@ -165,10 +189,9 @@ def pack_batch(
             )
     for key, value in resolved.items():
         arrays[key] = np.full((len(data), length), value, np.float32)
-    batch = {k: jnp.asarray(v) for k, v in arrays.items()}
-    batch["target_tokens"] = batch["target_tokens"].astype(jnp.int32)
-    batch["tokens"], batch["mask"] = jnp.asarray(tokens), jnp.asarray(mask)
-    return batch
+    arrays["target_tokens"] = arrays["target_tokens"].astype(np.int32)
+    arrays["tokens"], arrays["mask"] = tokens, mask
+    return arrays
 
 
 class LoraModel:

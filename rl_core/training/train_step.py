@@ -48,6 +48,9 @@ class StepConfig:
     # How the LoRA adapters meet the base in the loss's forward (rl_core.training.
     # lora_unmerged): "unmerged" forms no full-size gradient of a frozen kernel.
     lora_apply: LoraApply = "merged"
+    # The loss's forward rematerialises each block in the backward (`Model.hidden`'s
+    # ``remat``): the trunk's activations for about one more forward's compute.
+    remat: bool = False
 
 
 class MiniBatch(NamedTuple):
@@ -136,6 +139,7 @@ def forward_model(
     trained_at: jax.Array | None = None,
     positions: jax.Array | None = None,  # [B, T] packed rows' positions; None: 0..T-1
     segments: jax.Array | None = None,  # [B, T] packed rows' segment ids; None: one each
+    remat: bool = False,  # each block recomputed in the backward (`Model.hidden`)
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:  # logprobs, entropy [B, T-1], hidden
     """Logprob and entropy of every next token; right padding needs only the causal mask.
 
@@ -151,12 +155,12 @@ def forward_model(
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     if segments is not None:
         assert positions is not None and prefix is None
-        h, _ = model.hidden(inputs, positions[:, :-1], segments=segments[:, :-1])
+        h, _ = model.hidden(inputs, positions[:, :-1], segments=segments[:, :-1], remat=remat)
     elif prefix is None:
         at = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-        h, _ = model.hidden(inputs, at)  # [B, T-1, D]
+        h, _ = model.hidden(inputs, at, remat=remat)  # [B, T-1, D]
     else:
-        h = shared_hidden(model, prefix, inputs)
+        h = shared_hidden(model, prefix, inputs, remat=remat)
     if trained_at is not None:
         lp, entropy = gathered_token_logprobs(
             h, targets, trained_at, model.logits, temperature, logits_chunk
@@ -228,6 +232,7 @@ def micro_loss(
         trained_at=mb.trained_at,
         positions=mb.positions,
         segments=mb.segments,
+        remat=cfg.remat,
     )
     # One update per step: pi_old is the current policy (ratio 1, gradient of the ratio 1).
     fixed = jax.lax.stop_gradient(lp)

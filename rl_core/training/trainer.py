@@ -47,6 +47,7 @@ from rl_core.models import Model
 from rl_core.models.buckets import next_bucket
 from rl_core.training import packing, prefix_layout
 from rl_core.training import train_step as ts
+from rl_core.training.chunked_logits import LOGITS_CHUNK
 from rl_core.training.head_positions import (
     MIN_POSITIONS,
     index_width,
@@ -83,7 +84,7 @@ class TrainerConfig:
     # The loss's output head in chunks of this many positions (of the micro-batch's
     # rows x length): no [tokens, vocab] logits are held in the forward or the backward
     # (rl_core.training.chunked_logits). None: all positions' logits at once.
-    logits_chunk: int | None = 512
+    logits_chunk: int | None = LOGITS_CHUNK
     # Where the loss's output head runs: at the trained positions only ("trained": the
     # rows' masked-in tokens, gathered; rl_core.training.head_positions), or at every
     # position ("all": the prompt's, observations' and padding's too, the old path).
@@ -114,6 +115,10 @@ class TrainerConfig:
     # numbers are the step's own up to float32 rounding (sums over more padding).
     # Plain and packed steps in one process; not for PPO (GAE reads the row's end).
     fit_compiled: bool = True
+    # Each block rematerialised in the loss's backward (`Model.hidden`'s ``remat``): the
+    # trunk's activations (most of a step's memory once the head is chunked) for about
+    # one more forward pass; the numbers are the same computation's.
+    remat: bool = False
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)
     ppo: PpoConfig | None = None  # set: PPO with a value head and GAE instead of GRPO
     lora: LoraConfig | None = None  # set: train adapters only, base frozen
@@ -274,6 +279,7 @@ class Trainer:
             micro_batches=config.micro_batches,
             logits_chunk=config.logits_chunk,
             lora_apply=config.lora_apply,
+            remat=config.remat,
         )
         rng = jax.random.key(config.seed)
         self._frozen: dict[str, Any] = {}
