@@ -16,6 +16,8 @@ rlaas and no setting was tuned on them:
 - ``guess``: TextArena's ``GuessTheNumber-v0`` (1 to 20, 10 guesses, hints 'higher' /
   'lower'; 1 for the number, otherwise how close the last guess was). Binary search
   wins every game within 5 guesses (optimum 1.0).
+- ``guess-format``: the same game, the system prompt asking for the move's format
+  (``[7]``), 16 new tokens a turn.
 - ``nim``: TextArena's ``Nim-v0`` (piles 3, 4, 5; whoever takes the last object wins,
   +1 / -1) against an opponent playing uniformly random legal moves. The first player
   wins every game with Nim's xor rule (optimum 1.0); a player moving at random too
@@ -57,6 +59,20 @@ GAMES: dict[str, dict[str, Any]] = {
     "guess": {
         "environment": {"name": "textarena", "config": {"game": "GuessTheNumber-v0"}},
         "agent": {"max_turns": 10, "max_new_tokens": 64, "max_context": 1536},
+    },
+    # The same game with a system prompt that asks for the move's format, as a user whose
+    # model answers in prose would write one (SmolLM2-135M then writes a bracketed number
+    # in about 5 of 12 first turns, against 2 of 12 with the recipe's system prompt), and
+    # turns as short as a move needs.
+    "guess-format": {
+        "environment": {"name": "textarena", "config": {"game": "GuessTheNumber-v0"}},
+        "agent": {
+            "system_prompt": "Answer with your guess only, written as a number in square "
+            "brackets like [7]. Do not write anything else.",
+            "max_turns": 10,
+            "max_new_tokens": 16,
+            "max_context": 1536,
+        },
     },
     "nim": {
         "environment": {
@@ -183,10 +199,10 @@ def main() -> int:
 
     run_all(jobs, parallel=args.parallel, cwd=REPO, done=done)
     print(f"\nfiles in {work}; nim: optimum 1.0, random play {nim_random_value():.3f}")
-    print(f"{'game':>6} {'candidate':>9} {'seed':>4} {'steps 0-4':>9} {'last 10':>8} "
+    print(f"{'game':>12} {'candidate':>9} {'seed':>4} {'steps 0-4':>9} {'last 10':>8} "
           f"{'eval start':>10} {'eval end':>8} {'min':>5}")  # fmt: skip
     for (game, candidate, seed), r in sorted(results.items()):
-        print(f"{game:>6} {candidate:>9} {seed:>4} {r['first5']:>9.3f} {r['last10']:>8.3f} "
+        print(f"{game:>12} {candidate:>9} {seed:>4} {r['first5']:>9.3f} {r['last10']:>8.3f} "
               f"{r['eval_start']:>10.3f} {r['eval_end']:>8.3f} {r['minutes']:>5.1f}")  # fmt: skip
     return 0
 

@@ -9,6 +9,12 @@ adapters are disjoint parameters, so a slot's rows contribute nothing to the oth
 (and a slot without rows gets a zero gradient). `optim_step(slot, AdamParams)` applies
 Adam to one slot with that call's hyperparameters and clears its accumulator.
 
+A call's datums are laid end to end in rows of the batch's length bucket
+(`tinker_layout.packed`; ``pack=False``: one a row, padded) and the output head runs a
+chunk of positions at a time (`chunked_logits`; ``logits_chunk=None``: every position's
+logits at once): the logprobs, losses and gradients of the plain, full-logits path
+(tests/rl_core/training/test_multi_trainer.py).
+
 All state is stacked by slot ([S, ...] leaves): adapters, gradient accumulators, Adam
 moments; a slot's step count is a host integer. `export_slot` copies one slot's adapter,
 moments and step count to the host and `import_slot` puts them back into any slot of a
