@@ -131,7 +131,7 @@ def _block(
     kv: tuple[jax.Array, jax.Array] | None,
     start: jax.Array | None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    return block(x, positions, mask, kv, start)  # type: ignore[no-any-return]
+    return block(x, positions, mask, kv, start)
 
 
 def _remat_block(
@@ -148,7 +148,7 @@ def _remat_block(
     `nnx.remat` writes its state back and fails on them)."""
     graphdef, state = nnx.split(block)
 
-    def run(state: nnx.State, *args: Any) -> tuple[jax.Array, Any]:
+    def run(state: nnx.State[Any, Any], *args: Any) -> tuple[jax.Array, Any]:
         return _block(nnx.merge(graphdef, state), *args)
 
     return jax.checkpoint(run)(state, x, positions, mask, kv, start)  # type: ignore[no-any-return]

@@ -46,7 +46,10 @@ def chunked_token_logprobs(
     through the map. Peak memory is one chunk's [chunk, V] logits (and their
     log-softmax), not the batch's.
     """
-    return _chunked(hidden, targets, lambda h, t: token_logprobs(head(h), t, temperature), chunk)
+    lp, entropy = _chunked(
+        hidden, targets, lambda h, t: token_logprobs(head(h), t, temperature), chunk
+    )
+    return lp, entropy
 
 
 def chunked_target_logprobs(

@@ -189,9 +189,9 @@ def host_batch(
             )
     for key, value in resolved.items():
         arrays[key] = np.full((len(data), length), value, np.float32)
-    arrays["target_tokens"] = arrays["target_tokens"].astype(np.int32)
-    arrays["tokens"], arrays["mask"] = tokens, mask
-    return arrays
+    out: dict[str, np.ndarray] = {**arrays, "tokens": tokens, "mask": mask}
+    out["target_tokens"] = arrays["target_tokens"].astype(np.int32)
+    return out
 
 
 class LoraModel:
