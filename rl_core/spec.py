@@ -597,7 +597,7 @@ class TrainSpec(_Section):
     fit_compiled: bool = True
     # Each transformer block recomputed in the backward (gradient checkpointing): the
     # train step's activation memory falls to the blocks' inputs, for about one more
-    # forward pass of compute (docs/learning.md, "Memory").
+    # forward pass of compute (docs/learning.md, "The trainer's memory").
     remat: bool = False
 
     @model_validator(mode="after")

@@ -42,69 +42,63 @@ class Layout:
 
 def plain(hosts: Sequence[dict[str, np.ndarray]], slots: Sequence[int]) -> Layout:
     """One datum a row, padded to the longest bucket; rows to a power of two."""
-    length = max(h["tokens"].shape[1] for h in hosts)
-    rows = sum(h["tokens"].shape[0] for h in hosts)
-    total = 1 << (rows - 1).bit_length()
-    arrays = {name: np.zeros((total, length), hosts[0][name].dtype) for name in hosts[0]}
-    row_slots = np.zeros(total, np.int32)
-    call_rows: list[list[int]] = []
-    places: list[list[Place]] = []
-    row = 0
-    for host, slot in zip(hosts, slots, strict=True):
-        n, t = host["tokens"].shape
-        for name, x in host.items():
-            arrays[name][row : row + n, :t] = x
-        row_slots[row : row + n] = slot
-        call_rows.append(list(range(row, row + n)))
-        places.append([(row + i, 0, int(host["mask"][i].sum())) for i in range(n)])
-        row += n
-    return _layout(arrays, row_slots, call_rows, places)
+    bins = [[[i] for i in range(len(h["mask"]))] for h in hosts]
+    datums = sum(len(h["mask"]) for h in hosts)
+    return _fill(hosts, slots, bins, 1 << (datums - 1).bit_length(), segmented=False)
 
 
 def packed(hosts: Sequence[dict[str, np.ndarray]], slots: Sequence[int]) -> Layout:
     """Each call's datums in bins of the longest bucket, one segment a datum."""
     length = max(h["tokens"].shape[1] for h in hosts)
-    per_call = []
-    for host in hosts:
-        lengths = host["mask"].sum(axis=1).astype(np.int64)  # a datum's tokens: its mask
-        per_call.append((lengths, first_fit_decreasing(range(len(lengths)), lengths, length)))
-    used = sum(len(bins) for _, bins in per_call)
-    plain_rows = 1 << (sum(h["tokens"].shape[0] for h in hosts) - 1).bit_length()
-    total = bin_count(used, 1, max(plain_rows, used))
+    bins = [first_fit_decreasing(range(len(h["mask"])), _lengths(h), length) for h in hosts]
+    datums = sum(len(h["mask"]) for h in hosts)
+    used = sum(len(b) for b in bins)
+    total = bin_count(used, 1, 1 << (datums - 1).bit_length())  # at most plain's rows
+    return _fill(hosts, slots, bins, total, segmented=True)
+
+
+def _lengths(host: dict[str, np.ndarray]) -> np.ndarray:  # [n] a datum's tokens: its mask
+    lengths: np.ndarray = host["mask"].sum(axis=1).astype(np.int64)
+    return lengths
+
+
+def _fill(
+    hosts: Sequence[dict[str, np.ndarray]],
+    slots: Sequence[int],
+    bins: list[list[list[int]]],  # per call, its rows: the datums each holds, in order
+    total: int,  # rows, padding included
+    *,
+    segmented: bool,  # "positions" and "segments" for rows of several datums
+) -> Layout:
+    length = max(h["tokens"].shape[1] for h in hosts)
     arrays = {name: np.zeros((total, length), hosts[0][name].dtype) for name in hosts[0]}
-    arrays["positions"] = np.zeros((total, length), np.int32)
-    arrays["segments"] = np.full((total, length), -1, np.int32)
+    if segmented:
+        arrays["positions"] = np.zeros((total, length), np.int32)
+        arrays["segments"] = np.full((total, length), -1, np.int32)
     row_slots = np.zeros(total, np.int32)
     call_rows: list[list[int]] = []
     places: list[list[Place]] = []
     row = 0
-    for host, slot, (lengths, bins) in zip(hosts, slots, per_call, strict=True):
+    for host, slot, call_bins in zip(hosts, slots, bins, strict=True):
+        lengths = _lengths(host)
         where: list[Place] = [(0, 0, 0)] * len(lengths)
-        for datums in bins:
+        for datums in call_bins:
             start = 0
             for segment, i in enumerate(datums):
                 n = int(lengths[i])
                 for name, x in host.items():
                     arrays[name][row, start : start + n] = x[i, :n]
-                arrays["positions"][row, start : start + n] = np.arange(n)
-                arrays["segments"][row, start : start + n] = segment
+                if segmented:
+                    arrays["positions"][row, start : start + n] = np.arange(n)
+                    arrays["segments"][row, start : start + n] = segment
                 where[i] = (row, start, n)
                 start += n
             row_slots[row] = slot
             row += 1
-        call_rows.append(list(range(row - len(bins), row)))
+        call_rows.append(list(range(row - len(call_bins), row)))
         places.append(where)
-    return _layout(arrays, row_slots, call_rows, places)
-
-
-def _layout(
-    arrays: dict[str, np.ndarray],
-    slots: np.ndarray,
-    rows: list[list[int]],
-    places: list[list[Place]],
-) -> Layout:
     batch = {k: jnp.asarray(v) for k, v in arrays.items()}
-    return Layout(batch, jnp.asarray(slots), rows, places)
+    return Layout(batch, jnp.asarray(row_slots), call_rows, places)
 
 
 __all__ = ["Layout", "Place", "packed", "plain"]

@@ -1,9 +1,9 @@
 """Blocks recomputed in the backward (``TrainerConfig.remat``) change no number of a step.
 
-`Model.hidden(..., remat=True)` runs each block under `nnx.remat`: the backward
+`Model.hidden(..., remat=True)` runs each block under `jax.checkpoint`: the backward
 recomputes the block from its input instead of keeping its activations. The same
 function, differentiated another way: a step's metrics and update equal the step
-without it, on each layout a step may take (one row a row, packed rows, a group's
+without it, on each layout a step may take (one batch row a row, packed rows, a group's
 prompt computed once), with LoRA beside the kernels and a KL term; and the compiled step
 keeps less (XLA's own temp bytes, scheduled for memory). Float32, the tolerances of the
 packing and sharing tests.
