@@ -108,10 +108,10 @@ async def main_async(args: argparse.Namespace) -> None:
     print("\n| prefix pool | best s | rounds s | prompt tokens prefilled a round | from the pool |")
     print("|---|---|---|---|---|")
     for mode, times in results.items():
-        prefilled, reused = tokens[mode]
+        count, share = tokens[mode]
         print(
             f"| {mode} | {min(times):.1f} | {' '.join(f'{t:.1f}' for t in times)} | "
-            f"{prefilled:,} | {reused:.0%} |"
+            f"{count:,} | {share:.0%} |"
         )
     print(f"on / off: {min(results['on']) / min(results['off']):.2f}x the time")
 
