@@ -126,6 +126,7 @@ def full_runs(steps: int) -> None:
 
     rows: dict[str, list[dict[str, Any]]] = {}
     compiled: dict[str, dict[str, float]] = {}
+    engine_ops: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="m5-") as tmp:
         for mode, reuse in (("off", False), ("on", True)):
             data = spec_for("guess-format", "shipped", 0, steps)
@@ -140,6 +141,7 @@ def full_runs(steps: int) -> None:
             lines = (out / "metrics.jsonl").read_text().splitlines()
             rows[mode] = [r for r in map(json.loads, lines) if "step_time_s" in r]
             compiled[mode] = json.loads((out / "compiles.json").read_text())
+            engine_ops[mode] = json.loads((out / "ops.json").read_text())
     print("\n| pool | step | step s | prompt tokens | from the pool | engine busy | turns |")
     print("|---|---|---|---|---|---|---|")
     for mode, metrics in rows.items():
@@ -159,6 +161,17 @@ def full_runs(steps: int) -> None:
             + (f"; steps 2-{len(metrics)} mean {sum(later) / len(later):.1f}s" if later else "")
         )
 
+    print("\n| pool | program | calls | s (first call at a shape apart) | first calls, s | "
+          "positions computed | real tokens |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for mode, table in engine_ops.items():
+        for name, r in sorted(table.items(), key=lambda kv: -kv[1]["s"]):
+            print(
+                f"| {mode} | {name} | {r['calls']:.0f} | {r['s']:.1f} | "
+                f"{r['first_calls']:.0f}, {r['first_s']:.1f} | "
+                f"{r['positions']:,.0f} | {r['tokens']:,.0f} |"
+            )
+
 
 def child(spec: Path, out: Path) -> None:
     """One run (bench/heldout_defaults.py's child), counting XLA's compiles as it goes."""
@@ -176,8 +189,66 @@ def child(spec: Path, out: Path) -> None:
             seen["seconds"] += duration_secs
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
+    ops = _time_engine_ops()
     run_one(spec, out)
     (out / "compiles.json").write_text(json.dumps(seen))
+    (out / "ops.json").write_text(json.dumps(ops))
+
+
+def _time_engine_ops() -> dict[str, dict[str, float]]:
+    """Time each of the engine's device programs, waiting for its result (a diagnostic: it
+    ends the engine's pipelining of decode steps, in both modes alike). A program's first
+    call at a shape (its compile) is counted apart; extend and prefill also count the
+    positions they computed, padding included, against the real tokens."""
+    import jax
+
+    from rl_core.rollout import steps
+
+    ops: dict[str, dict[str, float]] = {}
+    shapes: set[tuple[str, tuple[Any, ...]]] = set()
+
+    def timed(name: str, fn: Any, positions: Any = None) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            result = jax.block_until_ready(fn(*args, **kwargs))  # type: ignore[no-untyped-call]
+            took = time.perf_counter() - start
+            key = (name, tuple(getattr(a, "shape", None) for a in jax.tree.leaves(args)))
+            row = ops.setdefault(name, dict.fromkeys(
+                ("calls", "s", "first_calls", "first_s", "positions", "tokens"), 0.0))  # fmt: skip
+            first = key not in shapes
+            shapes.add(key)
+            row["first_calls" if first else "calls"] += 1
+            row["first_s" if first else "s"] += took
+            if positions is not None:
+                computed, real = positions(*args)
+                row["positions"] += computed
+                row["tokens"] += real
+            return result
+
+        return call
+
+    def extend_positions(*args: Any) -> tuple[int, int]:
+        tokens, valid = args[6], args[7]
+        return tokens.size, int(valid.sum())
+
+    def prefill_positions(*args: Any) -> tuple[int, int]:
+        segments = args[3]
+        return segments.size, int((segments >= 0).sum())
+
+    make = steps.programs
+
+    def programs(*args: Any, **kwargs: Any) -> Any:
+        p = make(*args, **kwargs)
+        return steps.Programs(
+            prefill=timed("prefill", p.prefill, prefill_positions),
+            extend=timed("extend", p.extend, extend_positions),
+            decode=timed("decode", p.decode),
+        )
+
+    steps.programs = programs  # type: ignore[assignment]
+    for name in ("stash", "insert", "insert_packed", "resize", "seat"):
+        setattr(steps, name, timed(name, getattr(steps, name)))
+    return ops
 
 
 def _counts(engine: Any) -> tuple[int, int]:  # prompt tokens (prefilled, served by the pool)
