@@ -23,7 +23,11 @@ prefilled and the share the pool served.
 With ``--run-steps N`` it runs the whole ``guess-format`` run instead (the engine, the
 environment, the trainer: bench/heldout_defaults.py's child, evaluations off), N steps
 with the pool off and then N with it on, and reports each step's time, the prompt tokens
-its engine prefilled, the share from the pool and the engine's busy share.
+its engine prefilled, the share from the pool and the engine's busy share, then XLA's
+compiles and each engine program's time, calls and (prefill, extend) positions computed
+against real tokens. The child waits for every program's result to time it, which ends
+the decode's pipelining: its step times are a little longer than a plain run's, in both
+modes alike (bench/README.md, "M5", has runs of both kinds).
 """
 
 from __future__ import annotations
