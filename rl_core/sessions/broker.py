@@ -146,6 +146,9 @@ class SessionBroker:
         }
         # Sessions in a row (as they ended) that ended without a reward, by end state.
         self._streak: collections.Counter[str] = collections.Counter()
+        # The run's failure once the streak reached the budget: episodes still being played
+        # then end with the same error, not with a longer streak's.
+        self._spent: ClientFaults | None = None
         # Sessions ended by a client fault whose slot was offered again: recorded, never
         # trained on; the pipeline drains them with the episodes that ended (`drain_faulted`).
         self._faulted: list[Trajectory] = []
@@ -288,11 +291,13 @@ class SessionBroker:
             self._streak.clear()
             return
         self._counted["client_faults"] += 1
+        if self._spent is not None:  # another episode spent the budget: the run is failing
+            raise ClientFaults(str(self._spent))
         self._streak[outcome] += 1
         if self._streak.total() >= self.client_fault_budget:
-            error = self._budget_spent()
-            self.close(f"failed ({type(error).__name__}: {error})")
-            raise error
+            self._spent = self._budget_spent()
+            self.close(f"failed ({type(self._spent).__name__}: {self._spent})")
+            raise self._spent
 
     def _budget_spent(self) -> ClientFaults:
         timeout = (

@@ -183,6 +183,26 @@ def test_a_slot_is_offered_again_a_bounded_number_of_times() -> None:
     asyncio.run(main())
 
 
+def test_a_fault_after_the_budget_is_spent_fails_with_the_budgets_error() -> None:
+    # Two sessions open when the first fault spends a budget of one: the second, cancelled
+    # while the run is failing, ends its episode with the same error, not a longer streak's.
+    async def main() -> None:
+        b = broker(group_size=2, client_fault_budget=1)
+        played = [offer(b, 0, m) for m in range(2)]
+        await asyncio.sleep(0)
+        first, second = await b.open(wait_s=1), await b.open(wait_s=1)
+        b.cancel(first.session_id, first.key)
+        b.cancel(second.session_id, second.key)
+        done, _ = await asyncio.wait([t for _, t in played], timeout=2)
+        errors = [str(t.exception()) for t in done]
+        assert len(errors) == 2
+        assert all(e.startswith("1 sessions in a row ended without a reward (1 cancelled")
+                   for e in errors), errors  # fmt: skip
+        assert b.step_metrics()["sessions/client_faults"] == 2
+
+    asyncio.run(main())
+
+
 def test_clients_failing_past_the_budget_fail_the_run_with_their_reason() -> None:
     async def main() -> None:
         b = broker(group_size=2, client_fault_budget=3)
