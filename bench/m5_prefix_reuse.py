@@ -72,17 +72,11 @@ async def main_async(args: argparse.Namespace) -> None:
     import numpy as np
 
     from rl_core.pipeline.configs import engine_config
-    from rl_core.pretrained.sources import load_pretrained
+    from rl_core.pretrained.sources import load_model
     from rl_core.rollout.jax_engine import JaxEngine
-    from rl_core.spec import parse_spec
+    from rl_core.spec import ModelSpec, parse_spec
 
-    if args.model.startswith("builtin:"):
-        from rl_core.pretrained.sources import load_model
-        from rl_core.spec import ModelSpec
-
-        model, tokenizer = load_model(ModelSpec(source=args.model), seed=0)
-    else:
-        model, tokenizer = load_pretrained(args.model, dtype="float32")
+    model, tokenizer = load_model(ModelSpec(source=args.model), seed=0)  # float32
     rng = np.random.default_rng(0)
     rules = rng.integers(10, model.config.vocab_size, args.prompt).tolist()
     observation = rng.integers(10, model.config.vocab_size, args.observation).tolist()
