@@ -226,8 +226,8 @@ def _time_engine_ops() -> dict[str, dict[str, float]]:
         return call
 
     def extend_positions(*args: Any) -> tuple[int, int]:
-        tokens, valid = args[6], args[7]
-        return tokens.size, int(valid.sum())
+        segments = args[9]  # the new tokens, packed (the prefixes are read, not computed)
+        return segments.size, int((segments >= 0).sum())
 
     def prefill_positions(*args: Any) -> tuple[int, int]:
         segments = args[3]

@@ -64,7 +64,9 @@ class Model(nnx.Module):
         *,
         valid: jax.Array | None = None,  # [B, T] bool; default all True
         cache: KVCache | None = None,
-        segments: jax.Array | None = None,  # [B, T] int: packed sequences, into an empty cache
+        segments: jax.Array | None = None,  # [B, T] int: packed sequences
+        key_segments: jax.Array | None = None,  # [B, S] int: each cache slot's sequence
+        key_positions: jax.Array | None = None,  # [B, S] int: each cache slot's position
         remat: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:  # final-normed states [B, T, D], updated cache
         """The forward pass up to the output head: a prefill needs logits at one position only
@@ -72,7 +74,11 @@ class Model(nnx.Module):
 
         ``segments`` packs several sequences into one row (the engine's prefill): a token
         attends only to earlier tokens of its own segment, and ``positions`` restart per
-        segment. The cache must be empty and as long as the row, so key slot s holds token s.
+        segment. The cache must be empty and as long as the row, so key slot s holds token s,
+        unless ``key_segments`` says whose each slot is (the engine's packed extend: parked
+        prefixes end to end, then their new tokens from the cache's length on); then a token
+        attends to the slots of its own segment up to its own, and ``key_positions`` gives
+        the slots' positions (for ALiBi's distances; RoPE's are in the keys already).
 
         ``remat`` (training): each block is rematerialised in the backward, so a
         differentiated forward keeps only the blocks' inputs, not every block's attention
@@ -94,18 +100,20 @@ class Model(nnx.Module):
             query_slot = start[:, None] + jnp.arange(t)[None, :]  # [B, T]
             mask = jnp.arange(cache.length)[None, None, :] <= query_slot[:, :, None]  # [B, T, S]
         if segments is not None:
-            if cache is not None and cache.length != t:
-                raise ValueError(f"packed segments need an empty cache of length {t}")
-            mask = mask & (segments[:, :, None] == segments[:, None, :])
+            if key_segments is None:
+                if cache is not None and cache.length != t:
+                    raise ValueError(f"packed segments need an empty cache of length {t}")
+                key_segments = segments
+            mask = mask & (segments[:, :, None] == key_segments[:, None, :])
 
         x = constrain(self.embed(tokens))  # [B, T, D], rows split over data and fsdp
         new_keys, new_values = [], []
         for i, block in enumerate(self.blocks):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
             if remat:
-                x, kv = _remat_block(block, x, positions, mask, kv, start)
+                x, kv = _remat_block(block, x, positions, mask, kv, start, key_positions)
             else:
-                x, kv = block(x, positions, mask, kv, start)
+                x, kv = block(x, positions, mask, kv, start, key_positions)
             x = constrain(x)
             if kv is not None:
                 new_keys.append(kv[0])

@@ -84,6 +84,7 @@ class Attention(nnx.Module):
         mask: jax.Array,  # [B, T, S] bool: query t may attend key slot s
         kv: tuple[jax.Array, jax.Array] | None = None,  # cache [B, Hkv, S, Dh] x2
         start: jax.Array | None = None,  # [B] slot where each row's new keys are written
+        key_positions: jax.Array | None = None,  # [B, S]: ALiBi's distances, where slot != position
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:  # [B, T, D], updated cache
         b, t, _ = x.shape
         q = self.q(x).reshape(b, t, self.n_heads, self.head_dim)
@@ -105,7 +106,11 @@ class Attention(nnx.Module):
         if self.alibi is not None:
             # [Hkv, G] as the grouped scores are laid out: head = kv * G + g.
             slopes = jnp.asarray(self.alibi, jnp.float32).reshape(self.n_kv_heads, groups)
-            scores = scores - slopes[None, :, :, None, None] * distances(start, t, k.shape[2])
+            if key_positions is None:
+                gap = distances(start, t, k.shape[2])
+            else:
+                gap = position_distances(positions, key_positions)
+            scores = scores - slopes[None, :, :, None, None] * gap
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)  # [B, Hkv, G, T, S]
         weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         out = jnp.einsum("bkgts,bksd->bkgtd", weights, v)  # heads first, as the cache
@@ -120,6 +125,16 @@ def distances(start: jax.Array | None, t: int, s: int) -> jax.Array:  # [B or 1,
     first = jnp.zeros((1,), jnp.int32) if start is None else start  # [B] or [1]
     query = first[:, None] + jnp.arange(t)[None, :]  # [B, T]
     gap = query[:, :, None] - jnp.arange(s)[None, None, :]  # [B, T, S]
+    return jnp.maximum(gap, 0).astype(jnp.float32)[:, None, None]
+
+
+def position_distances(
+    positions: jax.Array,  # [B, T]: each query's position
+    key_positions: jax.Array,  # [B, S]: each key slot's
+) -> jax.Array:  # [B, 1, 1, T, S]
+    """Tokens from each query back to each key, by position: for a row whose slots are not
+    its positions (the engine's packed extend holds several prefixes end to end)."""
+    gap = positions[:, :, None] - key_positions[:, None, :]
     return jnp.maximum(gap, 0).astype(jnp.float32)[:, None, None]
 
 
@@ -153,7 +168,8 @@ class Block(nnx.Module):
         mask: jax.Array,  # [B, T, S]
         kv: tuple[jax.Array, jax.Array] | None = None,
         start: jax.Array | None = None,  # [B]
+        key_positions: jax.Array | None = None,  # [B, S]
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        h, kv = self.attn(self.attn_norm(x), positions, mask, kv, start)
+        h, kv = self.attn(self.attn_norm(x), positions, mask, kv, start, key_positions)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), kv

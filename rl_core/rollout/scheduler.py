@@ -60,6 +60,13 @@ from rl_core.rollout.sampling import Controls, Sampled
 SHRINK_AFTER = 32
 
 
+# A packed extend's row holds every hit's prefix, and each new token scores all of them
+# (those of other prompts are masked): a query costs about as much as ~3k keys of
+# attention on SmolLM2, so a call holds at most this many packing budgets of keys, and
+# hits beyond it go to the next call.
+EXTEND_KEYS = 8
+
+
 def packed_bucket(n: int, minimum: int) -> int:
     """The smallest of 2^k, 1.25, 1.5 and 1.75 * 2^k that is >= max(n, minimum).
 
@@ -253,8 +260,8 @@ class Scheduler:
         done: list[tuple[Request, Completion]] = []
         # Hits first: their pool rows are free for reuse once this call is dispatched, and
         # a prefill below may park a sequence that finished at its first token.
-        if hits:
-            done += self._extend(hits, [next(free) for _ in hits], weights, version)
+        for group in _extend_packs(hits, self._max_packed):
+            done += self._extend(group, [next(free) for _ in group], weights, version)
         for chunk in _packs(fresh, self._max_packed):
             done += self._prefill(chunk, [next(free) for _ in chunk])
         return done
@@ -266,40 +273,71 @@ class Scheduler:
         weights: steps.Weights,
         version: int,
     ) -> list[tuple[Request, Completion]]:
-        """Prefill what follows each hit's parked prefix, then move the rows to slots."""
+        """Prefill what follows each hit's parked prefix, then move the rows to slots.
+
+        One row, as the prefill's: the prefixes end to end (read from the pool), then the
+        new tokens end to end. Padded [prompts, new tokens] instead (as it was), a run's
+        extends computed 4.4 positions a real token, one or a few prompts a call each padded
+        to the longest (bench/README.md, "M5"), and every cache shape was a program.
+        """
         assert self.cache is not None and self._pool is not None
-        # Coarse buckets (powers of 4): every (rows, length, k, t) is a program of its own,
-        # and each compiled program holds memory mappings for as long as the process lives.
-        k = min(_power_of_4(len(hits)), self.cache.rows)
-        t = _power_of_4(max(max(len(r.prompt) - h.start for r, h in hits), 16))
-        tokens = np.full((k, t), self._pad_id, np.int32)
-        valid = np.zeros((k, t), bool)
-        rows = np.zeros((k,), np.int32)
-        slots = np.full((k,), self.cache.rows, np.int32)  # out of range: dropped
-        starts = np.zeros((k,), np.int32)
+        k = _power_of_4(len(hits))  # the head's rows only: few programs, little padding
+        news = [len(r.prompt) - h.start for r, h in hits]
+        n = packed_bucket(sum(news), self._min_prompt)
+        held = sum(h.start for _, h in hits)
+        length = next_bucket(held + n, 1)  # keys: attention only, so coarse buckets
+        source_rows = np.zeros((length,), np.int32)
+        source_positions = np.zeros((length,), np.int32)
+        key_segments = np.full((1, length), -2, np.int32)  # -2: no query's
+        key_positions = np.zeros((1, length), np.int32)
+        token_slots = np.full((length,), self.cache.rows, np.int32)  # out of range: dropped
+        slot_positions = np.zeros((length,), np.int32)
+        tokens = np.full((1, n), self._pad_id, np.int32)
+        positions = np.zeros((1, n), np.int32)
+        segments = np.full((1, n), -1, np.int32)  # padding is a segment of its own
+        key_segments[0, held : held + n] = -1
         last = np.zeros((k,), np.int32)
-        for j, (r, h) in enumerate(hits):
-            new = r.prompt[h.start :]
-            tokens[j, : len(new)] = new
-            valid[j, : len(new)] = True
-            rows[j], slots[j], starts[j], last[j] = h.row, free[j], h.start, len(new) - 1
-            self.stats.prefilled_tokens += len(new)
+        slots = np.full((k,), self.cache.rows, np.int32)
+        lengths = np.zeros((k,), np.int32)
+        at, new_at = 0, 0
+        for j, ((r, h), m) in enumerate(zip(hits, news, strict=True)):
+            # The prefix's slots, then the new tokens' (queries at new_at, keys past held).
+            prefix, end = slice(at, at + h.start), new_at + m
+            source_rows[prefix], source_positions[prefix] = h.row, np.arange(h.start)
+            tokens[0, new_at:end] = r.prompt[h.start :]
+            positions[0, new_at:end] = np.arange(h.start, len(r.prompt))
+            segments[0, new_at:end] = j
+            keys = slice(held + new_at, held + end)
+            for part, where in ((prefix, np.arange(h.start)), (keys, positions[0, new_at:end])):
+                key_segments[0, part], key_positions[0, part] = j, where
+                token_slots[part], slot_positions[part] = free[j], where
+            last[j], slots[j], lengths[j] = end - 1, free[j], len(r.prompt)
+            at, new_at = at + h.start, end
+            self.stats.prefilled_tokens += m
             self.stats.reused_tokens += h.start
             self.stats.prefix_hits += 1
         requests = [r for r, _ in hits]
         controls, seeds = self._controls(requests, k)
-        self.cache, sampled = self._programs.extend(
-            self._with_rows(weights, [r.adapter for r in requests], k),
-            self.cache,
+        if self._adapters:
+            of_segment = [self._slot_of(r.adapter) for r in requests] + [self._base_slot]
+            weights = weights._replace(rows=np.asarray(of_segment, np.int32)[segments])
+        packed, sampled = self._programs.extend(
+            weights,
             self._pool,
-            rows,
-            slots,
-            starts,
+            source_rows,
+            source_positions,
+            np.asarray([held], np.int32),
+            key_segments,
+            key_positions,
             tokens,
-            valid,
+            positions,
+            segments,
             last,
             controls,
             seeds,
+        )
+        self.cache = steps.insert_packed(
+            self.cache, packed, token_slots, slot_positions, slots, lengths
         )
         self._version_seen = max(self._version_seen, version)
         self.stats.extend_calls += 1
@@ -604,6 +642,21 @@ def _packs(requests: list[Request], budget: int) -> list[list[Request]]:
             used = 0
         packs[-1].append(r)
         used += len(r.prompt)
+    return packs
+
+
+def _extend_packs(hits: list[tuple[Request, Hit]], budget: int) -> list[list[tuple[Request, Hit]]]:
+    """Consecutive runs of hits whose new tokens add up to at most ``budget`` and whose
+    prefixes and new tokens to at most `EXTEND_KEYS` budgets (a longer one goes alone)."""
+    packs: list[list[tuple[Request, Hit]]] = []
+    new = keys = 0
+    for r, h in hits:
+        m = len(r.prompt) - h.start
+        if not packs or new + m > budget or keys + len(r.prompt) > EXTEND_KEYS * budget:
+            packs.append([])
+            new = keys = 0
+        packs[-1].append((r, h))
+        new, keys = new + m, keys + len(r.prompt)
     return packs
 
 

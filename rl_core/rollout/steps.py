@@ -5,8 +5,9 @@ Each is compiled once per shape bucket, never per request: joining prompts are p
 to end into one row padded to a bucket of their total (`scheduler.packed_bucket`), the
 number of them to a power of two, and the decode batch is a fixed number of slots over a
 cache of a bucketed length. Sampling parameters, seeds and lengths are traced arrays.
-A prompt that continues a parked sequence is extended instead (only its new tokens, the
-keys and values before them copied from the prefix pool; `stash` puts them there).
+Prompts that continue parked sequences are extended instead: only their new tokens,
+packed the same way, after their prefixes' keys and values read from the prefix pool
+(`stash` puts them there).
 Programs are cached per model structure (`programs`), so engines of the same structure
 share them: a second run in the process compiles nothing.
 
@@ -153,7 +154,7 @@ class Weights(NamedTuple):
 
     leaves: list[jax.Array]
     adapters: list[jax.Array] | None = None
-    rows: Any = None  # [B] int32 (decode, extend) or [1, N] (packed prefill): an adapter slot
+    rows: Any = None  # [B] int32 (decode) or [1, N] (packed prefill, extend): an adapter slot
 
 
 class AdapterSpec(NamedTuple):
@@ -168,8 +169,8 @@ class Programs(NamedTuple):
     """The jitted prefill and decode of one model structure; weights go in as `Weights`."""
 
     prefill: Any  # (weights, tokens, positions, segments, last, controls, seeds) -> (cache, ..)
-    extend: Any  # (weights, cache, pool, rows, slots, starts, tokens, valid, last, controls,
-    #   seeds) -> (cache, Sampled)
+    extend: Any  # (weights, pool, source_rows, source_positions, start, key_segments,
+    #   key_positions, tokens, positions, segments, last, controls, seeds) -> (cache, ..)
     decode: Any  # (weights, cache, seen, last, previous, on_device, active, controls, seeds,
     #   counts) -> (cache, seen, Sampled)
 
@@ -193,7 +194,7 @@ def programs(graphdef: Any, treedef: Any, adapters: AdapterSpec | None = None) -
 
     return Programs(
         prefill=jax.jit(functools.partial(_prefill, model_of)),
-        extend=jax.jit(functools.partial(_extend, model_of), donate_argnums=(1,)),
+        extend=jax.jit(functools.partial(_extend, model_of)),
         decode=jax.jit(functools.partial(_decode, model_of), donate_argnums=(1, 2)),
     )
 
@@ -219,53 +220,44 @@ def _prefill(
 def _extend(
     model_of: Any,
     weights: Weights,
-    cache: KVCache,  # [R, S]
     pool: KVCache,  # [P, Sp]: the prefix pool
-    rows: jax.Array,  # [K] int32: the pool row holding each prompt's prefix
-    slots: jax.Array,  # [K] int32: the slot each prompt goes to; R for padding rows (dropped)
-    starts: jax.Array,  # [K] int32: prefix tokens in the pool row; the new ones go from here
-    tokens: jax.Array,  # [K, T] int32: each prompt's tokens after its prefix, then padding
-    valid: jax.Array,  # [K, T] bool: real tokens
-    last: jax.Array,  # [K] int32: each prompt's last new token in its row
+    source_rows: jax.Array,  # [L] int32: the pool row each prefix slot is read from
+    source_positions: jax.Array,  # [L] int32: and the position in it
+    start: jax.Array,  # [1] int32: prefix tokens in the row; the new ones go from here
+    key_segments: jax.Array,  # [1, L] int32: whose each slot is (-1 padding, -2 nobody's)
+    key_positions: jax.Array,  # [1, L] int32: each slot's position in its own sequence
+    tokens: jax.Array,  # [1, N] int32: the prompts' new tokens packed end to end, then padding
+    positions: jax.Array,  # [1, N] int32: each one's position in its own prompt
+    segments: jax.Array,  # [1, N] int32: the prompt a token belongs to (-1 for padding)
+    last: jax.Array,  # [K] int32: where each prompt's last new token is in the row
     controls: Controls,  # [K] rows
     seeds: jax.Array,  # [K] uint32
-) -> tuple[KVCache, Sampled]:  # cache, each prompt's first token [K]
-    """Prefill only what follows a parked prefix: the prefix's keys and values come from
-    the pool row, the new tokens attend to them and to each other, and the whole row goes
-    to its slot. Cost per prompt: T new tokens, instead of start + T."""
+) -> tuple[KVCache, Sampled]:  # packed cache [1, L], each prompt's first token [K]
+    """Prefill only what follows parked prefixes, packed as the prefill is.
+
+    The prefixes' keys and values are read from their pool rows into one row, end to end,
+    and the new tokens follow them in it; each new token attends to its own prefix and to
+    the new tokens of its own prompt before it (``key_segments``). Cost: the new tokens
+    only, with no padding per prompt, and attention over the row's real prefixes. The row
+    goes to the prompts' slots with `insert_packed`, so this program's shape is the row's,
+    not the cache's."""
     model = model_of(weights)
-    # The rows are held T slots longer than the cache: a row's padding goes on past its
-    # last real token, and a write that ran past the end would be moved back over the
-    # prefix (dynamic_update_slice clamps). Real tokens end within the cache (it is sized
-    # for every prompt), so what goes back to it is the first S slots.
-    s = cache.length
-    held_len = s + tokens.shape[1]
 
-    def prefix(p: jax.Array) -> jax.Array:  # [P, Hkv, Sp, Dh] -> [K, Hkv, S + T, Dh]
-        rows_kv = p[rows][:, :, :held_len]
-        return jnp.pad(rows_kv, ((0, 0), (0, 0), (0, held_len - rows_kv.shape[2]), (0, 0)))
+    def gather(p: jax.Array) -> jax.Array:  # [P, Hkv, Sp, Dh] -> [1, Hkv, L, Dh]
+        return p[source_rows, :, source_positions].transpose(1, 0, 2)[None]
 
-    held = KVCache(
-        tuple(prefix(k).astype(c.dtype) for k, c in zip(pool.keys, cache.keys, strict=True)),
-        tuple(prefix(v).astype(c.dtype) for v, c in zip(pool.values, cache.values, strict=True)),
-        starts,
+    held = KVCache(tuple(map(gather, pool.keys)), tuple(map(gather, pool.values)), start)
+    h, packed = model.hidden(
+        tokens,
+        positions,
+        segments=segments,
+        key_segments=key_segments,
+        key_positions=key_positions,
+        cache=held,
     )
-    positions = starts[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
-    h, held_new = model.hidden(tokens, positions, valid=valid, cache=held)
-    assert held_new is not None
-    at_end = h[jnp.arange(h.shape[0]), last][:, None]  # [K, 1, D]: the head at each end only
-    logits = model.logits(at_end)[:, 0]
-    sampled = sample(logits, _keys(seeds, jnp.zeros_like(last)), controls)
-
-    def put(big: jax.Array, small: jax.Array) -> jax.Array:  # [R, .., S, ..] <- [K, .., S + T, ..]
-        return big.at[slots].set(small[:, :, :s], mode="drop")
-
-    cache = KVCache(
-        tuple(put(b, k) for b, k in zip(cache.keys, held_new.keys, strict=True)),
-        tuple(put(b, v) for b, v in zip(cache.values, held_new.values, strict=True)),
-        cache.lengths.at[slots].set(held_new.lengths, mode="drop"),
-    )
-    return cache, sampled
+    assert packed is not None
+    logits = model.logits(h[:, last])[0]  # [K, V]: the head runs at each prompt's end only
+    return packed, sample(logits, _keys(seeds, jnp.zeros_like(last)), controls)
 
 
 def _decode(

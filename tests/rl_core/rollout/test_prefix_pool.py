@@ -12,7 +12,8 @@ from flax import nnx
 from rl_core.models import Model, ModelConfig
 from rl_core.rollout.base import Completion, SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
-from rl_core.rollout.prefix_pool import BLOCK, PrefixIndex
+from rl_core.rollout.prefix_pool import BLOCK, Hit, PrefixIndex
+from rl_core.rollout.scheduler import Request, _extend_packs
 
 GREEDY = SamplingParams(temperature=0.0)
 WARM = SamplingParams(temperature=0.9, top_p=0.95)
@@ -92,10 +93,12 @@ def test_a_prefix_parked_under_one_tag_is_not_a_hit_under_another() -> None:
 # Through the engine ---------------------------------------------------------------------
 
 
-def _engine(config: ModelConfig, *, pool: int | None) -> JaxEngine:
+def _engine(config: ModelConfig, *, pool: int | None, packed: int = 256) -> JaxEngine:
     return JaxEngine(
         Model(config, rngs=nnx.Rngs(0)),
-        config=EngineConfig(stop_ids=(1,), batch_buckets=(8,), prefix_pool_rows=pool),
+        config=EngineConfig(
+            stop_ids=(1,), batch_buckets=(8,), prefix_pool_rows=pool, max_packed_tokens=packed
+        ),
     )
 
 
@@ -141,6 +144,56 @@ def test_later_turns_reuse_the_episodes_keys_and_answer_as_a_full_prefill_does(
     assert warm.stats.prefix_hits == 18
     assert warm.stats.prefilled_tokens + warm.stats.reused_tokens == cold.stats.prefilled_tokens
     assert warm.stats.prefilled_tokens < cold.stats.prefilled_tokens / 2
+
+
+@pytest.mark.parametrize("alibi", [False, True], ids=["rope", "alibi"])
+def test_continuations_admitted_together_are_packed_and_answer_as_prefilled_alone(
+    tiny_config: ModelConfig, alibi: bool
+) -> None:
+    """Seven continuations of parked sequences of different lengths join at once: their
+    new tokens go end to end into extends (two calls: their ~100 new tokens overrun a
+    packing budget of 64), and each answers as a cold engine that prefilled its whole
+    prompt does. ALiBi's distances in the packed row are by position, not by slot."""
+    config = ModelConfig.tiny_alibi(vocab_size=tiny_config.vocab_size) if alibi else tiny_config
+    cold, warm = _engine(config, pool=0), _engine(config, pool=None, packed=64)
+    firsts = [_tokens(17 + 9 * i, offset=i) for i in range(7)]
+    seeds = list(range(7))
+
+    async def together() -> tuple[list[list[int]], list[Completion]]:
+        async with warm.serving():
+            answers = await warm.generate(firsts, max_new_tokens=5, sampling=GREEDY, seeds=seeds)
+            nexts = [
+                [*f, *a.tokens, *_tokens(3 + 2 * i, offset=5 * i)]
+                for i, (f, a) in enumerate(zip(firsts, answers, strict=True))
+            ]
+            return nexts, await warm.generate(nexts, max_new_tokens=6, sampling=WARM, seeds=seeds)
+
+    try:
+        nexts, with_pool = asyncio.run(together())
+        alone = [
+            cold.generate_batch([p], max_new_tokens=6, sampling=WARM, seeds=[s])[0]
+            for p, s in zip(nexts, seeds, strict=True)
+        ]
+    finally:
+        cold.close()
+        warm.close()
+    assert warm.stats.prefix_hits == 7
+    assert warm.stats.extend_calls == 2
+    for a, b in zip(alone, with_pool, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_an_extend_call_holds_a_budget_of_new_tokens_and_eight_of_keys() -> None:
+    def hit(length: int, start: int) -> tuple[Request, Hit]:
+        return Request([0] * length, 1, GREEDY, 0), Hit(row=0, start=start)
+
+    by_new = [hit(40, 16), hit(40, 16), hit(40, 16)]  # 24 new tokens each
+    assert [len(p) for p in _extend_packs(by_new, budget=64)] == [2, 1]
+    by_keys = [hit(300, 288), hit(300, 288), hit(300, 288)]  # 12 new, 300 keys each
+    assert [len(p) for p in _extend_packs(by_keys, budget=64)] == [1, 1, 1]  # 512 keys a call
+    assert [len(p) for p in _extend_packs(by_keys, budget=128)] == [3]
+    assert [len(p) for p in _extend_packs([hit(900, 16)], budget=64)] == [1]  # alone
 
 
 def test_after_a_weight_update_a_continuing_prompt_is_prefilled_afresh(
