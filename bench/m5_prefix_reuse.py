@@ -226,7 +226,7 @@ def _time_engine_ops() -> dict[str, dict[str, float]]:
         return call
 
     def extend_positions(*args: Any) -> tuple[int, int]:
-        segments = args[9]  # the new tokens, packed (the prefixes are read, not computed)
+        segments = args[6]  # the new tokens, packed (the prefixes are read, not computed)
         return segments.size, int((segments >= 0).sum())
 
     def prefill_positions(*args: Any) -> tuple[int, int]:
@@ -244,7 +244,7 @@ def _time_engine_ops() -> dict[str, dict[str, float]]:
         )
 
     steps.programs = programs  # type: ignore[assignment]
-    for name in ("stash", "insert", "insert_packed", "resize", "seat"):
+    for name in ("stash", "insert", "insert_packed", "resize", "seat", "gather_prefixes"):
         setattr(steps, name, timed(name, getattr(steps, name)))
     return ops
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -65,6 +66,12 @@ SHRINK_AFTER = 32
 # attention on SmolLM2, so a call holds at most this many packing budgets of keys, and
 # hits beyond it go to the next call.
 EXTEND_KEYS = 8
+
+
+# An extend runs in an already compiled shape that holds it while that costs at most this
+# many times its own shape (`_extend_cost`): a SmolLM2 extend compiles in ~3 s and runs
+# in ~0.2 s, so compiling a shape pays only if it is met often.
+REUSE_COST = 2.0
 
 
 def packed_bucket(n: int, minimum: int) -> int:
@@ -172,6 +179,7 @@ class Scheduler:
         # Finished sequences kept for the prompts that continue them (`prefix_pool`).
         self.prefixes = PrefixIndex(prefix_rows)
         self._pool: KVCache | None = None  # [prefix_rows, >= every cache length seen]
+        self._extend_shapes: set[tuple[int, int, int]] = set()  # compiled (K, N, L)
         self._version_seen = -1  # the newest policy version a device call used
         self._shrink_after = shrink_after
         self._too_big_for = 0  # steps in a row the cache was bigger than its rows need
@@ -281,11 +289,9 @@ class Scheduler:
         to the longest (bench/README.md, "M5"), and every cache shape was a program.
         """
         assert self.cache is not None and self._pool is not None
-        k = _power_of_4(len(hits))  # the head's rows only: few programs, little padding
         news = [len(r.prompt) - h.start for r, h in hits]
-        n = packed_bucket(sum(news), self._min_prompt)
         held = sum(h.start for _, h in hits)
-        length = next_bucket(held + n, 1)  # keys: attention only, so coarse buckets
+        k, n, length = self._extend_shape(len(hits), sum(news), held)
         source_rows = np.zeros((length,), np.int32)
         source_positions = np.zeros((length,), np.int32)
         key_segments = np.full((1, length), -2, np.int32)  # -2: no query's
@@ -321,12 +327,12 @@ class Scheduler:
         if self._adapters:
             of_segment = [self._slot_of(r.adapter) for r in requests] + [self._base_slot]
             weights = weights._replace(rows=np.asarray(of_segment, np.int32)[segments])
+        prefixes = steps.gather_prefixes(
+            self._pool, source_rows, source_positions, np.asarray([held], np.int32)
+        )
         packed, sampled = self._programs.extend(
             weights,
-            self._pool,
-            source_rows,
-            source_positions,
-            np.asarray([held], np.int32),
+            prefixes,
             key_segments,
             key_positions,
             tokens,
@@ -343,6 +349,28 @@ class Scheduler:
         self.stats.extend_calls += 1
         self.stats.admitted += len(hits)
         return self._seat(requests, free, slots, sampled, version)
+
+    def _extend_shape(self, hits: int, new: int, held: int) -> tuple[int, int, int]:
+        """(rows of the head, new tokens, keys) to run an extend in: a compiled shape that
+        holds it if one costs at most `REUSE_COST` times its own, else its own.
+
+        A run's extends come one or a few prompts at a time with every length of prefix
+        and answer: with a program per bucketed shape, SmolLM2's guess-format run compiled
+        40 of them in 3 steps (129 s) for 12.5 s of extends (bench/README.md, "M5")."""
+        k = _power_of_4(hits)  # the head's rows only: few programs, little padding
+        n = packed_bucket(new, self._min_prompt)
+        own = (k, n, next_bucket(held + n, 1))  # keys: attention only, so coarse buckets
+        cost = functools.partial(_extend_cost, self._model_config)
+        holds = [
+            shape
+            for shape in self._extend_shapes
+            if shape[0] >= k and shape[1] >= n and shape[2] >= held + shape[1]
+        ]
+        best = min(holds, key=lambda shape: cost(*shape), default=None)
+        if best is not None and cost(*best) <= REUSE_COST * cost(*own):
+            return best
+        self._extend_shapes.add(own)
+        return own
 
     def _prefill(self, joining: list[Request], free: list[int]) -> list[tuple[Request, Completion]]:
         """Prefill the joining prompts packed end to end in one row, then move them to slots.
@@ -658,6 +686,15 @@ def _extend_packs(hits: list[tuple[Request, Hit]], budget: int) -> list[list[tup
         packs[-1].append((r, h))
         new, keys = new + m, keys + len(r.prompt)
     return packs
+
+
+def _extend_cost(config: ModelConfig, rows: int, new: int, keys: int) -> float:
+    """FLOPs of an extend of ``new`` positions over ``keys`` key slots with ``rows`` head
+    rows: the blocks' matmuls, attention's scores and sums, the output head."""
+    c = config
+    attention = c.d_model * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads)
+    per_token = 2 * (attention + 3 * c.d_model * c.d_ff) + 4 * c.n_heads * c.head_dim * keys
+    return c.n_layers * new * per_token + rows * 2 * c.vocab_size * c.d_model
 
 
 def _power_of_4(n: int) -> int:

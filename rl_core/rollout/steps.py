@@ -169,8 +169,8 @@ class Programs(NamedTuple):
     """The jitted prefill and decode of one model structure; weights go in as `Weights`."""
 
     prefill: Any  # (weights, tokens, positions, segments, last, controls, seeds) -> (cache, ..)
-    extend: Any  # (weights, pool, source_rows, source_positions, start, key_segments,
-    #   key_positions, tokens, positions, segments, last, controls, seeds) -> (cache, ..)
+    extend: Any  # (weights, held, key_segments, key_positions, tokens, positions, segments,
+    #   last, controls, seeds) -> (cache, Sampled)
     decode: Any  # (weights, cache, seen, last, previous, on_device, active, controls, seeds,
     #   counts) -> (cache, seen, Sampled)
 
@@ -217,13 +217,26 @@ def _prefill(
     return cache, sample(logits, _keys(seeds, jnp.zeros_like(last)), controls)
 
 
+@jax.jit
+def gather_prefixes(
+    pool: KVCache,  # [P, Sp]: the prefix pool
+    source_rows: jax.Array,  # [L] int32: the pool row each slot of the row is read from
+    source_positions: jax.Array,  # [L] int32: and the position in it
+    start: jax.Array,  # [1] int32: prefix tokens in the row; an extend's new ones go from here
+) -> KVCache:  # [1, L]
+    """Parked prefixes' keys and values, read from their pool rows into one row end to end
+    (an extend's input). A program of its own, so the extend's shape is not the pool's."""
+
+    def gather(p: jax.Array) -> jax.Array:  # [P, Hkv, Sp, Dh] -> [1, Hkv, L, Dh]
+        return p[source_rows, :, source_positions].transpose(1, 0, 2)[None]
+
+    return KVCache(tuple(map(gather, pool.keys)), tuple(map(gather, pool.values)), start)
+
+
 def _extend(
     model_of: Any,
     weights: Weights,
-    pool: KVCache,  # [P, Sp]: the prefix pool
-    source_rows: jax.Array,  # [L] int32: the pool row each prefix slot is read from
-    source_positions: jax.Array,  # [L] int32: and the position in it
-    start: jax.Array,  # [1] int32: prefix tokens in the row; the new ones go from here
+    held: KVCache,  # [1, L]: the prefixes end to end (`gather_prefixes`), then room
     key_segments: jax.Array,  # [1, L] int32: whose each slot is (-1 padding, -2 nobody's)
     key_positions: jax.Array,  # [1, L] int32: each slot's position in its own sequence
     tokens: jax.Array,  # [1, N] int32: the prompts' new tokens packed end to end, then padding
@@ -235,18 +248,12 @@ def _extend(
 ) -> tuple[KVCache, Sampled]:  # packed cache [1, L], each prompt's first token [K]
     """Prefill only what follows parked prefixes, packed as the prefill is.
 
-    The prefixes' keys and values are read from their pool rows into one row, end to end,
-    and the new tokens follow them in it; each new token attends to its own prefix and to
-    the new tokens of its own prompt before it (``key_segments``). Cost: the new tokens
-    only, with no padding per prompt, and attention over the row's real prefixes. The row
-    goes to the prompts' slots with `insert_packed`, so this program's shape is the row's,
-    not the cache's."""
+    The new tokens go into the row after the prefixes (from ``held.lengths``), each
+    attending to its own prefix and to its own prompt's new tokens before it
+    (``key_segments``). Cost: the new tokens only, with no padding per prompt, and
+    attention over the row's prefixes. The row goes to the prompts' slots with
+    `insert_packed`, so this program's shape is the row's, not the cache's or the pool's."""
     model = model_of(weights)
-
-    def gather(p: jax.Array) -> jax.Array:  # [P, Hkv, Sp, Dh] -> [1, Hkv, L, Dh]
-        return p[source_rows, :, source_positions].transpose(1, 0, 2)[None]
-
-    held = KVCache(tuple(map(gather, pool.keys)), tuple(map(gather, pool.values)), start)
     h, packed = model.hidden(
         tokens,
         positions,

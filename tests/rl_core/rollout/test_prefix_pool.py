@@ -13,7 +13,7 @@ from rl_core.models import Model, ModelConfig
 from rl_core.rollout.base import Completion, SamplingParams
 from rl_core.rollout.jax_engine import EngineConfig, JaxEngine
 from rl_core.rollout.prefix_pool import BLOCK, Hit, PrefixIndex
-from rl_core.rollout.scheduler import Request, _extend_packs
+from rl_core.rollout.scheduler import Request, Scheduler, _extend_packs
 
 GREEDY = SamplingParams(temperature=0.0)
 WARM = SamplingParams(temperature=0.9, top_p=0.95)
@@ -194,6 +194,38 @@ def test_an_extend_call_holds_a_budget_of_new_tokens_and_eight_of_keys() -> None
     assert [len(p) for p in _extend_packs(by_keys, budget=64)] == [1, 1, 1]  # 512 keys a call
     assert [len(p) for p in _extend_packs(by_keys, budget=128)] == [3]
     assert [len(p) for p in _extend_packs([hit(900, 16)], budget=64)] == [1]  # alone
+
+
+def test_an_extend_runs_in_a_compiled_shape_that_holds_it_unless_that_costs_twice_its_own(
+    tiny_config: ModelConfig,
+) -> None:
+    scheduler = Scheduler(
+        None,
+        tiny_config,
+        policy=lambda: None,  # type: ignore[arg-type,return-value]
+        stop_ids=(1,),
+        pad_id=0,
+        row_buckets=(8,),
+        min_prompt_bucket=16,
+        max_packed_tokens=256,
+        min_cache_bucket=16,
+        max_cache_len=1024,
+    )
+    shape = scheduler._extend_shape  # (hits, new tokens, prefix tokens) -> (K, N, L)
+    assert shape(1, 20, 100) == (1, 20, 128)  # its own: compiled
+    assert shape(1, 30, 90) == (1, 32, 128)  # (1, 20, 128) holds too few new tokens
+    assert shape(1, 10, 60) == (1, 20, 128)  # its own (1, 16, 128) costs 0.8x: padded
+    assert shape(3, 20, 100) == (4, 20, 128)  # more head rows: another program
+    assert shape(1, 100, 900) == (1, 112, 1024)
+    # Only (1, 112, 1024) holds (1, 40, 256), at six times the cost: its own is compiled.
+    assert shape(1, 40, 200) == (1, 40, 256)
+    assert scheduler._extend_shapes == {
+        (1, 20, 128),
+        (1, 32, 128),
+        (4, 20, 128),
+        (1, 112, 1024),
+        (1, 40, 256),
+    }
 
 
 def test_after_a_weight_update_a_continuing_prompt_is_prefilled_afresh(
