@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     spec = load_spec(EXAMPLE)
     model, tokenizer = load_model(spec.model, seed=0)
-    shipped = engine_config(spec, tokenizer)
+    shipped = engine_config(spec, tokenizer, model.config)
     agents = spec.rollout.concurrency
     prompt = (
         tokenizer.render_messages([{"role": "user", "content": "The number is 3. Next?"}])

@@ -86,7 +86,7 @@ async def main_async(args: argparse.Namespace) -> None:
     for mode, reuse in (("off", False), ("on", True)):
         data = spec_for("guess-format", "shipped", 0, 1)
         data["rollout"]["prefix_reuse"] = reuse
-        config = engine_config(parse_spec(data), tokenizer)
+        config = engine_config(parse_spec(data), tokenizer, model.config)
         engines[mode] = JaxEngine(model, config=config)
     results: dict[str, list[float]] = {mode: [] for mode in engines}
     tokens: dict[str, tuple[int, float]] = {}

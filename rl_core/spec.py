@@ -398,11 +398,11 @@ class RolloutSpec(_Section):
     # order they ended) ended without a reward.
     client_fault_budget: Annotated[int, Field(ge=1, le=1_000_000)] = 64
     # The JAX engine keeps an episode's keys and values between its turns, so a turn
-    # prefills only what is new (its last answer's end and the observation). Off by
-    # default: on CPU it did not pay (docs/lifecycle.md has the figures: its extend step
-    # attends over the whole cache row for every new token, padded to a bucket, and
-    # each shape compiles). vLLM has a prefix cache of its own.
-    prefix_reuse: bool = False
+    # prefills only what is new (its last answer's end and the observation). Unset: on
+    # for models whose prefill is real compute (SmolLM2-135M: 0.92x the step time of a
+    # multi-turn run), off for the tiny presets, where it did not pay (docs/lifecycle.md
+    # has both). vLLM has a prefix cache of its own.
+    prefix_reuse: bool | None = None
 
     @model_validator(mode="after")
     def _vllm_url_only_for_vllm(self) -> RolloutSpec:

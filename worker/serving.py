@@ -172,7 +172,9 @@ def load_policy(spec: JobSpec, checkpoint: str, step: int) -> Served:
     from rl_core.rollout.jax_engine import JaxEngine
 
     model, tokenizer = load_model(spec.model, seed=spec.train.seed)
-    engine = JaxEngine(model, config=configs.engine_config(spec, tokenizer), tokenizer=tokenizer)
+    engine = JaxEngine(
+        model, config=configs.engine_config(spec, tokenizer, model.config), tokenizer=tokenizer
+    )
     trainer, restored, _ = build_trainer(spec, model, checkpoint)
     engine.update_weights(snapshot(trainer.params()), restored)
     del trainer

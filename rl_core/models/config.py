@@ -92,6 +92,13 @@ class ModelConfig:
         if self.alibi_slope < 0:
             raise ValueError(f"alibi_slope ({self.alibi_slope}) must not be negative")
 
+    @property
+    def block_flops_per_token(self) -> int:
+        """The blocks' matmul FLOPs for one position (2 per weight), attention's scores
+        aside: what a prefill costs a token."""
+        attention = self.d_model * self.head_dim * (2 * self.n_heads + 2 * self.n_kv_heads)
+        return 2 * self.n_layers * (attention + 3 * self.d_model * self.d_ff)
+
     @classmethod
     def tiny(cls, *, vocab_size: int | None = None, **overrides: object) -> ModelConfig:
         """About 100k parameters: a train step takes milliseconds on a CPU core."""

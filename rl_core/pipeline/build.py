@@ -173,7 +173,7 @@ def build_engine(
         return build_vllm_engine(
             spec, model, tokenizer, cleanup, log_dir=log_dir, recorder=recorder
         )
-    config = configs.engine_config(spec, tokenizer)
+    config = configs.engine_config(spec, tokenizer, model.config)
     if shared_base:
         lora = configs.trainer_config(spec).lora
         config = dataclasses.replace(config, adapter_slots=1, lora=lora)
@@ -216,7 +216,7 @@ def build_vllm_engine(
         tolerance=1e-3 if model.config.dtype == "float32" else 0.1,
     )
     engine_args: dict[str, Any] = dict(
-        stop_ids=configs.engine_config(spec, tokenizer).stop_ids,
+        stop_ids=configs.engine_config(spec, tokenizer, model.config).stop_ids,
         write_weights=weights_writer(model, untie=True),
         check=check,
         recorder=recorder,

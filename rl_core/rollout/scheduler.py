@@ -692,9 +692,8 @@ def _extend_cost(config: ModelConfig, rows: int, new: int, keys: int) -> float:
     """FLOPs of an extend of ``new`` positions over ``keys`` key slots with ``rows`` head
     rows: the blocks' matmuls, attention's scores and sums, the output head."""
     c = config
-    attention = c.d_model * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads)
-    per_token = 2 * (attention + 3 * c.d_model * c.d_ff) + 4 * c.n_heads * c.head_dim * keys
-    return c.n_layers * new * per_token + rows * 2 * c.vocab_size * c.d_model
+    scores = c.n_layers * 4 * c.n_heads * c.head_dim * keys  # q.k and p.v, per new token
+    return new * (c.block_flops_per_token + scores) + rows * 2 * c.vocab_size * c.d_model
 
 
 def _power_of_4(n: int) -> int:

@@ -59,7 +59,7 @@ def sampled_here(uri: str | None, step: int) -> list[tuple[str, float]]:
     spec = parse_spec(SPEC)
     if uri is None:
         model, tokenizer = load_model(spec.model, seed=spec.train.seed)
-        engine = JaxEngine(model, config=configs.engine_config(spec, tokenizer))
+        engine = JaxEngine(model, config=configs.engine_config(spec, tokenizer, model.config))
         served = Served(engine, tokenizer, session_config(spec), name="base")
     else:
         served = load_policy(spec, uri, step)

@@ -3,7 +3,8 @@ process: the worker starts two trainer processes as Ray actors (a local Ray clus
 two vLLM CPU servers (`rl_core.rollout.fleet`). After step 2 one vLLM server is
 SIGKILLed: the fleet takes it out, sends its requests to the other, restarts it onto the
 newest weights, and it serves again. The run succeeds, with final weights equal (float32
-tolerance, tests/rl_core/training/test_spmd.py) to the same spec's on one trainer process.
+tolerance, tests/rl_core/training/test_spmd.py) to the same spec's on one trainer process
+and one server.
 
 Why the two runs can agree: in sync mode every step's episodes are sampled by the weights
 the trainer holds before it (each update checked on both servers by its probe), and vLLM
@@ -51,7 +52,7 @@ WEIGHT_TOL = 2e-5
 HOLD_S = 240
 
 
-def spec(hosts: int) -> dict[str, Any]:
+def spec(hosts: int, servers: int) -> dict[str, Any]:
     return {
         # vLLM's CPU attention refuses builtin:tiny's head_dim (16): builtin:small (32).
         "model": {"source": "builtin:small"},
@@ -63,7 +64,7 @@ def spec(hosts: int) -> dict[str, Any]:
         "algorithm": {"batch_groups": 2, "learning_rate": 1e-3, "entropy_coef": 1.0},
         "staleness": {"mode": "sync"},
         "train": {"steps": STEPS, "seed": 0, "checkpoint_interval": 1},
-        "resources": {"hosts": hosts, "rollout_servers": 2},
+        "resources": {"hosts": hosts, "rollout_servers": servers},
     }
 
 
@@ -154,8 +155,8 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_a_server_and_match_one_
     stack.start_worker()
     with stack.client() as client:
 
-        def post(hosts: int) -> str:
-            r = client.post("/v1/runs", json={"spec": spec(hosts)})
+        def post(hosts: int, servers: int) -> str:
+            r = client.post("/v1/runs", json={"spec": spec(hosts, servers)})
             assert r.status_code == 201, r.text
             return str(r.json()["id"])
 
@@ -172,7 +173,7 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_a_server_and_match_one_
             r = client.get(f"/v1/runs/{run_id}/metrics", params={"name": name})
             return {p["step"]: p["value"] for p in r.json()["points"]}
 
-        two = post(2)
+        two = post(2, 2)
 
         # A vLLM server is SIGKILLed after step 2, the run held meanwhile.
         def both_up() -> tuple[list[int], dict[int, int]] | None:
@@ -219,7 +220,9 @@ def test_two_trainer_processes_and_two_vllm_servers_lose_a_server_and_match_one_
             stack,
         )
 
-        one = post(1)
+        # The reference: one trainer process and one server (a server samples each
+        # request with its own seed, whichever server and batch it lands in).
+        one = post(1, 1)
         final_one = wait_until(lambda: finished(one), 300, "the one-process run", stack)
         assert final_one["status"] == "succeeded", f"{final_one}\n{stack.dump_logs()}"
         for name in ("loss", "reward/mean"):
