@@ -324,9 +324,7 @@ class Scheduler:
             self.stats.prefix_hits += 1
         requests = [r for r, _ in hits]
         controls, seeds = self._controls(requests, k)
-        if self._adapters:
-            of_segment = [self._slot_of(r.adapter) for r in requests] + [self._base_slot]
-            weights = weights._replace(rows=np.asarray(of_segment, np.int32)[segments])
+        weights = self._with_token_rows(weights, requests, segments)
         prefixes = steps.gather_prefixes(
             self._pool, source_rows, source_positions, np.asarray([held], np.int32)
         )
@@ -401,11 +399,7 @@ class Scheduler:
             last[j], slots[j], lengths[j] = end - 1, free[j], len(r.prompt)
             at = end
         controls, seeds = self._controls(joining, k)
-        if self._adapters:
-            # Each token runs with its request's adapter: a lookup by segment, whose -1
-            # (padding) takes the last entry, the base's.
-            of_segment = [self._slot_of(r.adapter) for r in joining] + [self._base_slot]
-            weights = weights._replace(rows=np.asarray(of_segment, np.int32)[segments])
+        weights = self._with_token_rows(weights, joining, segments)
         packed, sampled = self._programs.prefill(
             weights, tokens, positions, segments, last, controls, seeds
         )
@@ -563,6 +557,17 @@ class Scheduler:
         slots = np.full((rows,), self._base_slot, np.int32)
         slots[: len(adapters)] = [self._slot_of(a) for a in adapters]
         return weights._replace(rows=slots)
+
+    def _with_token_rows(
+        self, weights: steps.Weights, requests: Sequence[Request], segments: np.ndarray
+    ) -> steps.Weights:
+        """``weights`` with each packed token's adapter slot (``segments`` [1, N]: the
+        request each token belongs to); as they are for an engine without adapters."""
+        if not self._adapters:
+            return weights
+        # A lookup by segment, whose -1 (padding) takes the last entry, the base's.
+        of_segment = [self._slot_of(r.adapter) for r in requests] + [self._base_slot]
+        return weights._replace(rows=np.asarray(of_segment, np.int32)[segments])
 
     def _forget_replaced_adapters(self) -> None:
         """Drop the parked prefixes of slots that hold another adapter since they parked:
