@@ -13,11 +13,14 @@ own, the environment server of ``bench/_longtail_env.py``: the SDK's
 
 The environment is registered and every run submitted through the public
 API: ``builtin:tiny``, GRPO groups of 4, 4 groups a step (N = 16), C episodes
-in flight (``rollout.concurrency``, 64), max_staleness 3; ``sync`` (the
+in flight (``rollout.concurrency``, 64), max_staleness 3, everything else as
+examples/tiny-game.yaml sets it (what a user who brings this environment to
+the example runs: two epochs of two mini-batches a step); ``sync`` (the
 baseline) then ``async``, back to back, same seed. Model calls are the real
-JAX engine's, in the worker, sharing its device thread with the trainer;
-``--modes sync,async,async-reuse`` adds a run whose engine keeps each
-episode's keys and values between turns (``rollout.prefix_reuse: true``).
+JAX engine's, in the worker, sharing its device thread with the trainer.
+Variants (`make_spec`): ``async-lean`` B12's leaner settings until
+2026-12-07, ``async-reuse`` the engine's prefix pool on, ``async-nofit``
+the trainer without its shape ledger.
 
 The random-init model first has to learn to end its turns (an unended turn
 truncates the episode; bench/_longtail_env.py): until then episodes last a
@@ -129,57 +132,69 @@ class Run:
 
 
 def make_spec(env_id: str, mode: str, c: int, steps: int, m: int, seed: int) -> dict[str, Any]:
-    # "async-reuse": the engine's prefix pool on (rollout.prefix_reuse, off by default),
-    # for a comparison in one invocation. "async-user": B12u, the shipped example's settings.
-    # "-nofit" (e.g. "async-nofit", "async-user-nofit"): train.fit_compiled off, every new
-    # step shape compiled (the trainer before its shape ledger), for a comparison.
+    """The spec of one run: ``mode`` is the staleness mode, then variants after dashes.
+
+    B12 runs the workload on examples/tiny-game.yaml's settings (`example_spec`), as a user
+    who swaps the example's game for their own does (issue #35, item 5: B12's leaner
+    settings had given 1.3-1.8x the trajectories/s the same workload got on the example's).
+    Variants: "lean", B12's settings until 2026-12-07 (`lean_spec`: one update a step);
+    "reuse", the engine's prefix pool on (`rollout.prefix_reuse`); "nofit",
+    `train.fit_compiled` off (every new step shape compiled: the trainer before its ledger).
+    """
     staleness_mode, *variants = mode.split("-")
     if "user" in variants:
-        spec = user_spec(env_id, staleness_mode, c, steps, m, seed)
-    else:
-        spec = b12_spec(env_id, staleness_mode, c, steps, m, seed, "reuse" in variants)
+        raise SystemExit(f"--modes {mode}: B12 runs the example's settings now (plain "
+                         f"{staleness_mode}); {staleness_mode}-lean is the old B12")  # fmt: skip
+    unknown = set(variants) - {"lean", "reuse", "nofit"}
+    if staleness_mode not in ("sync", "async") or unknown:
+        raise SystemExit(f"--modes: unknown mode {mode!r}")
+    make = lean_spec if "lean" in variants else example_spec
+    spec = make(env_id, staleness_mode, c, steps, m, seed)
     spec["name"] = f"b12-{mode}-C{c}-seed{seed}"
+    if "reuse" in variants:
+        spec["rollout"]["prefix_reuse"] = True
     if "nofit" in variants:
         spec["train"]["fit_compiled"] = False
     return spec
 
 
-def b12_spec(env_id: str, staleness_mode: str, c: int, steps: int, m: int, seed: int,
-             reuse: bool) -> dict[str, Any]:  # fmt: skip
+# The workload's agent: 32 turns of "ok?" and an 8-token reply fit in ~450 tokens, never
+# cut by context. 8 tokens: the random model ends a turn within them about one time in six,
+# enough for GRPO to learn to end its turns in 9-16 steps (bench/_longtail_env.py).
+AGENT = {"max_turns": 32, "max_new_tokens": 8, "max_context": 512, "tool_call_format": "none"}
+
+
+def lean_spec(
+    env_id: str, staleness_mode: str, c: int, steps: int, m: int, seed: int
+) -> dict[str, Any]:
+    """B12's own settings until 2026-12-07: one optimiser update a step at learning rate
+    0.01 (it learns to end turns in about half the steps 0.003 takes), temperature 1."""
     return {  # named by make_spec
         "model": {"source": "builtin:tiny"},
         "environment": {"name": env_id},
-        # 32 turns of "ok?" and an 8-token reply fit in ~450 tokens: never cut by context.
-        # 8 tokens: the random model ends a turn within them about one time in six, enough
-        # for GRPO to learn to end its turns in 9-16 steps here (bench/_longtail_env.py).
-        "agent": {"max_turns": 32, "max_new_tokens": 8, "max_context": 512,
-                  "tool_call_format": "none"},
-        "rollout": {"group_size": G, "concurrency": c, "sampling": {"temperature": 1.0},
-                    "prefix_reuse": reuse},
-        # 0.01 learns to end turns in about half the steps 0.003 takes.
+        "agent": dict(AGENT),
+        "rollout": {"group_size": G, "concurrency": c, "sampling": {"temperature": 1.0}},
         "algorithm": {"batch_groups": B, "learning_rate": 0.01},
         "staleness": {"mode": staleness_mode, "max_staleness": m},
         "train": {"steps": steps, "seed": seed},
-    }  # fmt: skip
+    }
 
 
-def user_spec(
+def example_spec(
     env_id: str, staleness_mode: str, c: int, steps: int, m: int, seed: int
 ) -> dict[str, Any]:
-    """B12u: the workload as a user runs it, on examples/tiny-game.yaml's settings.
+    """The workload as a user runs it, on examples/tiny-game.yaml's settings.
 
     What defines the workload is B12's (the environment, C, N = 16 episodes a step, the
     staleness bound, 32 turns of 8 tokens in a 512-token context: the example's 96 would
     cut its episodes short); everything else (sampling temperature, learning rate and its
     schedule, mini-batches and epochs, clipping, entropy floor, the advantage's scaling)
-    is the example's. N = 16 is B12's 4 groups of 4: the example's mini-batches (2) must
-    divide the groups of a step, so its group of 16 cannot make one group a step.
+    is the example's. N = 16 is 4 groups of 4: the example's mini-batches (2) must divide
+    the groups of a step, so its group of 16 cannot make one group a step.
     """
     spec = yaml.safe_load((REPO / "examples" / "tiny-game.yaml").read_text())
-    spec["name"] = f"b12-{staleness_mode}-user-C{c}-seed{seed}"
     spec["environment"] = {"name": env_id}
-    spec["agent"] = {"max_turns": 32, "max_new_tokens": 8, "max_context": 512,
-                     "tool_call_format": "none"}  # fmt: skip
+    spec["agent"] = dict(AGENT)
     spec["rollout"]["concurrency"] = c
     spec["rollout"]["group_size"] = G
     spec["algorithm"]["batch_groups"] = B
@@ -443,10 +458,13 @@ def report(results: list[tuple[Run, Figures]], m: int) -> list[str]:
     for (mode, c, seed), f in by.items():
         if not mode.startswith("async"):
             continue
-        sync = by.get(("sync", c, seed))
+        # Against the sync run of the same variants (async-lean against sync-lean), else sync.
+        twin = "sync" + mode.removeprefix("async")
+        base = twin if (twin, c, seed) in by else "sync"
+        sync = by.get((base, c, seed))
         if sync:
             out.append(f"{mode} C={c} seed {seed}: "
-                       f"async/sync traj/s = {f.traj_s / sync.traj_s:.2f}x, "
+                       f"{mode}/{base} traj/s = {f.traj_s / sync.traj_s:.2f}x, "
                        f"steps/s = {f.steps_s / sync.steps_s:.2f}x")  # fmt: skip
         checks = [
             ("episodes in flight L ≥ 0.9 C", f.l_mean >= 0.9 * c, f"{f.l_mean / c:.2f} C"),
@@ -473,9 +491,9 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="sync,async",
-        help="of sync, async, sync-reuse, async-reuse (the engine with its prefix pool), "
-        "sync-user, async-user (B12u: examples/tiny-game.yaml's settings); '-nofit' after "
-        "any: train.fit_compiled off (async-nofit, async-user-nofit)",
+        help="sync or async (examples/tiny-game.yaml's settings), each with variants after "
+        "dashes: -lean (B12's settings until 2026-12-07), -reuse (the engine's prefix pool), "
+        "-nofit (train.fit_compiled off); e.g. async,async-lean,async-lean-reuse",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "figures")
     parser.add_argument("--dump", type=Path, help="a folder for each run's raw data (JSON)")
