@@ -38,6 +38,7 @@ from types import TracebackType
 import httpx
 
 from rl_core.errors import RolloutError
+from rl_core.host import lifeline
 
 __all__ = ["VllmServer", "VllmServerConfig", "vllm_python"]
 
@@ -170,9 +171,10 @@ class VllmServer:
         )
         started = time.monotonic()
         # A session of its own: `stop` signals the API server, its engine core and its
-        # model worker together.
+        # model worker together. Led by a lifeline, which ends the session if this
+        # process dies without stopping it (a SIGKILLed worker runs no cleanup).
         self._process = subprocess.Popen(
-            self.command(),
+            lifeline.command(os.getpid(), self.command()),
             env=self.environment(),
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -216,7 +218,7 @@ class VllmServer:
 
     @property
     def pid(self) -> int | None:
-        """The API server's pid, which is also its process group's id."""
+        """The server's process group's id (its lifeline's pid): signal it with killpg."""
         return None if self._process is None else self._process.pid
 
     @property
