@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rl_core.errors import TrainerHostLost
+from rl_core.host import lifeline
 from rl_core.spec import MAX_HOSTS_BUILT
 
 if TYPE_CHECKING:
@@ -84,6 +87,15 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
         )
     finally:
         sys.stderr = stderr
+    if address is None:
+        # A local cluster: its agents outlived a SIGKILLed worker (rl_core/host/lifeline.py).
+        subprocess.Popen(
+            lifeline.reaper_command(os.getpid()),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
 
 class RayHosts:
