@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rl_core.agent.agent import AgentConfig
 from rl_core.envs.base import Reset
 from rl_core.envs.dataset import DatasetEnv
 from rl_core.envs.episodes import train_episode_id
@@ -27,6 +28,11 @@ from .conftest import (
 )
 
 ROWS = 200
+# No episode may fail here: a failed group is dropped and its row skipped by design
+# (counted), which this test would read as a skip. The defaults (5 s) were once too short
+# for a reasoning-gym row on CI's 2 loaded cores.
+TIMEOUT_S = 120.0
+AGENT = AgentConfig(max_turns=8, max_new_tokens=4, max_context=256, env_timeout_s=TIMEOUT_S)
 
 
 class DatasetScript(ScriptEnv):
@@ -75,6 +81,8 @@ def test_a_resumed_run_trains_each_row_once_and_skips_none(tmp_path: Path, sourc
         checkpointer=saver,
         checkpoint_interval=2,
         trainer=RecordingTrainer(delay_s=0.01),
+        agent=AGENT,
+        episode_timeout_s=TIMEOUT_S,
         # A group gone stale is played again, not dropped: with "drop" a slow machine
         # drops one by design (counted), and its row is then skipped on purpose.
         policy="requeue",
@@ -82,8 +90,16 @@ def test_a_resumed_run_trains_each_row_once_and_skips_none(tmp_path: Path, sourc
     step = max(saver.saved)
     position = saver.saved[step]["collector"]
     second_env = DatasetScript(config)
+    # Long enough to train every task the first left owed: the replayed tasks start first,
+    # but new ones start beside them (64 episodes in flight) and may finish first.
     second = run_pipeline(
-        steps=step + 4, env=second_env, start_step=step, position=position, policy="requeue"
+        steps=step + max(4, int(position["next_index"])),
+        env=second_env,
+        start_step=step,
+        position=position,
+        policy="requeue",
+        agent=AGENT,
+        episode_timeout_s=TIMEOUT_S,
     )
 
     # A group split around its stragglers trains as two parts (first, rest): one row.
@@ -100,6 +116,8 @@ def test_a_resumed_run_trains_each_row_once_and_skips_none(tmp_path: Path, sourc
         if g.part != "first"
     ]
     trained = before + after
+    for run in (first, second):
+        assert not any(run.metrics("groups/dropped_failed")), "a group failed: see TIMEOUT_S"
     assert len(trained) == len(set(trained))  # no row trained twice
     tasks = {g.task.index for run in (first, second) for _, b in run.trained() for g in b}
     assert set(range(position["next_index"])) <= tasks  # and no task, so no row, skipped
