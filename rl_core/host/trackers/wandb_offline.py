@@ -8,17 +8,25 @@ console capture (it would wrap the worker's stdout), no system metrics sampler, 
 or code snapshot, no requirements scan, no crash reports sent. W&B's core process (one
 per worker process, reused by its runs) keeps its own debug log under
 ``~/.cache/wandb/logs``.
+
+`close` returns once the run's file is complete. wandb 0.31's ``finish`` does not
+wait for that: its core holds the file's records in a buffer and writes them when it
+closes the run's stream, which ``finish`` asks for last and does not wait on (seen: the
+file held its 7-byte header alone after ``finish`` returned, on a loaded machine). So
+`close` reads the file until the run's exit record is in it (`wandb_log.has_exit`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_core.host.trackers.base import Outcome, StepMetrics
+from rl_core.host.trackers.base import Outcome, StepMetrics, TrackerError
+from rl_core.host.trackers.wandb_log import has_exit
 
 
 class WandbOffline:
@@ -32,6 +40,7 @@ class WandbOffline:
         run_id: str,
         name: str | None = None,
         config: Mapping[str, Any] | None = None,
+        write_timeout_s: float = 60.0,
     ) -> None:
         self.folder = folder
         self._project = project
@@ -39,6 +48,7 @@ class WandbOffline:
         self._id = re.sub(r"[^A-Za-z0-9_-]", "-", run_id)[:64]
         self._name = name or run_id
         self._config = dict(config or {})
+        self._write_timeout_s = write_timeout_s  # for W&B's core to write the file
         self._run: Any = None
 
     def open(self) -> None:
@@ -74,7 +84,18 @@ class WandbOffline:
             self._run.log(dict(metrics), step=step)
 
     def close(self, outcome: Outcome) -> None:
+        log_file = Path(self._run.settings.sync_file)
         self._run.finish(exit_code=0 if outcome == "succeeded" else 1)
+        deadline = time.monotonic() + self._write_timeout_s
+        pause = 0.02
+        while not has_exit(log_file):
+            if time.monotonic() > deadline:
+                raise TrackerError(
+                    f"W&B's core did not write the run's file {log_file} within "
+                    f"{self._write_timeout_s:.0f} s of the run's end"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
 
 __all__ = ["WandbOffline"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from rl_core.host.trackers.base import TrackerError
 from rl_core.host.trackers.mirror import MirrorConfig, TrackerMirror
 from rl_core.host.trackers.mlflow_rest import MlflowRest
 from rl_core.host.trackers.tensorboard_files import TensorboardFiles
+from rl_core.host.trackers.wandb_log import records
 from rl_core.host.trackers.wandb_offline import WandbOffline
 from rl_core.protocol.addresses import Allowlist
 from tests.mlflow_server import free_port
@@ -87,30 +89,12 @@ def test_tensorboard_files_reach_the_store_at_most_once_a_minute_and_at_the_end(
 
 
 def wandb_history(run_file: Path) -> list[dict[str, float]]:
-    """The history rows of a ``run-<id>.wandb`` file: W&B's log of protobuf records, in
-    LevelDB's log format (7-byte header, 32 KiB blocks; each chunk: CRC, length, type)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    raw = run_file.read_bytes()
-    assert raw[:4] == b":W&B"
-    rows, pending, pos = [], b"", 7
-    while pos + 7 <= len(raw):
-        if (left := 32768 - pos % 32768) < 7:
-            pos += left
-            continue
-        _crc, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
-        if kind == 0:
-            break
-        pending += raw[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST: a whole record
-            record = pb.Record.FromString(pending)
-            pending = b""
-            if record.WhichOneof("record_type") == "history":
-                items = record.history.item
-                rows.append(
-                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
-                )
+    """The history rows of a ``run-<id>.wandb`` file (W&B's protobuf records)."""
+    rows = []
+    for record in records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            items = record.history.item
+            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items})
     return rows
 
 
@@ -127,6 +111,52 @@ def test_a_wandb_offline_run_folder_holds_the_metrics_per_step(tmp_path: Path) -
     assert [row["_step"] for row in rows] == [1, 2, 3]
     for row, (_, values) in zip(rows, STEPS, strict=True):
         assert {k: row[k] for k in values} == pytest.approx(values)
+
+
+def test_a_wandb_run_is_whole_on_disk_when_close_returns_even_if_wandbs_core_is_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # W&B's core writes the file when it closes the run's stream, which `finish` asks for
+    # without waiting; a loaded machine's core does it late (seen in CI: the header
+    # alone). Here the request reaches the core a second late, every time.
+    from wandb.sdk.lib.service.service_connection import ServiceConnection
+
+    inform_finish = ServiceConnection.inform_finish
+
+    def late(self: ServiceConnection, run_id: str) -> None:
+        threading.Timer(1.0, inform_finish, (self, run_id)).start()
+
+    monkeypatch.setattr(ServiceConnection, "inform_finish", late)
+    tracker = WandbOffline(tmp_path / "wb", project="rlaas-tests", run_id="run_slow")
+    tracker.open()
+    tracker.log(STEPS)
+    tracker.close("succeeded")
+
+    (run_file,) = (tmp_path / "wb" / "wandb").glob("offline-run-*-run_slow/run-run_slow.wandb")
+    assert [row["_step"] for row in wandb_history(run_file)] == [1, 2, 3]
+
+
+def test_a_wandb_run_file_never_written_is_a_tracker_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wandb.sdk.lib.service.service_connection import ServiceConnection
+
+    inform_finish = ServiceConnection.inform_finish
+    asked: list[tuple[ServiceConnection, str]] = []
+    monkeypatch.setattr(
+        ServiceConnection, "inform_finish", lambda self, run_id: asked.append((self, run_id))
+    )
+    tracker = WandbOffline(
+        tmp_path / "wb", project="rlaas-tests", run_id="run_stuck", write_timeout_s=0.5
+    )
+    tracker.open()
+    tracker.log(STEPS)
+    try:
+        with pytest.raises(TrackerError, match=r"did not write the run's file .*run-run_stuck"):
+            tracker.close("succeeded")
+    finally:
+        for connection, run_id in asked:  # let the core close the stream after all
+            inform_finish(connection, run_id)
 
 
 def test_an_mlflow_server_receives_each_metric_per_step_and_a_resume_continues_the_run(
