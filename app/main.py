@@ -134,12 +134,14 @@ def create_app(
         # freezing it keeps the collector's full passes to what requests made. Unfrozen,
         # each pass walked every import-time object and stalled the loop ~100 ms about
         # once a second under ingest (the p99 of B8 in bench/).
-        gc.collect()
-        gc.freeze()
+        if conf.gc_freeze:
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:
-            gc.unfreeze()
+            if conf.gc_freeze:
+                gc.unfreeze()
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper

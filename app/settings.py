@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     tinker_max_calls_in_flight: int = Field(default=256, ge=0)
     tinker_tokens_per_minute: int = Field(default=5_000_000, ge=0)
     reaper_interval_s: float = 5.0
+    # At startup the objects alive then (modules, the app, the engine) are collected once
+    # and frozen out of the cyclic collector's passes (app.main.lifespan). Off: a process
+    # that starts many apps (the tests), where each start's full collection walks a heap
+    # that JAX and the frameworks made large (0.15-0.5 s a start).
+    gc_freeze: bool = True
     # A run still queued this long after it was sent to the broker is sent again.
     redispatch_after_s: float = 300.0
     # A run still queued this long after it entered the queue (no worker took it) fails with

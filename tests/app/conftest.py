@@ -130,6 +130,8 @@ def app_settings(database_url: str, **overrides: Any) -> Settings:
         "reaper_interval_s": 3600,
         # A lost run is queued again at once unless a test asks for a backoff.
         "requeue_backoff_s": 0.0,
+        # Each of the hundreds of apps a test process starts would collect its whole heap.
+        "gc_freeze": False,
     }
     return Settings(**{**values, **overrides})
 

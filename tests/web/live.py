@@ -64,6 +64,7 @@ def live_api(database_url: str, **overrides: Any) -> Iterator[LiveApi]:
         "secret_key": secrets.token_urlsafe(32),
         "reaper_interval_s": 3600,
         "log_json": False,  # the test's own logging stays as pytest set it
+        "gc_freeze": False,  # a full collection of the test process's heap per start
     }
     settings = Settings(**{**values, **overrides})
     app = create_app(settings, dispatcher=RecordingDispatcher())
