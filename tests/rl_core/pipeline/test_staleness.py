@@ -89,7 +89,12 @@ def straggling(trainer: RecordingTrainer) -> Callable[[int, int, int], Behaviour
 def test_a_stale_straggler_is_dropped_never_trained() -> None:
     trainer = RecordingTrainer()
     run = run_pipeline(
-        steps=6, max_staleness=1, policy="drop", env=ScriptEnv(straggling(trainer)), trainer=trainer
+        steps=6,
+        max_staleness=1,
+        policy="drop",
+        env=ScriptEnv(straggling(trainer)),
+        trainer=trainer,
+        episode_timeout_s=None,  # the straggler waits on an event, not on the host's speed
     )
     trained = {g.task.index for _, batch in run.trained() for g in batch}
     assert 0 not in trained
@@ -99,24 +104,33 @@ def test_a_stale_straggler_is_dropped_never_trained() -> None:
 
 def test_a_stale_straggler_is_requeued_and_replayed_under_a_fresh_policy() -> None:
     trainer = RecordingTrainer()
-    # 12 steps: the replay joins the queue behind the groups that finished while the
-    # straggler waited (up to C's worth); in 6 steps a loaded CI host once ran out of
-    # steps before the replay's turn came (replayed 0 times).
+    # Orderings, not timings: the straggler waits on the trainer (no episode timeout to
+    # race a loaded host), and 30 steps leave the replay room to come round however the
+    # host schedules it. The replay may reach the trainer whole or in two parts (a member
+    # of it straggling past the bound on a loaded host is split off, as any group is).
     run = run_pipeline(
-        steps=12,
+        steps=30,
         max_staleness=1,
         policy="requeue",
         env=ScriptEnv(straggling(trainer)),
         trainer=trainer,
+        episode_timeout_s=None,
     )
     replayed = [(step, g) for step, batch in run.trained() for g in batch if g.task.index == 0]
-    assert len(replayed) == 1
-    step, group = replayed[0]
-    assert group.task.attempt == 1
-    assert all(parse_id(t.episode_id)[2] == 1 for t in group.trajectories)
-    assert all((step - 1) - t.policy_version <= 1 for t in group.kept)
-    assert sum(run.metrics("groups/requeued")) == 1
-    assert sum(run.metrics("groups/dropped_stale")) == 0
+    assert replayed, "the requeued task was never trained"
+    # Only a replay is trained, never the first attempt's episodes (their calls are stale),
+    # and one attempt's members once each, whether in one part or two.
+    attempts = {g.task.attempt for _, g in replayed}
+    assert len(attempts) == 1 and attempts.pop() >= 1
+    trained = [t for _, g in replayed for t in g.to_train]
+    assert all(parse_id(t.episode_id)[2] >= 1 for t in trained)
+    assert len({t.member for t in trained}) == len(trained)
+    for step, group in replayed:
+        assert all((step - 1) - t.policy_version <= 1 for t in group.trainable(group.fresh_from))
+    # Requeued (again only if the replay itself straggled past the bound), not dropped: a
+    # drop here can only be the stale rest of a group split on a loaded host.
+    assert sum(run.metrics("groups/requeued")) >= 1
+    assert sum(run.metrics("groups/dropped_stale")) <= sum(run.metrics("groups/split"))
 
 
 def test_sync_admission_starts_one_batch_per_policy() -> None:
