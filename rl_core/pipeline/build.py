@@ -264,10 +264,12 @@ def build_vllm_engine(
             server.url,
             server=server,
             server_log=name,
+            # Named as the worker's log and the log files name them (0-based).
+            name="the run's vLLM server" if servers == 1 else f"rollout server {i} of {servers}",
             recover_in_place=servers == 1,  # a fleet recovers its members itself
             **engine_args,
         )
-        for server, name in started
+        for i, (server, name) in enumerate(started)
     ]
     engine: VllmEngine | RolloutFleet = members[0] if servers == 1 else RolloutFleet(members)
     cleanup.callback(engine.close)

@@ -144,6 +144,7 @@ class VllmEngine:
         max_request_recoveries: int = 3,  # recoveries one request may wait for
         weights_dir: Path | None = None,
         server_log: str | None = None,
+        name: str | None = None,  # what errors call it; default "vLLM at <base_url>"
         transport: httpx.AsyncBaseTransport | None = None,  # tests: an in-memory server
         admin_transport: httpx.BaseTransport | None = None,  # the same, for blocking calls
         recover_in_place: bool = True,  # False in a fleet: raise EngineUnavailable instead
@@ -154,6 +155,10 @@ class VllmEngine:
         self.base_url = (server.url if server is not None else base_url).rstrip("/")
         self.server = server
         self.server_log = server_log  # named in errors: where a crashed server says why
+        # A server rlaas started is named as the run knows it ("rollout server 0 of 2"),
+        # not by the loopback port it happened to get; a user's server by its URL.
+        self.name = name or f"vLLM at {self.base_url}"
+        self._log_name = self.name if name is None else f"{name} ({self.base_url})"  # operators
         self.stop_ids = tuple(stop_ids)
         self._write_weights = write_weights
         self._check = check
@@ -304,7 +309,7 @@ class VllmEngine:
         if response.status_code == 400 and grammar is not None:
             if "tokenizer" in response.text:
                 raise RolloutError(
-                    f"the vLLM server at {self.base_url} does not serve grammars: it runs "
+                    f"{self.name} does not serve grammars: it runs "
                     "without the model's tokenizer (--skip-tokenizer-init; serve a model "
                     f"folder with tokenizer.json): {response.text[:300]}"
                 )
@@ -331,7 +336,7 @@ class VllmEngine:
             except httpx.TimeoutException as e:
                 raise RolloutError(
                     f"vLLM did not answer a request within {self.request_timeout_s:.0f} s "
-                    f"({self.base_url}); raise request_timeout_s or lower the load"
+                    f"({self.name}); raise request_timeout_s or lower the load"
                 ) from e
             except _DOWN as e:
                 if first and not isinstance(e, httpx.ConnectError):
@@ -346,8 +351,7 @@ class VllmEngine:
                 continue
             except httpx.TransportError as e:
                 raise RolloutError(
-                    f"vLLM at {self.base_url} is unreachable ({type(e).__name__}: {e})"
-                    + self._log_hint()
+                    f"{self.name} is unreachable ({type(e).__name__}: {e})" + self._log_hint()
                 ) from e
             if response.status_code >= 500 and self._server_down():
                 # vLLM answers 500 while its engine core dies, then exits.
@@ -361,10 +365,10 @@ class VllmEngine:
         """One more recovery for a request that has had ``recovered``; raises past the cap
         (a server that answers /health but fails every request would loop forever)."""
         if not self.recover_in_place:
-            raise EngineUnavailable(f"vLLM at {self.base_url} {why}" + self._log_hint())
+            raise EngineUnavailable(f"{self.name} {why}" + self._log_hint())
         if recovered >= self.max_request_recoveries:
             raise RolloutError(
-                f"vLLM at {self.base_url} {why}, again after {recovered} recoveries; giving up"
+                f"{self.name} {why}, again after {recovered} recoveries; giving up"
                 + self._log_hint()
             )
         await self._recover(epoch, why)
@@ -486,7 +490,7 @@ class VllmEngine:
         """Restart an owned server that exited, or wait for one that went away; then push
         the current weights again and check them. Any thread; raises `RolloutError`."""
         with self._update_lock:
-            log.warning("vLLM at %s %s; recovering it", self.base_url, why)
+            log.warning("%s %s; recovering it", self._log_name, why)
             deadline = time.monotonic() + self.reconnect_timeout_s
             with httpx.Client(timeout=5.0, transport=self._admin_transport) as client:
                 while True:
@@ -507,7 +511,7 @@ class VllmEngine:
                             break
                     if time.monotonic() > deadline:
                         raise RolloutError(
-                            f"vLLM at {self.base_url} {why}, and did not answer /health for "
+                            f"{self.name} {why}, and did not answer /health for "
                             f"{self.reconnect_timeout_s:.0f} s" + self._log_hint()
                         )
                     time.sleep(0.5)
@@ -566,7 +570,7 @@ class VllmEngine:
                     pause_s = self._push(admin, folder, version)
                 except _ServerDown as down:
                     if not self.recover_in_place:
-                        raise EngineUnavailable(f"vLLM at {self.base_url} {down}") from down
+                        raise EngineUnavailable(f"{self.name} {down}") from down
                     self._recover_blocking(str(down))  # pushes the previous weights back
                     admin.base_url = httpx.URL(self.base_url)
                     pause_s = self._push(admin, folder, version)
@@ -622,14 +626,14 @@ class VllmEngine:
             response = admin.post("/inference/v1/generate", json=_score_body(self._check.tokens))
         except httpx.HTTPError as e:
             raise RolloutError(
-                f"vLLM at {self.base_url} did not score the weight probe ({type(e).__name__})"
+                f"{self.name} did not score the weight probe ({type(e).__name__})"
                 + self._log_hint()
             ) from e
         served = _scores(response, self._check.tokens)
         worst = max(abs(a - b) for a, b in zip(served, self._expected, strict=True))
         if not worst <= self._check.tolerance:  # NaN fails too
             raise RolloutError(
-                f"vLLM at {self.base_url} does not serve the weights of version {version}: "
+                f"{self.name} does not serve the weights of version {version}: "
                 f"its logprobs of a {len(self._check.tokens)}-token probe differ from the "
                 f"trainer's by up to {worst:.3g} (tolerance {self._check.tolerance:g}). The "
                 "server kept old weights or serves another model; a server at rollout.vllm_url "
@@ -644,19 +648,18 @@ class VllmEngine:
             raise _ServerDown(f"failed on {path} ({type(e).__name__}: {e})") from e
         except httpx.HTTPError as e:
             raise RolloutError(
-                f"vLLM at {self.base_url}: {path} failed ({type(e).__name__}: {e})"
-                + self._log_hint()
+                f"{self.name}: {path} failed ({type(e).__name__}: {e})" + self._log_hint()
             ) from e
         if response.status_code == 404:
             raise RolloutError(
-                f"vLLM at {self.base_url} has no {path}; start it with VLLM_SERVER_DEV_MODE=1 "
+                f"{self.name} has no {path}; start it with VLLM_SERVER_DEV_MODE=1 "
                 "(rlaas does when it starts the server)"
             )
         if response.status_code >= 500 and self._server_down():
             raise _ServerDown(f"answered {response.status_code} on {path} and exited")
         if response.status_code != 200 or '"success":false' in response.text.replace(" ", ""):
             raise RolloutError(
-                f"vLLM at {self.base_url}: {path} answered {response.status_code}: "
+                f"{self.name}: {path} answered {response.status_code}: "
                 f"{response.text[:500]}"
                 + (" (does the server serve the run's model?)" if path == "/collective_rpc" else "")
             )

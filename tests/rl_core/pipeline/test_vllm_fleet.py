@@ -10,6 +10,7 @@ server left on old weights shows as ``mismatch_kl`` far from 0.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -65,8 +66,11 @@ class KillOnce(MemorySink):
 
 
 @pytest.mark.minutes(5)
-def test_a_fleet_of_two_servers_trains_through_a_killed_one(tmp_path: Path) -> None:
+def test_a_fleet_of_two_servers_trains_through_a_killed_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     ensure_vllm_venv()
+    caplog.set_level(logging.WARNING, logger="rl_core.rollout.fleet")
     spec = parse_spec(
         {
             "model": {"source": "builtin:small"},
@@ -100,6 +104,11 @@ def test_a_fleet_of_two_servers_trains_through_a_killed_one(tmp_path: Path) -> N
     assert first["fleet/server_0/requests"] > 0 and first["fleet/server_1/requests"] > 0
     logs = [tmp_path / "run" / f"vllm-server-{i}.log" for i in (0, 1)]
     assert all("Reloading weights inplace" in log.read_text() for log in logs)
+    # Its failure is told by the server's name in the run, not the port it had here.
+    downs = [r.getMessage() for r in caplog.records if " is down (" in r.getMessage()]
+    assert downs, "the fleet never told the server's death"
+    for down in downs:
+        assert "is down (rollout server 0 of 2 " in down and "127.0.0.1" not in down, down
     print(
         f"killed after step 1, back and serving at step {sink.back_at}; "
         f"resent {sink.steps[-1][1]['fleet/resent']:.0f} requests"

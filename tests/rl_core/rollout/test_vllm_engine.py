@@ -495,6 +495,25 @@ def test_a_server_that_is_gone_is_reported() -> None:
     engine.close()
 
 
+def test_a_server_rlaas_started_is_named_as_the_run_knows_it_not_by_its_port() -> None:
+    """The loopback port of a server the worker started means nothing to the tenant who
+    reads the run's error; its name and its log's file name do."""
+    engine = VllmEngine(
+        "http://127.0.0.1:9",
+        stop_ids=(STOP,),
+        request_timeout_s=5,
+        reconnect_timeout_s=1,
+        name="rollout server 1 of 2",
+        server_log="vllm-server-1.log",
+    )
+    with pytest.raises(RolloutError) as raised:
+        generate(engine, SamplingParams(), seeds=[0], n=1)
+    message = str(raised.value)
+    assert message.startswith("rollout server 1 of 2 unreachable"), message
+    assert "127.0.0.1" not in message and "vllm-server-1.log" in message
+    engine.close()
+
+
 def test_a_request_on_a_connection_the_server_dropped_is_sent_once_more() -> None:
     """The server closing a pooled connection as a request goes out (idle timeouts racing)
     costs one retry under a new request id, not the episode; a second failure is reported."""
