@@ -45,15 +45,22 @@ class WatchingSink(MemorySink):
         super().on_step(step, metrics)
 
 
-def test_two_lora_runs_share_one_base_and_each_trains_as_it_does_alone() -> None:
-    colocation = Colocation()
-    specs = {"a": lora_spec(0.3), "b": lora_spec(0.01, rollout={"group_size": 2})}
+def train_together(colocation: Colocation, specs: dict[str, JobSpec]) -> dict[str, WatchingSink]:
+    """Trains ``specs`` at once in ``colocation``, a thread each (as a worker hosts them);
+    their sinks. Both held the one base while they trained (the second joined the first's
+    lease), and it was dropped when the last one ended."""
     sinks = {name: WatchingSink(colocation, spec) for name, spec in specs.items()}
     errors: list[BaseException] = []
 
     def run(name: str) -> None:
         try:
-            train(specs[name], sink=sinks[name], colocation=colocation, episode_prefix=name)
+            train(
+                specs[name],
+                sink=sinks[name],
+                colocation=colocation,
+                episode_prefix=name,
+                trainer_hosts=start_local_hosts,  # for a run with resources.hosts > 1
+            )
         except BaseException as exc:  # reported below, not lost in the thread
             errors.append(exc)
 
@@ -63,16 +70,12 @@ def test_two_lora_runs_share_one_base_and_each_trains_as_it_does_alone() -> None
     for t in threads:
         t.join(300)
     assert not errors, errors
-    # Both held the one base while they trained (the second joined the first's lease),
-    # and it was dropped when the last one ended.
-    assert max(sinks["a"].holders + sinks["b"].holders) == 2
+    assert max(h for sink in sinks.values() for h in sink.holders) == 2
     assert colocation.bases.holders() == {}
-    # Both took turns on the one device share, and left it.
-    assert colocation.device.used() == {}
+    return sinks
 
-    alone = MemorySink()
-    train(specs["a"], sink=alone, episode_prefix="a")
-    shared = sinks["a"]
+
+def assert_trains_as_alone(shared: MemorySink, alone: MemorySink) -> None:
     assert [s for s, _ in shared.steps] == [s for s, _ in alone.steps] == [1, 2, 3, 4]
     for (step, got), (_, want) in zip(shared.steps, alone.steps, strict=True):
         assert got["reward/mean"] == want["reward/mean"], step  # the same episodes
@@ -83,6 +86,17 @@ def test_two_lora_runs_share_one_base_and_each_trains_as_it_does_alone() -> None
     losses = [m["loss"] for _, m in shared.steps]
     assert max(losses) - min(losses) > 1e-3
     assert max(m["mismatch/engine_max"] for _, m in shared.steps) < 1e-4
+
+
+def test_two_lora_runs_share_one_base_and_each_trains_as_it_does_alone() -> None:
+    colocation = Colocation()
+    specs = {"a": lora_spec(0.3), "b": lora_spec(0.01, rollout={"group_size": 2})}
+    sinks = train_together(colocation, specs)
+    # Both took turns on the one device share, and left it.
+    assert colocation.device.used() == {}
+    alone = MemorySink()
+    train(specs["a"], sink=alone, episode_prefix="a")
+    assert_trains_as_alone(sinks["a"], alone)
 
 
 def test_a_run_that_trains_every_weight_loads_its_own_base() -> None:
@@ -96,7 +110,6 @@ def test_a_run_that_trains_every_weight_loads_its_own_base() -> None:
 def test_a_two_process_lora_run_shares_the_base_and_trains_as_it_does_alone() -> None:
     """``resources.hosts: 2`` beside a one-process run: the worker's engine samples with
     the adapters the two trainer processes send, in a slot beside the shared base."""
-    colocation = Colocation()
     # A moderate rate: two processes sum the gradient in another order, and at 0.3 Adam
     # turns that rounding (in near-zero gradient entries) into whole steps (tried: grad
     # norms 2 % apart by step 4 with or without a shared base; at 0.01, 1e-6 apart).
@@ -104,38 +117,7 @@ def test_a_two_process_lora_run_shares_the_base_and_trains_as_it_does_alone() ->
         "two": lora_spec(0.01, resources={"hosts": 2}),
         "one": lora_spec(0.3, rollout={"group_size": 2}),
     }
-    sinks = {name: WatchingSink(colocation, spec) for name, spec in specs.items()}
-    errors: list[BaseException] = []
-
-    def run(name: str) -> None:
-        try:
-            train(
-                specs[name],
-                sink=sinks[name],
-                colocation=colocation,
-                episode_prefix=name,
-                trainer_hosts=start_local_hosts,
-            )
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(name,)) for name in specs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
-    assert max(sinks["two"].holders + sinks["one"].holders) == 2
-    assert colocation.bases.holders() == {}
-
+    sinks = train_together(Colocation(), specs)
     alone = MemorySink()
     train(lora_spec(0.01), sink=alone, episode_prefix="two")  # one process, its own base
-    shared = sinks["two"]
-    assert [s for s, _ in shared.steps] == [s for s, _ in alone.steps] == [1, 2, 3, 4]
-    for (step, got), (_, want) in zip(shared.steps, alone.steps, strict=True):
-        assert got["reward/mean"] == want["reward/mean"], step
-        for name in COMPARED:
-            assert got[name] == pytest.approx(want[name], rel=1e-4, abs=1e-6), (step, name)
-    losses = [m["loss"] for _, m in shared.steps]
-    assert max(losses) - min(losses) > 1e-3
-    assert max(m["mismatch/engine_max"] for _, m in shared.steps) < 1e-4
+    assert_trains_as_alone(sinks["two"], alone)
